@@ -1,0 +1,151 @@
+"""A scripted OpenAI-compatible server on loopback (real HTTP, stdlib only).
+
+It stands for a remote provider in tests. The reply depends on the requested model name:
+
+    reverse          reverse the last user message and wrap it in <reversed_text> tags
+    echo             repeat the last user message
+    boxed            answer arithmetic prompts "What is A op B?" with \\boxed{result}
+    calc             first call: a tool call add(a=2, b=3); after a tool result: "\\boxed{<result>}"
+    fail500          always HTTP 500
+    flaky-N          HTTP 500 for the first N requests of each distinct prompt, then like `reverse`
+    hang             sleeps past any sane timeout
+    slow-S           sleeps S seconds, then like `reverse`
+    notokens         like reverse, but rejects the token-id extensions with HTTP 400
+
+Token ids are the UTF-8 bytes of the reply (and of the prompt), log-probs a fixed −0.5.
+Run standalone: `python tests/openai_stub.py PORT`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def last_user(messages):
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) else "".join(p.get("text", "") for p in c or [])
+    return ""
+
+
+def arithmetic(text: str) -> str:
+    m = re.search(r"(-?\d+)\s*([+\-*])\s*(-?\d+)", text)
+    if not m:
+        return "I don't know"
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return f"The answer is \\boxed{{{a + b if op == '+' else a - b if op == '-' else a * b}}}."
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    counts: dict = {}
+    lock = threading.Lock()
+    requests: list = []
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, status: int, body: dict):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path.rstrip("/").endswith("/models"):
+            return self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+        return self._send(200 if self.path.endswith("health") else 404, {})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        with Handler.lock:
+            Handler.requests.append(body)
+        model = body.get("model") or "reverse"
+        messages = body.get("messages") or []
+        prompt = last_user(messages)
+        tool_calls = None
+        if model == "fail500":
+            return self._send(500, {"error": {"message": "scripted failure"}})
+        if model == "hang":
+            time.sleep(60)
+            return self._send(500, {})
+        if model.startswith("flaky-"):
+            key = json.dumps(messages, sort_keys=True)
+            with Handler.lock:
+                Handler.counts[key] = Handler.counts.get(key, 0) + 1
+                n = Handler.counts[key]
+            if n <= int(model.split("-", 1)[1]):
+                return self._send(500, {"error": {"message": f"flaky failure {n}"}})
+        if model.startswith("slow-"):
+            time.sleep(float(model.split("-", 1)[1]))
+        if model == "notokens" and body.get("return_token_ids"):
+            return self._send(400, {"error": {"message": "unknown field: return_token_ids"}})
+        if model == "echo":
+            text = prompt
+        elif model == "boxed":
+            text = arithmetic(prompt)
+        elif model == "calc":
+            tool_msgs = [m for m in messages if m.get("role") == "tool"]
+            if tool_msgs:
+                text = f"\\boxed{{{tool_msgs[-1]['content']}}}"
+            else:
+                text = ""
+                nums = [int(x) for x in re.findall(r"-?\d+", prompt)][:2] or [2, 3]
+                tool_calls = [{"id": "call_1", "type": "function",
+                               "function": {"name": "add", "arguments": json.dumps({"a": nums[0], "b": nums[-1]})}}]
+        else:
+            text = f"<reversed_text>{prompt[::-1]}</reversed_text>"
+        out_ids = list(text.encode())
+        prompt_ids = list(json.dumps(messages).encode())[:64]
+        choice = {"index": 0, "message": {"role": "assistant", "content": text or None},
+                  "finish_reason": "tool_calls" if tool_calls else "stop"}
+        if tool_calls:
+            choice["message"]["tool_calls"] = tool_calls
+        if body.get("logprobs") and model != "notokens":
+            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in out_ids]}
+        if body.get("return_token_ids") and model != "notokens":
+            choice["token_ids"] = out_ids
+        resp = {"id": "cmpl-stub", "object": "chat.completion", "model": model, "choices": [choice],
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out_ids),
+                          "total_tokens": len(prompt_ids) + len(out_ids)}}
+        if body.get("return_token_ids") and model != "notokens":
+            resp["prompt_token_ids"] = prompt_ids
+        return self._send(200, resp)
+
+
+class StubServer:
+    def __init__(self, port: int = 0):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        Handler.counts.clear()
+        Handler.requests.clear()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def requests(self):
+        return Handler.requests
+
+
+if __name__ == "__main__":
+    srv = StubServer(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    print(srv.port, flush=True)
+    srv.httpd.serve_forever()

@@ -1,0 +1,111 @@
+"""What every command shares: error → exit code mapping, stderr console, progress display.
+
+stdout carries data only (`--json`, JSONL streams); people's text goes to stderr: a rich
+progress bar on a TTY, plain lines otherwise (or with NO_COLOR set).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import functools
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+from vf.errors import VfError
+
+console = Console(stderr=True, highlight=False)
+
+
+def fancy() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def fail(message: str, hint: str | None = None, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", markup=True)
+    if hint:
+        console.print(f"  [dim]hint:[/] {hint}", markup=True)
+    raise SystemExit(code)
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command body: VfError → message + its exit code; Ctrl-C → 130; bugs → traceback + 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VfError as e:
+            fail(e.message, e.hint, e.exit_code)
+        except KeyboardInterrupt:
+            console.print("interrupted; everything finished so far is saved")
+            raise SystemExit(130) from None
+        except (SystemExit, BrokenPipeError):
+            raise
+        except Exception:  # a bug: show it, so it can be reported
+            console.print(traceback.format_exc(), markup=False)
+            console.print("[bold red]error:[/] unexpected failure (above); please report it", markup=True)
+            raise SystemExit(1) from None
+
+    return wrapper
+
+
+def overrides(extra_args: list[str], flags: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
+    """Config file ← explicit flags ← dotted extras, as one nested override dict. Flags left
+    unset (None) are absent, so a resumed run keeps its saved values."""
+    from vf.config import deep_merge, load_yaml, parse_dotted_args, set_dotted
+
+    over: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    explicit: dict[str, Any] = {}
+    for key, value in flags.items():
+        if value is not None:
+            set_dotted(explicit, key, value)
+    return deep_merge(deep_merge(over, explicit), parse_dotted_args(list(extra_args)))
+
+
+class Progress:
+    """done/total, running mean reward, errors, tokens/s."""
+
+    def __init__(self, label: str, total: int, done: int = 0, rewards: list[float] | None = None):
+        self.label, self.total, self.done = label, total, done
+        self.rewards = list(rewards or [])
+        self.errors = 0
+        self.tokens = 0
+        self.start = time.time()
+        self._last = 0.0
+        self._bar = None
+        if fancy() and total:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
+                                     console=console, transient=False)
+            self._task = self._bar.add_task(label, total=total, completed=done, stats="")
+            self._bar.start()
+
+    def stats(self) -> str:
+        mean = sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+        rate = self.tokens / max(time.time() - self.start, 1e-9)
+        return f"reward {mean:.3f}  errors {self.errors}  {rate:.0f} tok/s"
+
+    def update(self, reward: float | None, tokens: int = 0, error: bool = False) -> None:
+        self.done += 1
+        self.tokens += tokens
+        if error:
+            self.errors += 1
+        elif reward is not None:
+            self.rewards.append(reward)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, stats=self.stats())
+        elif time.time() - self._last > 2.0 or self.done == self.total:
+            self._last = time.time()
+            console.print(f"[{self.label}] {self.done}/{self.total}  {self.stats()}", markup=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,177 @@
+"""Typed configs for the commands, YAML files, and dotted CLI overrides.
+
+Every key can be set in a YAML file (`--config FILE`) or on the command line as a dotted
+flag (`--sampling.temperature 0.7`, `--taskset.size 50`); the CLI wins. Unknown keys are errors,
+and all problems are reported at once. The resolved config is saved as `config.yaml` in the
+run dir, enough to resume with no other flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vf.errors import ConfigError, UsageError
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingConfig(_Config):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0, le=1)
+    max_tokens: int = Field(256, gt=0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+
+    def to_sampling(self, logprobs: bool = True):
+        from vf.engines.base import Sampling
+
+        return Sampling(logprobs=logprobs, **self.model_dump())
+
+
+class EngineConfig(_Config):
+    type: Literal["local", "openai", "vllm"] | None = None
+    """None = `openai` when base_url is set, else the embedded `local` engine."""
+    base_url: str | None = None
+    api_key_var: str = "OPENAI_API_KEY"
+    """Name of the environment variable that holds the API key (the key itself is never saved)."""
+    timeout: float = Field(120.0, gt=0)
+    """Seconds per model call before it counts as timed out (and is retried)."""
+    max_retries: int = Field(3, ge=0)
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_batch: int = Field(64, gt=0)
+
+    @property
+    def resolved_type(self) -> str:
+        return self.type or ("openai" if self.base_url else "local")
+
+
+class SelectConfig(_Config):
+    limit: int | None = Field(None, ge=0)
+    """Number of tasks (`-n`); None = all (infinite tasksets require it)."""
+    shuffle: bool = False
+    seed: int = 0
+    skip: int = Field(0, ge=0)
+    include: list[int] | None = None
+    """Task indices (`idx`) to keep."""
+    exclude: list[int] | None = None
+
+
+class EvalConfig(_Config):
+    taskset: dict[str, Any] = Field(default_factory=dict)
+    """`id` plus the taskset's own config fields."""
+    model: str = "tiny"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
+    num_rollouts: int = Field(1, gt=0)
+    max_concurrent: int = Field(32, gt=0)
+    max_turns: int = Field(8, gt=0)
+    episode_timeout: float | None = Field(None, gt=0)
+    command: Literal["eval", "rollout"] = "eval"
+
+
+# Keys that may change on --resume without changing what the results mean.
+RESUME_FREE_KEYS = {
+    "max_concurrent", "engine.base_url", "engine.api_key_var", "engine.timeout", "engine.max_retries",
+    "engine.max_batch", "engine.device", "episode_timeout",
+}
+
+
+def parse_value(text: str) -> Any:
+    """CLI value → typed value, the YAML way (`0.5`, `true`, `[1, 2]`, `null`)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.replace("-", "_").split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise UsageError(f"--{key}: {'.'.join(parts[:-1])} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_dotted_args(args: list[str]) -> dict[str, Any]:
+    """`['--sampling.temperature', '0.7', '--taskset.size=5', '--flag']` → nested dict."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise UsageError(f"unexpected argument {arg!r}", hint="options look like --section.key VALUE")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+                i += 1
+            else:
+                value = "true"
+        set_dotted(out, key, parse_value(value))
+        i += 1
+    return out
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def validate(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        from vf.loading import config_errors
+
+        problems = [p.replace("config.", "", 1) for p in config_errors(e, "config")]
+        raise ConfigError(problems, hint="see --help for the keys") from None
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def save_yaml(data: dict[str, Any], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)

@@ -1,0 +1,88 @@
+"""The one async interface the harness calls to get a model reply.
+
+    request : messages (OpenAI chat shape) + tools (OpenAI function schemas) + sampling
+    result  : assistant message + prompt/completion token ids + per-token log-probs
+              + finish reason + usage (+ the policy version that produced it)
+
+Implementations: `local` (embedded native-model engine), `openai` (any OpenAI-compatible
+server: vLLM, vf-serve, a provider), `vllm` (in-process, GPU extra). Each records nothing on
+traces itself; the harness wraps every call into a `ModelCall` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class Sampling:
+    """Sampling parameters. `None` means "the engine's default" and is not sent to servers."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = True  # ask for per-token log-probs of the sampled tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def is_full_distribution(self) -> bool:
+        """True when nothing truncates the distribution (what training rollouts need)."""
+        return self.top_p >= 1.0 and self.top_k <= 0 and self.min_p <= 0.0
+
+
+@dataclass
+class GenerateRequest:
+    messages: list[dict[str, Any]]
+    sampling: Sampling = field(default_factory=Sampling)
+    tools: list[dict[str, Any]] | None = None
+    model: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class GenerateResult:
+    """One assistant reply.
+
+    `message` is an OpenAI-shape assistant message: {"role": "assistant", "content": str | None,
+    "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": str}}]}.
+    `prompt_token_ids`/`token_ids`/`logprobs` are None when the engine cannot give them.
+    `logprobs[i]` is the log-prob of `token_ids[i]` under the sampling temperature.
+    """
+
+    message: dict[str, Any]
+    finish_reason: str = "stop"  # stop | length | tool_calls
+    usage: Usage = field(default_factory=Usage)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    policy_version: int | None = None
+    model: str | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the harness needs from any engine."""
+
+    name: str
+    # True when results carry token ids and log-probs (required by vf-rollout / vf-train).
+    supports_tokens: bool
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    async def close(self) -> None: ...

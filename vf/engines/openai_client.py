@@ -1,0 +1,154 @@
+"""The `openai` engine: chat completions against any OpenAI-compatible base URL.
+
+Asks for per-token log-probs, and for token ids through the vLLM/vf-serve extensions
+(`return_token_ids`, `return_tokens_as_token_ids`). A server that rejects the extensions
+(HTTP 400 naming them) is asked again without them, and the engine then reports
+`supports_tokens = False` (vf-rollout refuses such an engine).
+
+Retries: 429, 5xx, timeouts and connection errors are retried with exponential backoff
+(honouring Retry-After, capped) up to `max_retries` times; other 4xx fail at once. The API key
+is read from the environment variable named by `api_key_var` and never recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any
+
+import httpx
+
+from vf.engines.base import GenerateRequest, GenerateResult, Usage
+from vf.errors import EngineError
+
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+EXTENSION_KEYS = ("return_token_ids", "return_tokens_as_token_ids")
+MAX_BACKOFF = 20.0
+
+
+class OpenAIEngine:
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str | None = None, api_key_var: str = "OPENAI_API_KEY",
+                 timeout: float = 120.0, max_retries: int = 3, backoff: float = 0.5,
+                 max_connections: int = 256, **_: Any):
+        if not base_url:
+            raise EngineError("the openai engine needs a base URL", type="ConfigError")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.supports_tokens = True
+        self._extensions = True
+        key = os.environ.get(api_key_var) if api_key_var else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    def _body(self, req: GenerateRequest) -> dict[str, Any]:
+        s = req.sampling
+        body: dict[str, Any] = {
+            "model": req.model or self.model,
+            "messages": req.messages,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_tokens": s.max_tokens,
+        }
+        if req.tools:
+            body["tools"] = req.tools
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = s.stop
+        if s.top_k > 0:
+            body["top_k"] = s.top_k
+        if s.min_p > 0:
+            body["min_p"] = s.min_p
+        if s.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 0
+        if self._extensions and s.logprobs:
+            body.update({k: True for k in EXTENSION_KEYS})
+        return body
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = await self._client.post(f"{self.base_url}/chat/completions", json=self._body(request))
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                kind = "Timeout" if isinstance(e, httpx.TimeoutException) else "ConnectionError"
+                error = EngineError(f"{kind} talking to {self.base_url}: {e or kind}", type=kind, retryable=True)
+                retry_after = None
+            else:
+                if resp.status_code == 200:
+                    result = self._parse(resp.json())
+                    result.attempts = attempt  # type: ignore[attr-defined]
+                    return result
+                text = resp.text[:500]
+                if resp.status_code == 400 and self._extensions and any(k in text for k in EXTENSION_KEYS):
+                    self._extensions = False
+                    self.supports_tokens = False
+                    attempt -= 1
+                    continue
+                error = EngineError(f"HTTP {resp.status_code} from {self.base_url}: {text}",
+                                    type="ProviderError", status_code=resp.status_code,
+                                    retryable=resp.status_code in RETRY_STATUS)
+                retry_after = resp.headers.get("retry-after")
+            if not error.retryable or attempt > self.max_retries:
+                error.attempts = attempt  # type: ignore[attr-defined]
+                raise error
+            delay = self.backoff * 2 ** (attempt - 1) * (1 + random.random() * 0.25)
+            try:
+                delay = max(delay, float(retry_after)) if retry_after else delay
+            except ValueError:
+                pass
+            await asyncio.sleep(min(delay, MAX_BACKOFF))
+
+    def _parse(self, data: dict[str, Any]) -> GenerateResult:
+        try:
+            choice = data["choices"][0]
+            msg = choice.get("message") or {}
+        except (KeyError, IndexError, TypeError):
+            raise EngineError(f"malformed response from {self.base_url}: no choices", type="ProviderError") from None
+        message: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
+        if msg.get("tool_calls"):
+            message["tool_calls"] = [
+                {"id": c.get("id"), "type": c.get("type", "function"),
+                 "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
+                for c in msg["tool_calls"]]
+        if msg.get("reasoning_content"):
+            message["reasoning_content"] = msg["reasoning_content"]
+        logprobs = token_ids = None
+        content = ((choice.get("logprobs") or {}).get("content")) or None
+        if content is not None:
+            logprobs = [float(t["logprob"]) for t in content]
+            tokens = [t.get("token", "") for t in content]
+            if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+                token_ids = [int(t.split(":", 1)[1]) for t in tokens]
+        if choice.get("token_ids") is not None:
+            token_ids = list(choice["token_ids"])
+        prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        usage = data.get("usage") or {}
+        if token_ids is not None and logprobs is not None and len(token_ids) != len(logprobs):
+            token_ids = logprobs = None  # inconsistent extension output: do not train on it
+        return GenerateResult(
+            message=message,
+            finish_reason=choice.get("finish_reason") or "stop",
+            usage=Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                        completion_tokens=int(usage.get("completion_tokens") or 0)),
+            prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            policy_version=data.get("policy_version"),
+            model=data.get("model"),
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,174 @@
+"""The run behind `vf-eval` and `vf-rollout`: resolve config, open or resume a run dir, run what
+is owed, summarise. Commands only parse flags and print; everything else is here.
+
+Resume is only comparable under the config that produced the run: a resumed run may grow `-n`
+and change keys that do not alter what the results mean (concurrency, URL, timeouts);
+anything else is refused with the differing keys listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from vf.cli import Progress
+from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validate
+from vf.errors import UsageError, VfError
+from vf.loading import load_taskset
+from vf.rundir import RunDir
+from vf.runner import make_engine, make_plan, make_spec, run_plan
+from vf.summary import summarize
+from vf.trace import Episode
+
+
+def resolve_config(base: dict[str, Any], overrides: dict[str, Any]) -> EvalConfig:
+    return validate(EvalConfig, deep_merge(base, overrides))  # type: ignore[return-value]
+
+
+def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Keys whose change would alter what the saved results mean."""
+    a, b = flatten(saved), flatten(new)
+    problems = []
+    for key in sorted(set(a) | set(b)):
+        if key in RESUME_FREE_KEYS or a.get(key) == b.get(key):
+            continue
+        if key == "select.limit":
+            old, cur = a.get(key), b.get(key)
+            if cur is None or (old is not None and cur >= old):
+                continue  # growing -n (or to all tasks) keeps every saved result meaningful
+        problems.append(f"{key}: saved {a.get(key)!r}, now {b.get(key)!r}")
+    return problems
+
+
+def default_run_dir(config: EvalConfig) -> Path:
+    ts = str(config.taskset.get("id", "taskset")).replace("/", "_").replace(":", "-")
+    model = Path(config.model).name if "/" in config.model else config.model
+    return Path("outputs") / f"{ts}--{model}--{secrets.token_hex(4)}"
+
+
+def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str | None,
+             resume: str | None) -> tuple[EvalConfig, RunDir | None, list[Episode], dict[str, int]]:
+    """Returns (config, run dir or None for stdout, kept episodes, what resume dropped)."""
+    if resume:
+        run = RunDir(resume)
+        saved = run.load_config()
+        new = resolve_config(saved, overrides)
+        problems = resume_conflicts(saved, new.model_dump(mode="json"))
+        if problems:
+            raise UsageError("--resume would change what the saved results mean:\n  "
+                             + "\n  ".join(problems),
+                             hint="drop those flags to continue the run, or start a new run with -o")
+        state = run.read()
+        run.save_config(new.model_dump(mode="json"))
+        dropped = {"errored": state.dropped_errored, "corrupt": state.dropped_corrupt,
+                   "duplicate": state.dropped_duplicate}
+        return new, run, state.kept, dropped
+    assert config is not None
+    if output == "-":
+        return config, None, [], {}
+    run = RunDir(output or default_run_dir(config))
+    run.create()
+    run.save_config(config.model_dump(mode="json"))
+    return config, run, [], {}
+
+
+def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None = None,
+            label: str = "eval") -> dict[str, Any]:
+    """Run the owed episodes; return the summary over kept + new episodes."""
+    loaded = load_taskset(config.taskset.get("id", ""), config.taskset)
+    plan = make_plan(loaded, config, kept)
+    if run is not None:
+        run.rewrite(plan.kept)  # atomic: only complete, error-free, still-selected episodes stay
+    episodes: list[Episode] = list(plan.kept)
+    progress = Progress(label, plan.total, done=len(plan.kept), rewards=[e.reward for e in plan.kept])
+    out = stream or sys.stdout
+
+    def on_episode(ep: Episode) -> None:
+        if run is not None:
+            run.append(ep)
+        else:
+            out.write(ep.to_json() + "\n")
+            out.flush()
+        episodes.append(ep)
+        progress.update(ep.reward if ep.ok else None, ep.num_output_tokens, error=not ep.ok)
+
+    start = time.time()
+    engine = None
+    try:
+        if plan.owed:
+            engine = make_engine(config)
+            run_info = {"type": config.command, "id": run.path.name if run else "stdout",
+                        "name": run.path.name if run else "stdout"}
+            spec = make_spec(engine, loaded, config, run_info)
+            if config.command == "rollout" and not engine.supports_tokens:
+                raise UsageError(f"engine {engine.name!r} gives no token ids/log-probs; vf-rollout needs them")
+            asyncio.run(_run(plan, spec, config, engine, on_episode))
+    finally:
+        progress.close()
+    summary = summarize(episodes, config.num_rollouts, wall_time=time.time() - start,
+                        taskset=loaded.id, model=config.model, command=config.command,
+                        num_owed=len(plan.owed), num_resumed=len(plan.kept),
+                        run_dir=str(run.path) if run else None)
+    if run is not None:
+        run.write_summary(summary)
+    return summary
+
+
+async def _run(plan, spec, config: EvalConfig, engine, on_episode) -> None:
+    try:
+        await run_plan(plan.owed, spec, config.max_concurrent, on_episode)
+    finally:
+        await engine.close()
+
+
+def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any]) -> tuple[list[Episode], str]:
+    """Re-score saved episodes (a run dir, a traces file, or '-' for stdin) without a model."""
+    from vf.harness import score
+    from vf.trace import TraceFormatError, parse_episode
+
+    if source == "-":
+        lines = [(i, line) for i, line in enumerate(sys.stdin, 1)]
+        path = "<stdin>"
+    else:
+        p = Path(source)
+        path = str(p / "traces.jsonl" if p.is_dir() else p)
+        if not Path(path).exists():
+            raise UsageError(f"no traces at {path}")
+        with open(path, encoding="utf-8") as f:
+            lines = list(enumerate(f, 1))
+        if taskset_id is None and p.is_dir():
+            saved = RunDir(p).load_config().get("taskset", {})
+            taskset_id, taskset_fields = saved.get("id"), {**saved, **taskset_fields}
+    if not taskset_id:
+        raise UsageError("--score needs the taskset", hint="pass TASKSET, or --score a run dir with config.yaml")
+    loaded = load_taskset(taskset_id, taskset_fields)
+    task_cls = loaded.taskset.task_class()
+    data_cls = task_cls.data_class()
+    episodes = []
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        try:
+            ep = parse_episode(line, path, lineno)
+        except TraceFormatError as e:
+            raise VfError(str(e), hint="repair or drop that line (vf-eval --resume drops torn lines)") from None
+        if ep.ok:
+            task = task_cls(data_cls.model_validate(ep.task.data), loaded.taskset.config.task)
+            for trace in ep.traces:
+                trace.rewards, trace.metrics = {}, {}
+                state = task.state_class()()
+                asyncio.run(score(task, trace, state))
+                trace.ok = not trace.errors
+            ep.finish()
+        episodes.append(ep)
+    return episodes, taskset_id
+
+
+def print_summary_json(summary: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,148 @@
+"""Run directories: the resolved config, the episodes, the summary, the logs.
+
+    RUN_DIR/
+      config.yaml      resolved config: enough to resume with no other flag
+      traces.jsonl     one whole episode per line, appended and flushed as each finishes
+      summary.json     aggregates (written at the end of every attempt)
+      logs/            one log per attempt
+
+Why one whole episode per line: a line is durable or torn, never half an episode, so a
+`kill -9` at any moment loses at most the episodes still running. Resume keeps the complete,
+error-free episodes, drops torn or errored lines, and rewrites the file atomically
+(tmp + rename) before anything new is appended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vf.errors import UsageError, VfError
+from vf.trace import Episode, TraceFormatError, iter_episodes
+
+CONFIG_FILE = "config.yaml"
+"""Resolved config of the run (YAML)."""
+TRACES_FILE = "traces.jsonl"
+"""Episodes, one JSON object per line."""
+SUMMARY_FILE = "summary.json"
+"""Aggregates over the episodes (see vf.summary)."""
+LOGS_DIR = "logs"
+
+
+@dataclass
+class ResumeState:
+    kept: list[Episode] = field(default_factory=list)
+    dropped_errored: int = 0
+    dropped_corrupt: int = 0
+    dropped_duplicate: int = 0
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    @property
+    def traces(self) -> Path:
+        return self.path / TRACES_FILE
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    def has_results(self) -> bool:
+        return self.traces.exists() and self.traces.stat().st_size > 0
+
+    def create(self) -> None:
+        """Prepare a fresh run dir; refuses one that already holds results."""
+        if self.path.exists() and any(self.path.iterdir()):
+            if self.has_results() or self.config_path.exists():
+                raise UsageError(
+                    f"{self.path} already holds a run",
+                    hint=f"continue it with --resume {self.path}, or choose another -o DIR")
+            raise UsageError(f"{self.path} is not empty", hint="choose an empty or new -o DIR")
+        (self.path / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        self.traces.touch()
+
+    def load_config(self) -> dict[str, Any]:
+        import yaml
+
+        if not self.config_path.exists():
+            raise UsageError(f"{self.path} is not a run dir (no {CONFIG_FILE})",
+                             hint="pass the directory a previous vf-eval/vf-rollout wrote with -o")
+        return yaml.safe_load(self.config_path.read_text()) or {}
+
+    def save_config(self, config: dict[str, Any]) -> None:
+        from vf.config import save_yaml
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        save_yaml(config, self.config_path)
+
+    def read(self) -> ResumeState:
+        """All complete, error-free, unique episodes; counts what was dropped."""
+        state = ResumeState()
+        if not self.traces.exists():
+            return state
+        seen: set[tuple[str, int]] = set()
+        for _, item in iter_episodes(self.traces, strict=False):
+            if isinstance(item, TraceFormatError):
+                state.dropped_corrupt += 1
+                continue
+            if not item.ok:
+                state.dropped_errored += 1
+                continue
+            key = (item.task.hash, item.rollout)
+            if key in seen:
+                state.dropped_duplicate += 1
+                continue
+            seen.add(key)
+            state.kept.append(item)
+        return state
+
+    def rewrite(self, episodes: list[Episode]) -> None:
+        """Atomically replace traces.jsonl with exactly `episodes`."""
+        tmp = self.traces.with_suffix(".jsonl.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for ep in episodes:
+                f.write(ep.to_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.traces)
+
+    def append(self, episode: Episode) -> None:
+        """Append one episode as one line; on a write failure, cut the torn tail and say so."""
+        line = (episode.to_json() + "\n").encode()
+        with self._lock:
+            fd = os.open(self.traces, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            except OSError as e:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass
+                raise VfError(f"could not write to {self.traces}: {e.strerror or e}",
+                              hint=f"episodes already written are safe; fix the problem (e.g. free disk space) "
+                                   f"and continue with --resume {self.path}") from None
+            finally:
+                os.close(fd)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.path / (SUMMARY_FILE + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.replace(self.path / SUMMARY_FILE)
+
+    def next_log(self) -> Path:
+        logs = self.path / LOGS_DIR
+        logs.mkdir(parents=True, exist_ok=True)
+        n = 1 + sum(1 for p in logs.glob("attempt_*.log"))
+        return logs / f"attempt_{n}.log"

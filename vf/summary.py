@@ -1,0 +1,74 @@
+"""Aggregates over a run's episodes: what `summary.json` and `vf-eval --json` hold.
+
+    mean_reward   mean total reward over scored (error-free) episodes
+    rewards       name → mean score; metrics: name → mean value (None values skipped)
+    pass_at_k     k → unbiased pass@k over tasks with ≥ k scored rollouts (k = 1, 2, 4, … ≤ R),
+                  where a rollout passes when its reward ≥ pass_threshold
+    num_errors    episodes that ended with an error (redone by --resume)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from math import comb
+from typing import Any
+
+from vf.trace import Episode
+
+PASS_THRESHOLD = 0.5
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator 1 − C(n−c, k)/C(n, k) (n samples, c correct)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(episodes: list[Episode], num_rollouts: int = 1, wall_time: float | None = None,
+              pass_threshold: float = PASS_THRESHOLD, **extra: Any) -> dict[str, Any]:
+    scored = [e for e in episodes if e.ok]
+    rewards: dict[str, list[float]] = defaultdict(list)
+    metrics: dict[str, list[float]] = defaultdict(list)
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for ep in scored:
+        per_task[ep.task.hash].append(ep.reward)
+        for t in ep.traces:
+            for name, r in t.rewards.items():
+                if r is not None:
+                    rewards[name].append(r.score)
+            for name, v in t.metrics.items():
+                if v is not None:
+                    metrics[name].append(v)
+    ks, k = [], 1
+    while k <= num_rollouts:
+        ks.append(k)
+        k *= 2
+    pass_k = {}
+    for k in ks:
+        vals = [pass_at_k(len(rs), sum(r >= pass_threshold for r in rs), k) for rs in per_task.values() if len(rs) >= k]
+        if vals:
+            pass_k[str(k)] = sum(vals) / len(vals)
+    input_tokens = sum(e.num_input_tokens for e in episodes)
+    output_tokens = sum(e.num_output_tokens for e in episodes)
+    summary = {
+        "mean_reward": _mean([e.reward for e in scored]),
+        "num_episodes": len(episodes),
+        "num_scored": len(scored),
+        "num_errors": len(episodes) - len(scored),
+        "num_tasks": len(per_task),
+        "rewards": {k: _mean(v) for k, v in sorted(rewards.items())},
+        "metrics": {k: _mean(v) for k, v in sorted(metrics.items())},
+        "pass_at_k": pass_k,
+        "pass_threshold": pass_threshold,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "wall_time": wall_time,
+        "tokens_per_second": (output_tokens / wall_time) if wall_time else None,
+    }
+    summary.update(extra)
+    return summary
