@@ -1,0 +1,40 @@
+"""Native models (Qwen3, Qwen3-MoE, Llama): HF checkpoint loading/saving and a built-in tiny model.
+
+Importing `vf.models` does not import torch; the names below load their module on first use.
+  load_model(path, dtype=torch.float32, device="cpu") -> NativeModel
+  save_hf(model, path, max_shard_size=None) -> Path
+  build_model(config, dtype=torch.float32, device="cpu", seed=None) -> NativeModel
+  read_config(path) -> ModelConfig;  ModelConfig;  NativeModel;  SimpleKVCache;  ModelLoadError
+  vf.models.tiny.ensure_tiny_model(path=None) -> Path
+"""
+
+from vf.models.config import ModelConfig
+from vf.models.errors import ModelLoadError
+
+_LAZY = {
+    "load_model": "vf.models.checkpoint",
+    "save_hf": "vf.models.checkpoint",
+    "read_config": "vf.models.checkpoint",
+    "build_model": "vf.models.transformer",
+    "NativeModel": "vf.models.transformer",
+    "SimpleKVCache": "vf.models.cache",
+}
+
+__all__ = [
+    "ModelConfig",
+    "ModelLoadError",
+    "NativeModel",
+    "SimpleKVCache",
+    "build_model",
+    "load_model",
+    "read_config",
+    "save_hf",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vf.models' has no attribute {name!r}")

@@ -1,0 +1,143 @@
+"""Load an HF model directory (config.json + model.safetensors or sharded with
+model.safetensors.index.json) into a NativeModel; save a NativeModel back in HF layout.
+
+Shape legend: see convert.py (all tensors keep their HF shapes on disk).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from vf.models.config import ModelConfig
+from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
+from vf.models.errors import ModelLoadError
+from vf.models.transformer import NativeModel
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist", hint="pass a local HF model directory")
+    if not cfg_file.is_file():
+        raise ModelLoadError(
+            f"{cfg_file} is missing", hint="an HF model directory needs config.json + safetensors"
+        )
+    try:
+        d = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
+    return ModelConfig.from_hf_dict(d, source=str(cfg_file))
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> file holding it."""
+    if (path / INDEX).is_file():
+        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        files = {f: path / f for f in set(weight_map.values())}
+        absent = sorted(f for f, p in files.items() if not p.is_file())
+        if absent:
+            raise ModelLoadError(
+                f"{path / INDEX} lists shard(s) that are missing: {', '.join(absent)}",
+                hint="re-download or re-save the checkpoint so every shard is present",
+            )
+        return {k: files[f] for k, f in weight_map.items()}
+    if (path / SINGLE).is_file():
+        with safe_open(path / SINGLE, "pt") as f:
+            return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
+    raise ModelLoadError(
+        f"no weights in {path}: expected {SINGLE} or {INDEX}",
+        hint="only safetensors checkpoints are supported",
+    )
+
+
+def load_model(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None
+) -> NativeModel:
+    """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked."""
+    path = Path(path)
+    config = read_config(path)
+    if moe_impl:
+        config.moe_impl = moe_impl
+    where = _weight_files(path)
+    with torch.device("meta"):
+        model = NativeModel(config)
+    handles: dict[Path, object] = {}
+
+    def get(name: str) -> torch.Tensor:
+        f = where[name]
+        if f not in handles:
+            handles[f] = safe_open(f, "pt", device="cpu")
+        return handles[f].get_tensor(name)
+
+    names = [n for n, _ in model.named_parameters()]
+    state, used = hf_to_native(names, get, lambda n: n in where, config)
+    unexpected = sorted(
+        k
+        for k in where
+        if k not in used
+        and not IGNORED_HF.search(k)
+        and not (k == "lm_head.weight" and config.tie_word_embeddings)
+    )
+    if unexpected:
+        shown = ", ".join(unexpected[:5]) + (f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else "")
+        raise ModelLoadError(
+            f"{path}: {len(unexpected)} tensor(s) the native {config.architecture} model does not use: {shown}",
+            hint="the checkpoint does not match its config.json (or uses an unsupported variant)",
+        )
+    for name, t in state.items():
+        want = model.get_parameter(name).shape
+        if t.shape != want:
+            raise ModelLoadError(
+                f"{path}: tensor for {name} has shape {tuple(t.shape)}, config implies {tuple(want)}"
+            )
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    config.torch_dtype = str(dtype).removeprefix("torch.")
+    return model.eval()
+
+
+def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:
+    """Write config.json + safetensors with HF names (sharded with an index when the tensors exceed
+    `max_shard_size` bytes). Tied embeddings write no lm_head.weight."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    tensors = native_to_hf({n: p.detach().cpu() for n, p in model.named_parameters()}, config)
+    hf = config.to_hf_dict()
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) == 1:
+        hf["dtype"] = str(dtypes.pop()).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    names = sorted(tensors)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for n in names:
+        nbytes = tensors[n].numel() * tensors[n].element_size()
+        if max_shard_size and shards[-1] and size + nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(n)
+        size += nbytes
+    meta = {"format": "pt"}
+    for stale in list(path.glob("model*.safetensors")) + [path / INDEX]:
+        stale.unlink(missing_ok=True)
+    if len(shards) == 1:
+        save_file({n: tensors[n] for n in names}, path / SINGLE, metadata=meta)
+        return path
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in shard}, path / fname, metadata=meta)
+        weight_map.update({n: fname for n in shard})
+        total += sum(tensors[n].numel() * tensors[n].element_size() for n in shard)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return path

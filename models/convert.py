@@ -1,0 +1,133 @@
+"""HF <-> native tensor-name mapping, as one explicit table.
+
+Shape legend: H hidden, V vocab, nh/nkv heads, hd head_dim, I intermediate, E experts, Im expert
+intermediate. `{i}` is the layer index, `{e}` the expert index.
+
+Ops:
+  rename  native tensor == the single HF tensor
+  concat  native = cat(HF tensors, dim 0)            (qkv_proj [(nh+2nkv)*hd, H], gate_up_proj [2I, H])
+  stack   native[e] = cat(HF tensors of expert e, 0) (experts gate_up_proj [E, 2Im, H], down_proj [E, H, Im])
+Loading also accepts transformers-5 fused expert tensors (`ALT_SOURCES`); saving always writes the
+per-expert layout that transformers 4.x and 5.x both read, so load -> save -> load is bit-exact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+from vf.models.config import ModelConfig
+from vf.models.errors import ModelLoadError
+
+L = "model.layers.{i}."
+# native name template -> (op, [HF name templates])
+TABLE: dict[str, tuple[str, list[str]]] = {
+    "embed_tokens.weight": ("rename", ["model.embed_tokens.weight"]),
+    "norm.weight": ("rename", ["model.norm.weight"]),
+    "lm_head.weight": ("rename", ["lm_head.weight"]),  # absent when tie_word_embeddings
+    "layers.{i}.attn_norm.weight": ("rename", [L + "input_layernorm.weight"]),
+    "layers.{i}.mlp_norm.weight": ("rename", [L + "post_attention_layernorm.weight"]),
+    "layers.{i}.attn.qkv_proj.weight": ("concat", [L + f"self_attn.{p}_proj.weight" for p in "qkv"]),
+    "layers.{i}.attn.qkv_proj.bias": ("concat", [L + f"self_attn.{p}_proj.bias" for p in "qkv"]),
+    "layers.{i}.attn.o_proj.weight": ("rename", [L + "self_attn.o_proj.weight"]),
+    "layers.{i}.attn.o_proj.bias": ("rename", [L + "self_attn.o_proj.bias"]),
+    "layers.{i}.attn.q_norm.weight": ("rename", [L + "self_attn.q_norm.weight"]),
+    "layers.{i}.attn.k_norm.weight": ("rename", [L + "self_attn.k_norm.weight"]),
+    "layers.{i}.mlp.gate_up_proj.weight": ("concat", [L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"]),
+    "layers.{i}.mlp.gate_up_proj.bias": ("concat", [L + "mlp.gate_proj.bias", L + "mlp.up_proj.bias"]),
+    "layers.{i}.mlp.down_proj.weight": ("rename", [L + "mlp.down_proj.weight"]),
+    "layers.{i}.mlp.down_proj.bias": ("rename", [L + "mlp.down_proj.bias"]),
+    "layers.{i}.mlp.router.weight": ("rename", [L + "mlp.gate.weight"]),
+    "layers.{i}.mlp.gate_up_proj": (
+        "stack",
+        [L + "mlp.experts.{e}.gate_proj.weight", L + "mlp.experts.{e}.up_proj.weight"],
+    ),
+    "layers.{i}.mlp.down_proj": ("stack", [L + "mlp.experts.{e}.down_proj.weight"]),
+}
+# transformers-5 in-memory fused experts (same layout as native), accepted when loading
+ALT_SOURCES: dict[str, str] = {
+    "layers.{i}.mlp.gate_up_proj": L + "mlp.experts.gate_up_proj",
+    "layers.{i}.mlp.down_proj": L + "mlp.experts.down_proj",
+}
+# HF tensors that are runtime buffers, never weights
+IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
+
+
+def _template(native_name: str) -> tuple[str, dict[str, str]]:
+    m = re.match(r"layers\.(\d+)\.(.*)", native_name)
+    if not m:
+        return native_name, {}
+    return f"layers.{{i}}.{m.group(2)}", {"i": m.group(1)}
+
+
+def _split_sizes(native_template: str, config: ModelConfig, n_parts: int, rows: int) -> list[int]:
+    if "qkv_proj" in native_template:
+        return [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2
+    return [rows // n_parts] * n_parts
+
+
+def hf_to_native(
+    native_names: list[str],
+    get: Callable[[str], torch.Tensor],
+    has: Callable[[str], bool],
+    config: ModelConfig,
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Build the native state dict for `native_names` from HF tensors (fetched with `get`).
+    Returns (state dict, HF names used). Missing HF tensors raise ModelLoadError."""
+    out, used, missing = {}, set(), []
+    for name in native_names:
+        tmpl, fmt = _template(name)
+        if tmpl not in TABLE:
+            raise ModelLoadError(f"no HF mapping for native tensor {name!r}")
+        op, sources = TABLE[tmpl]
+        if op == "stack":
+            alt = ALT_SOURCES[tmpl].format(**fmt)
+            if has(alt):
+                out[name] = get(alt)
+                used.add(alt)
+                continue
+            per_expert = []
+            for e in range(config.num_experts):
+                keys = [s.format(e=e, **fmt) for s in sources]
+                absent = [k for k in keys if not has(k)]
+                if absent:
+                    missing += absent
+                    break
+                per_expert.append(torch.cat([get(k) for k in keys], dim=0))
+                used.update(keys)
+            else:
+                out[name] = torch.stack(per_expert)
+            continue
+        keys = [s.format(**fmt) for s in sources]
+        absent = [k for k in keys if not has(k)]
+        if absent:
+            missing += absent
+            continue
+        out[name] = get(keys[0]) if op == "rename" else torch.cat([get(k) for k in keys], dim=0)
+        used.update(keys)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"checkpoint lacks {len(missing)} tensor(s) the {config.architecture} model needs: {shown}"
+        )
+    return out, used
+
+
+def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Native state dict -> HF-named tensors (contiguous clones safe to save)."""
+    out = {}
+    for name, t in state.items():
+        tmpl, fmt = _template(name)
+        op, sources = TABLE[tmpl]
+        if op == "rename":
+            out[sources[0].format(**fmt)] = t
+        elif op == "concat":
+            sizes = _split_sizes(tmpl, config, len(sources), t.shape[0])
+            for s, part in zip(sources, t.split(sizes, dim=0)):
+                out[s.format(**fmt)] = part
+        else:  # stack
+            for e in range(t.shape[0]):
+                for s, part in zip(sources, t[e].chunk(len(sources), dim=0)):
+                    out[s.format(e=e, **fmt)] = part
+    return {k: v.detach().contiguous() for k, v in out.items()}

@@ -1,0 +1,119 @@
+"""The native decoder-only transformer (Qwen3, Qwen3-MoE, Llama share it; config flags differ).
+
+Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
+  forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
+  compute_logits(...) -> [B,T,V]; lm_head_weight -> [V,H] (the embedding when tied)
+Packed rows: when position_ids restart at 0 inside a row, each restart opens a new document and
+attention is block-diagonal causal (a [B,1,T,T] bool mask built from position_ids).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vf.models.config import ModelConfig
+from vf.models.layers import MLP, Attention, RMSNorm, Rotary
+from vf.models.moe import MoE
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.is_moe_layer(layer_idx):
+            self.mlp = MoE(config)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
+    def forward(self, x, cos, sin, mask=None, cache=None):  # [B, T, H] -> [B, T, H]
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """position_ids [B, T] -> None when every row is one document (plain causal), else a bool mask
+    [B, 1, T, T] that is causal within documents (a document starts wherever position_ids == 0)."""
+    starts = position_ids == 0
+    starts_inside = starts[:, 1:].any()
+    if not bool(starts_inside):
+        return None
+    T = position_ids.shape[1]
+    doc = torch.cumsum(starts.to(torch.int32), dim=1)  # [B, T] document index per token
+    same_doc = doc[:, :, None] == doc[:, None, :]  # [B, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
+    return (same_doc & causal)[:, None]
+
+
+class NativeModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        # _weight skips nn.Embedding's normal_ init (on the meta device its first call costs ~1.5 s)
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
+        )
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_moe_impl(self, impl: str) -> None:
+        """Switch every MoE layer to `impl` ("grouped" | "loop"); per layer: `model.layers[i].mlp.impl`."""
+        for layer in self.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.impl = impl
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
+    ) -> torch.Tensor:
+        B, T = input_ids.shape
+        mask = None
+        if position_ids is None:
+            offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
+            position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
+        elif cache is None:
+            mask = packed_causal_mask(position_ids)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.norm(x)
+
+    def compute_logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None):
+        return self.forward(input_ids, position_ids, cache) @ self.lm_head_weight.t()  # [B, T, V]
+
+
+def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02) -> NativeModel:
+    """Normal(0, std) for matrices and embeddings, zeros for biases, ones for norms (HF's init)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std).to(p.dtype))
+    return model
+
+
+def build_model(
+    config: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int | None = None
+):
+    """Random-initialised NativeModel from a native config (`seed` for a reproducible init)."""
+    with torch.device("meta"):
+        model = NativeModel(config)
+    model = model.to_empty(device=device).to(dtype)
+    return init_weights(model, seed)
