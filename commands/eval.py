@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from vf.cli import console, guarded, overrides
+from vf.cli import console, dotted_args, guarded, overrides, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,10 +42,9 @@ def print_table(summary: dict) -> None:
     console.print(t)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=EPILOG)
+@app.command(epilog=EPILOG)
 @guarded
-def main(
-    ctx: typer.Context,
+def command(
     taskset: Optional[str] = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model: a local HF dir, 'tiny' (built-in), or the server's model name."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server; omit to run the embedded engine."),
@@ -66,7 +65,7 @@ def main(
     from vf.evaluate import execute, open_run, print_summary_json, rescore, resolve_config
     from vf.summary import summarize
 
-    over = overrides(ctx.args, {
+    over = overrides(dotted_args(), {
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,
         "select.limit": num_tasks, "num_rollouts": rollouts, "max_concurrent": concurrency,
         "max_turns": max_turns}, config_file)
@@ -95,3 +94,11 @@ def main(
         raise SystemExit(1)
     if min_reward is not None and (summary["mean_reward"] is None or summary["mean_reward"] < min_reward):
         raise GateFailed(f"mean reward {summary['mean_reward']} is below --min-reward {min_reward}")
+
+
+def main() -> None:
+    run_app(app)
+
+
+if __name__ == "__main__":
+    main()

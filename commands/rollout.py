@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from vf.cli import console, guarded, overrides
+from vf.cli import console, dotted_args, guarded, overrides, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,10 +18,9 @@ EPILOG = (
 )
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=EPILOG)
+@app.command(epilog=EPILOG)
 @guarded
-def main(
-    ctx: typer.Context,
+def command(
     taskset: Optional[str] = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Model: a local HF dir, 'tiny', or the server's model name."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server that returns token ids (vf-serve, vLLM)."),
@@ -38,7 +37,7 @@ def main(
     from vf.errors import UsageError
     from vf.evaluate import execute, open_run, resolve_config
 
-    over = overrides(ctx.args, {
+    over = overrides(dotted_args(), {
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,
         "select.limit": num_tasks, "num_rollouts": rollouts, "max_concurrent": concurrency,
         "max_turns": max_turns}, config_file)
@@ -53,3 +52,11 @@ def main(
     console.print(f"{summary['num_episodes']} episodes ({summary['num_errors']} errors) → {where}")
     if summary["num_episodes"] and summary["num_errors"] == summary["num_episodes"]:
         raise SystemExit(1)
+
+
+def main() -> None:
+    run_app(app)
+
+
+if __name__ == "__main__":
+    main()

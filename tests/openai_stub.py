@@ -47,6 +47,7 @@ class Handler(BaseHTTPRequestHandler):
     counts: dict = {}
     lock = threading.Lock()
     requests: list = []
+    auth: list = []
 
     def log_message(self, *args):  # quiet
         pass
@@ -69,6 +70,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         with Handler.lock:
             Handler.requests.append(body)
+            Handler.auth.append(self.headers.get("Authorization"))
         model = body.get("model") or "reverse"
         messages = body.get("messages") or []
         prompt = last_user(messages)
@@ -133,6 +135,7 @@ class StubServer:
     def __enter__(self):
         Handler.counts.clear()
         Handler.requests.clear()
+        Handler.auth.clear()
         self.thread.start()
         return self
 

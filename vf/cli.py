@@ -54,6 +54,42 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def split_dotted(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted config flags (`--sampling.temperature 0.7`, `--taskset.size=5`) from the
+    rest, so the flag parser never mistakes their values for positional arguments."""
+    rest, dotted = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            dotted.append(arg)
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                dotted.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, dotted
+
+
+_DOTTED: list[str] = []
+
+
+def dotted_args() -> list[str]:
+    """The dotted flags of this invocation (set by `run_app`)."""
+    return list(_DOTTED)
+
+
+def run_app(app: Any, argv: list[str] | None = None) -> None:
+    """Console-script entry: pull out dotted flags, then let typer parse the rest."""
+    rest, dotted = split_dotted(list(sys.argv[1:] if argv is None else argv))
+    _DOTTED[:] = dotted
+    app(args=rest, prog_name=os.path.basename(sys.argv[0]) if sys.argv else None)
+
+
 def overrides(extra_args: list[str], flags: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
     """Config file ← explicit flags ← dotted extras, as one nested override dict. Flags left
     unset (None) are absent, so a resumed run keeps its saved values."""

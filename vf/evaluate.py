@@ -110,10 +110,14 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
             asyncio.run(_run(plan, spec, config, engine, on_episode))
     finally:
         progress.close()
-    summary = summarize(episodes, config.num_rollouts, wall_time=time.time() - start,
+    wall = time.time() - start
+    new_tokens = sum(e.num_output_tokens for e in episodes[len(plan.kept):])
+    summary = summarize(episodes, config.num_rollouts, wall_time=wall,
                         taskset=loaded.id, model=config.model, command=config.command,
                         num_owed=len(plan.owed), num_resumed=len(plan.kept),
                         run_dir=str(run.path) if run else None)
+    # throughput of this attempt only: resumed episodes were generated earlier
+    summary["tokens_per_second"] = new_tokens / wall if plan.owed and wall > 0 else None
     if run is not None:
         run.write_summary(summary)
     return summary

@@ -172,6 +172,8 @@ async def score(task: Task, trace: Trace, state: Any) -> None:
                 trace.ok = False
                 continue
             values = value if isinstance(value, dict) else {name: value}
+            if name not in values:  # a hook that reports several signals replaces its own name
+                target.pop(name, None)
             for k, v in values.items():
                 if kind == "reward":
                     target[k] = RewardValue(score=float(v), weight=meta.get("weight", 1.0))
@@ -182,9 +184,8 @@ async def score(task: Task, trace: Trace, state: Any) -> None:
 def new_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> tuple[Episode, Trace]:
     data = task.data.model_dump(mode="json")
     ttask = TraceTask(type=type(task).__name__, data=data, key=task.data.key, hash=task.data.hash)
-    trace = Trace(task=ttask, agent={"name": "agent", "trainable": True,
-                                     "config": {"model": spec.model, "engine": spec.engine.name,
-                                                "sampling": spec.sampling.to_dict(),
+    trace = Trace(task=ttask, agent={"name": "agent", "trainable": True, "engine": spec.engine.name,
+                                     "config": {"model": spec.model, "sampling": spec.sampling.to_dict(),
                                                 "max_turns": spec.max_turns}})
     episode = Episode(env={"id": spec.env_id, "name": spec.env_id}, task=ttask, run=dict(spec.run),
                       rollout=rollout, group={"id": f"{ttask.hash[:16]}"}, traces=[trace])
@@ -197,6 +198,7 @@ async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episod
     trace._state = state
     t0 = time.time()
     trace.timing["start"] = t0
+    span = lambda start: {"start": start, "end": time.time()}  # noqa: E731 - verifiers' TimeSpan shape
     try:
         toolsets = [cls(state) for cls in task.toolsets]
         for ts in toolsets:
@@ -211,19 +213,23 @@ async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episod
 
         async def body():
             await call_hook(task.setup, agent._hook_args())
-            trace.timing["setup"] = time.time() - t0
+            trace.timing["setup"] = span(t0)
+            t_agent = time.time()
             if spec.env is not None:
                 await spec.env.run(task, agent)
             else:
                 await agent.turn()
             agent.finish("agent_completed")
+            model_time = sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)
+            trace.timing["agent"] = {**span(t_agent), "model": {"duration": model_time}}
+            t_final = time.time()
             await call_hook(task.finalize, agent._hook_args())
+            trace.timing["finalize"] = span(t_final)
 
         if spec.episode_timeout:
             await asyncio.wait_for(body(), timeout=spec.episode_timeout)
         else:
             await body()
-        trace.timing["agent"] = time.time() - t0
     except asyncio.TimeoutError:
         trace.is_timeout = episode.is_timeout = True
         trace.stop_condition = "episode_timeout"
@@ -237,8 +243,7 @@ async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episod
     if not trace.errors:
         t1 = time.time()
         await score(task, trace, state)
-        trace.timing["scoring"] = time.time() - t1
+        trace.timing["scoring"] = span(t1)
     trace.ok = not trace.errors
     trace.is_completed = trace.ok
-    trace.timing["end"] = time.time()
     return episode.finish()

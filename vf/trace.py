@@ -117,7 +117,8 @@ class Trace(_Record):
     stop_condition: str | None = None
     is_timeout: bool = False
     errors: list[ErrorInfo] = Field(default_factory=list)
-    timing: dict[str, float] = Field(default_factory=dict)
+    timing: dict[str, Any] = Field(default_factory=dict)
+    """start (epoch s); setup/agent/finalize/scoring: {start, end} spans; agent.model.duration."""
     policy: dict[str, int | None] = Field(default_factory=lambda: {"start": None, "end": None})
     num_input_tokens: int = 0
     num_output_tokens: int = 0
@@ -291,3 +292,7 @@ def load_traces(source: str | os.PathLike) -> Path:
     """Resolve a run dir or a traces file to the traces file path."""
     p = Path(source)
     return p / "traces.jsonl" if p.is_dir() else p
+
+
+if __name__ == "__main__":  # python -m vf.trace > vf/schemas/trace-v1.schema.json
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

@@ -1,0 +1,43 @@
+"""Shared fixtures: the scripted OpenAI-compatible stub server and a console-script runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from openai_stub import StubServer  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def stub():
+    with StubServer() as server:
+        yield server
+
+
+def run_cli(*args: str, input: str | None = None, timeout: float = 120, env: dict | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """Run a console script (vf-eval, vf-rollout, ...) as a real subprocess."""
+    cmd = [str(BIN / args[0]), *args[1:]]
+    full_env = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
+    return proc
+
+
+def json_out(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,84 @@
+"""Chat prompts to token ids, and generated text back to an OpenAI assistant message.
+
+    render_prompt(tokenizer, messages, tools) -> list[int]   # via the tokenizer's chat template
+    parse_tool_calls(text, next_id) -> (content | None, tool_calls)
+Tool calls are the Hermes/Qwen convention: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+blocks. A block whose body is not a JSON object with a string "name" stays in the content (the
+model wrote something malformed; the harness shows it as text rather than inventing a call).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from vf.errors import EngineError
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TOOL_OPEN = "<tool_call>"
+
+
+def _text(content: Any) -> str | None:
+    """OpenAI content parts -> plain text (text parts only); strings and None pass through."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise EngineError(f"each message needs a 'role'; got {m!r:.100}", type="BadRequest")
+        m = dict(m)
+        m["content"] = _text(m.get("content"))
+        if m["content"] is None and m["role"] != "assistant":
+            m["content"] = ""
+        out.append(m)
+    return out
+
+
+def render_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    if not messages:
+        raise EngineError("messages must not be empty", type="BadRequest")
+    try:
+        text = tokenizer.apply_chat_template(
+            normalize_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+    except EngineError:
+        raise
+    except Exception as e:  # a template error is the request's fault (bad roles/order)
+        raise EngineError(f"the chat template rejected the messages: {e}", type="BadRequest") from None
+    # the template already wrote any BOS/special tokens it wants
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def parse_tool_calls(text: str, next_id: Callable[[], int]) -> tuple[str | None, list[dict[str, Any]]]:
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for match in TOOL_CALL_RE.finditer(text):
+        try:
+            body = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            continue
+        args = body.get("arguments", body.get("parameters", {}))
+        kept.append(text[last : match.start()])
+        last = match.end()
+        calls.append({
+            "id": f"call_{next_id()}",
+            "type": "function",
+            "function": {"name": body["name"],
+                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+        })
+    if not calls:
+        return text, []
+    kept.append(text[last:])
+    content = "".join(kept).strip()
+    return (content or None), calls

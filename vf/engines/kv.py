@@ -1,0 +1,97 @@
+"""Slot KV cache for continuous batching, behind the models' attention seam
+(`out = cache.attend(layer_idx, q, k, v)`, see vf/models/cache.py).
+
+Shape legend: R row capacity (max_batch), L length capacity, n active rows, m new rows,
+T prompt block length (right-padded), nh/nkv query/kv heads, hd head dim.
+    k[layer], v[layer] : [R, nkv, L, hd]
+Active sequences always occupy rows 0..n-1 (kept compact: a finished row is overwritten by the
+last row via `move`), so a decode step reads the views k[layer][:n, :, :Lmax] with no gather.
+
+Two modes, set before each model forward:
+    begin_prefill(start, m, T): rows start..start+m-1 get a fresh right-padded prompt block; plain
+        causal attention inside the block is exact for every real token (padding only follows it);
+        the padding's k/v land beyond each row's length and are masked later / overwritten.
+    begin_decode(n, pos [n]): row i appends one token at position pos[i] and attends to 0..pos[i].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class SlotKVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_rows: int, max_len: int,
+                 dtype: torch.dtype, device, initial_len: int = 256):
+        self.num_layers, self.nkv, self.hd = num_layers, num_kv_heads, head_dim
+        self.max_rows, self.max_len = max_rows, max_len
+        self.dtype, self.device = dtype, device
+        self.cap_len = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._reserve(min(initial_len, max_len))
+        self._mode = None
+        self._start = self._m = self._T = self._n = self._lmax = 0
+        self._pos: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+
+    def _reserve(self, length: int) -> None:
+        """Grow the length capacity to at least `length` (doubling, capped at max_len), keeping contents."""
+        if length <= self.cap_len:
+            return
+        new_len = self.cap_len or 16
+        while new_len < length:
+            new_len *= 2
+        new_len = min(max(new_len, length), self.max_len)
+        shape = (self.max_rows, self.nkv, new_len, self.hd)
+        for store in (self.k, self.v):
+            for i in range(self.num_layers):
+                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if i < len(store):
+                    fresh[:, :, : self.cap_len] = store[i]
+                    store[i] = fresh
+                else:
+                    store.append(fresh)
+        self.cap_len = new_len
+
+    # -- modes -------------------------------------------------------------------------------
+    def begin_prefill(self, start: int, m: int, T: int) -> None:
+        self._reserve(T + 1)
+        self._mode, self._start, self._m, self._T = "prefill", start, m, T
+
+    def begin_decode(self, n: int, pos: torch.Tensor) -> None:
+        """pos [n] int64: the position each row's new token takes (= tokens already stored)."""
+        lmax = int(pos.max()) + 1
+        self._reserve(lmax)
+        self._mode, self._n, self._lmax, self._pos = "decode", n, lmax, pos
+        self._rows = torch.arange(n, device=self.device)
+        ar = torch.arange(lmax, device=self.device)
+        self._mask = (ar[None, :] <= pos[:, None])[:, None, None, :]  # [n, 1, 1, Lmax]
+
+    # -- the seam ----------------------------------------------------------------------------
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
+        if self._mode == "prefill":
+            s, m, T = self._start, self._m, self._T
+            self.k[layer_idx][s : s + m, :, :T] = k
+            self.v[layer_idx][s : s + m, :, :T] = v
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if self._mode == "decode":
+            n, lmax = self._n, self._lmax
+            kb, vb = self.k[layer_idx], self.v[layer_idx]
+            kb[self._rows, :, self._pos] = k[:, :, 0]
+            vb[self._rows, :, self._pos] = v[:, :, 0]
+            return F.scaled_dot_product_attention(
+                q, kb[:n, :, :lmax], vb[:n, :, :lmax], attn_mask=self._mask, enable_gqa=gqa
+            )
+        raise RuntimeError("SlotKVCache.attend called outside begin_prefill/begin_decode")
+
+    def advance(self, T: int) -> None:  # lengths are tracked by the scheduler, not here
+        self._mode = None
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy row `src`'s first `length` positions into row `dst` (compaction after a row finishes)."""
+        for store in (self.k, self.v):
+            for buf in store:
+                buf[dst, :, :length] = buf[src, :, :length]

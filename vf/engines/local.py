@@ -1,0 +1,241 @@
+"""The embedded `local` engine: native models from `vf.models`, continuous batching, exact log-probs.
+
+    LocalEngine.from_model(model="tiny" | HF dir | None, dtype="float32", device="cpu", max_batch=64)
+    LocalEngine(model: NativeModel, tokenizer, max_batch=64, model_name=None)   # share a module
+    await engine.generate(GenerateRequest) -> GenerateResult
+    await engine.generate_ids(prompt_ids, sampling, **extra) -> Seq      # raw token-level call
+    engine.update_weights(state_dict_or_model, version=None)             # thread-safe, between steps
+    engine.load_checkpoint(path, version=None)                           # HF dir -> update_weights
+    engine.policy_version                                                # bumped by every update
+
+Log-probs: `logprobs[i] = log_softmax(logits / T)[token_ids[i]]` over the full vocabulary (T = 1
+for greedy), what the trainer computes at the same tokens. Token ids include the EOS token that
+ended a reply; `message.content` is the decoded text without special tokens, cut before a stop
+string, with `<tool_call>` blocks moved into `tool_calls`.
+
+`policy_version` on a result is the version when the request was admitted (its prompt's KV came
+from that policy); a weight update lands between decode steps and later tokens of in-flight
+requests use the new weights (the usual in-flight update semantics of async RL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
+from vf.engines.chat import parse_tool_calls, render_prompt
+from vf.errors import EngineError, UsageError
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+def torch_dtype(name: Any):
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    key = DTYPES.get(str(name).lower().removeprefix("torch."))
+    if key is None:
+        raise UsageError(f"unknown dtype {name!r}", hint="use float32 (CPU), bfloat16 or float16 (GPU)")
+    return getattr(torch, key)
+
+
+def resolve_model_path(model: str | os.PathLike | None) -> Path:
+    """'tiny' / None -> the built-in tiny model (built offline on first use); else an existing local dir."""
+    if model is None or str(model) == "tiny":
+        from vf.models.tiny import ensure_tiny_model
+
+        return ensure_tiny_model()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise UsageError(
+            f"model {str(model)!r} is not a local directory",
+            hint="pass 'tiny' (the built-in model) or a local HF model directory (config.json + "
+                 "safetensors + tokenizer); models are never downloaded",
+        )
+    return path
+
+
+def _eos_ids(path: Path | None, model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+
+    def add(x):
+        if isinstance(x, int):
+            ids.add(x)
+        elif isinstance(x, (list, tuple)):
+            ids.update(i for i in x if isinstance(i, int))
+
+    add(getattr(model.config, "eos_token_id", None))
+    add(getattr(tokenizer, "eos_token_id", None))
+    if path is not None and (path / "generation_config.json").is_file():
+        try:
+            add(json.loads((path / "generation_config.json").read_text()).get("eos_token_id"))
+        except (json.JSONDecodeError, OSError):
+            pass
+    return ids
+
+
+class LocalEngine:
+    name = "local"
+    supports_tokens = True
+
+    def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
+                 max_len: int | None = None, path: Path | None = None, **_: Any):
+        from vf.engines.scheduler import Scheduler
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name or "local"
+        self.path = path
+        self.max_len = int(max_len or model.config.max_position_embeddings)
+        self.policy_version = 0
+        self._call_ids = itertools.count()
+        self.eos_ids = _eos_ids(path, model, tokenizer)
+        self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
+                                   decode_tail=self._decode_tail, version=lambda: self.policy_version)
+
+    @classmethod
+    def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
+                   max_batch: int = 64, **kw: Any) -> "LocalEngine":
+        from transformers import AutoTokenizer
+
+        from vf.models import ModelLoadError, load_model
+
+        path = resolve_model_path(model)
+        try:
+            native = load_model(path, dtype=torch_dtype(dtype), device=device)
+        except ModelLoadError as e:
+            raise UsageError(f"cannot load model from {path}: {e.message}", hint=e.hint) from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:
+            raise UsageError(f"cannot load the tokenizer from {path}: {e}",
+                             hint="the model directory needs tokenizer files (tokenizer.json + tokenizer_config.json)") from None
+        name = "tiny" if model is None or str(model) == "tiny" else str(model)
+        return cls(native, tokenizer, max_batch=max_batch, model_name=name, path=path, **kw)
+
+    # -- generation --------------------------------------------------------------------------
+    def _decode_tail(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return render_prompt(self.tokenizer, messages, tools)
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) >= self.max_len:
+            raise EngineError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_len} tokens "
+                f"(room is needed for at least one generated token)", type="PromptTooLong", status_code=400)
+        if not prompt_ids:
+            raise EngineError("the prompt is empty", type="BadRequest", status_code=400)
+        V = self.model.config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= V for t in prompt_ids):
+            raise EngineError(f"prompt token ids must be integers in [0, {V})", type="BadRequest", status_code=400)
+
+    async def generate_ids(self, prompt_ids: list[int], sampling: Sampling, *, ignore_eos: bool = False,
+                           min_tokens: int = 0, stop_token_ids: list[int] | None = None, on_token=None):
+        """Token-level generation. Returns the finished `Seq` (token_ids, logprobs, finish_reason,
+        stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token."""
+        from vf.engines.scheduler import Seq
+
+        self._check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def done(seq):
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(seq))
+
+        def token_cb(tok, lp):
+            loop.call_soon_threadsafe(on_token, tok, lp)
+
+        seq = Seq(
+            prompt_ids=list(prompt_ids),
+            max_tokens=max(1, min(int(sampling.max_tokens), self.max_len - len(prompt_ids))),
+            temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=int(sampling.top_k or 0),
+            min_p=float(sampling.min_p or 0.0), seed=sampling.seed, stop=[s for s in (sampling.stop or []) if s],
+            stop_token_ids=list(stop_token_ids or []), ignore_eos=ignore_eos, min_tokens=int(min_tokens),
+            on_token=token_cb if on_token is not None else None, done=done,
+        )
+        self.scheduler.submit(seq)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            seq.cancelled = True  # the scheduler drops it at its next step
+            raise
+        if seq.error is not None:
+            raise EngineError(f"local engine failed: {seq.error}", type="EngineError") from seq.error
+        return seq
+
+    def finish_text(self, seq) -> str:
+        """Decoded reply text (special tokens skipped), cut before the stop string that ended it."""
+        text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        if isinstance(seq.stop_reason, str):
+            cut = text.find(seq.stop_reason)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def build_message(self, text: str, tools_given: bool) -> tuple[dict[str, Any], list]:
+        content, calls = parse_tool_calls(text, lambda: next(self._call_ids)) if tools_given or "<tool_call>" in text \
+            else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        return message, calls
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        prompt_ids = self.encode_chat(request.messages, request.tools)
+        seq = await self.generate_ids(prompt_ids, request.sampling)
+        message, calls = self.build_message(self.finish_text(seq), bool(request.tools))
+        finish = "tool_calls" if calls else seq.finish_reason
+        return GenerateResult(
+            message=message, finish_reason=finish,
+            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(seq.token_ids)),
+            prompt_token_ids=prompt_ids, token_ids=list(seq.token_ids), logprobs=list(seq.logprobs),
+            policy_version=seq.policy_version, model=request.model or self.model_name,
+        )
+
+    # -- weights -----------------------------------------------------------------------------
+    def update_weights(self, weights, version: int | None = None) -> int:
+        """Copy `weights` (a NativeModel or its native state dict) into the served model in place,
+        between decode steps; set policy_version to `version` (default: +1). Returns the version."""
+        import torch
+
+        state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(state))
+        unknown = sorted(set(state) - set(params))
+        if missing or unknown:
+            raise UsageError(
+                f"weights do not match the served model: missing {missing[:5]}, unexpected {unknown[:5]}",
+                hint="pass a state dict of the same native architecture (vf.models names)")
+        for name, p in params.items():
+            if tuple(state[name].shape) != tuple(p.shape):
+                raise UsageError(f"weight {name} has shape {tuple(state[name].shape)}, the served model "
+                                 f"has {tuple(p.shape)}", hint="load a checkpoint of the same model")
+        with self.scheduler.lock, torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+            self.scheduler.refresh_head()
+            self.policy_version = int(version) if version is not None else self.policy_version + 1
+        return self.policy_version
+
+    def load_checkpoint(self, path: str | os.PathLike, version: int | None = None) -> int:
+        """Load an HF checkpoint dir (same architecture) and swap its weights in; returns the version."""
+        from vf.models import ModelLoadError, load_model
+
+        p = next(self.model.parameters())
+        try:
+            new = load_model(Path(path), dtype=p.dtype, device=p.device)
+        except ModelLoadError as e:
+            raise UsageError(f"cannot load checkpoint {path}: {e.message}", hint=e.hint) from None
+        return self.update_weights(new, version)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.scheduler.stop)

@@ -1,0 +1,259 @@
+"""Continuous batching: one background thread runs prefill + decode steps over every active sequence.
+
+Contract:
+    Scheduler(model, max_batch, max_len, eos_ids, decode_tail).submit(seq) -> None   (thread-safe)
+    Each Seq gets `done(seq)` called from the scheduler thread when it finishes (or fails:
+    seq.error set). `on_token(token_id, logprob)` (optional) is called per sampled token.
+    `lock` is held for each step; weight updates take it so they land between decode steps.
+
+One iteration: admit waiting sequences into free rows (up to max_batch) and prefill them as one
+right-padded block (their first token is sampled from the prefill logits); then one decode step
+for all active rows (a [n, 1] forward). Finished rows are freed at once (compaction), so a new
+request waits at most one step to join. Python work per step is O(rows): one `.tolist()` of the
+sampled tokens and log-probs plus bookkeeping; stop strings decode only a short token tail.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vf.engines.kv import SlotKVCache
+from vf.engines.sampler import make_params, sample
+
+# padded-token budget of one prefill block (rows x longest prompt); bigger groups are split
+PREFILL_TOKENS = 8192
+
+
+@dataclass
+class Seq:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    on_token: Callable[[int, float], None] | None = None
+    done: Callable[["Seq"], None] | None = None
+    # filled in by the scheduler
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: Any = None  # the stop string or token id that ended it
+    policy_version: int | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    generator: torch.Generator | None = None
+
+
+class Scheduler:
+    def __init__(self, model, max_batch: int, max_len: int, eos_ids: set[int],
+                 decode_tail: Callable[[list[int]], str], version: Callable[[], int]):
+        self.model = model
+        self.max_batch, self.max_len = max_batch, max_len
+        self.eos_ids = set(eos_ids)
+        self.decode_tail = decode_tail
+        self.version = version
+        cfg = model.config
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.cache = SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_batch, max_len,
+                                 p.dtype, p.device)
+        self.lock = threading.RLock()
+        self.refresh_head()
+        self._cv = threading.Condition()
+        self._waiting: collections.deque[Seq] = collections.deque()
+        self.rows: list[Seq] = []  # row i of the cache
+        self.pos = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # tokens stored per row
+        self.last = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # sampled, not yet stored
+        self._params = None
+        self._gen = torch.Generator(device="cpu")
+        self._gen.seed()
+        self._stopped = False
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name="vf-local-engine", daemon=True)
+        self._thread.start()
+
+    def refresh_head(self) -> None:
+        """Pre-transpose the LM head ([H, V], contiguous) so each step is one plain matmul."""
+        with self.lock:
+            self.head_t = self.model.lm_head_weight.detach().t().contiguous()
+
+    # -- public ------------------------------------------------------------------------------
+    def submit(self, seq: Seq) -> None:
+        with self._cv:
+            if self._stopped:
+                raise RuntimeError("engine is closed")
+            self._waiting.append(seq)
+            self._cv.notify()
+
+    @property
+    def load(self) -> int:
+        return len(self.rows) + len(self._waiting)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    # -- loop --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not self._stopped and not self._waiting and not self.rows:
+                    self._cv.wait()
+                if self._stopped:
+                    break
+                free = self.max_batch - len(self.rows)
+                new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            try:
+                with self.lock, torch.inference_mode():
+                    new = [s for s in new if not s.cancelled]
+                    if new:
+                        self._prefill(new)
+                    if self.rows:
+                        self._decode()
+            except Exception as e:  # a bug or OOM: fail what is in flight, keep serving
+                traceback.print_exc()
+                for s in self.rows + new:
+                    if s.finish_reason is None:
+                        s.error = e
+                        self._finish(s, "abort")
+                self.rows = []
+                self._params = None
+        with self._cv:
+            left = list(self._waiting) + self.rows
+            self._waiting.clear()
+        for s in left:
+            s.error = RuntimeError("engine closed")
+            self._finish(s, "abort")
+
+    def _prefill(self, new: list[Seq]) -> None:
+        new.sort(key=lambda s: len(s.prompt_ids))  # similar lengths per block, less padding
+        i = 0
+        while i < len(new):
+            j = i + 1
+            while j < len(new) and (j + 1 - i) * len(new[j].prompt_ids) <= PREFILL_TOKENS:
+                j += 1
+            self._prefill_block(new[i:j])
+            i = j
+
+    def _prefill_block(self, block: list[Seq]) -> None:
+        start, m = len(self.rows), len(block)
+        T = max(len(s.prompt_ids) for s in block)
+        ids = torch.zeros(m, T, dtype=torch.int64)
+        for r, s in enumerate(block):
+            ids[r, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids, dtype=torch.int64)
+            s.policy_version = self.version()
+            if s.seed is not None:
+                s.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
+        ids = ids.to(self.device)
+        positions = torch.arange(T, device=self.device).expand(m, T)
+        self.cache.begin_prefill(start, m, T)
+        hidden = self.model(ids, positions, self.cache)  # [m, T, H]
+        self.cache.advance(T)
+        lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
+        last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
+        logits = last_h @ self.head_t
+        self.rows.extend(block)
+        self.pos[start : start + m] = lens
+        self._params = None
+        self._sample_and_update(logits, start, block)
+
+    def _decode(self) -> None:
+        n = len(self.rows)
+        pos = self.pos[:n]
+        self.cache.begin_decode(n, pos)
+        hidden = self.model(self.last[:n, None], pos[:, None], self.cache)  # [n, 1, H]
+        self.cache.advance(1)
+        self.pos[:n] += 1
+        self.steps += 1
+        self._sample_and_update(hidden[:, 0] @ self.head_t, 0, self.rows)
+
+    def _sample_and_update(self, logits: torch.Tensor, start: int, seqs: list[Seq]) -> None:
+        """Sample one token for rows start..start+len(seqs)-1, record it, free finished rows."""
+        k = len(seqs)
+        if self._params is None or self._params[0] != (start, k, len(self.rows)):
+            params = make_params([s.temperature for s in seqs], [s.top_k for s in seqs],
+                                 [s.top_p for s in seqs], [s.min_p for s in seqs], device=self.device)
+            if start == 0 and k == len(self.rows):
+                self._params = ((start, k, len(self.rows)), params)
+        else:
+            params = self._params[1]
+        if params.all_greedy:
+            uniforms = torch.zeros(k, device=self.device)
+        else:
+            u = torch.rand(k, generator=self._gen)
+            for r, s in enumerate(seqs):
+                if s.generator is not None:
+                    u[r] = torch.rand((), generator=s.generator)
+            uniforms = u.to(self.device)
+        tokens, logprobs = sample(logits, params, uniforms)
+        self.last[start : start + k] = tokens
+        toks, lps = tokens.tolist(), logprobs.tolist()
+        finished: list[int] = []
+        for r, s in enumerate(seqs):
+            tok = toks[r]
+            s.token_ids.append(tok)
+            s.logprobs.append(lps[r])
+            if s.on_token is not None:
+                s.on_token(tok, lps[r])
+            reason = self._check_stop(s, tok)
+            if reason is not None:
+                s.finish_reason = reason
+                finished.append(start + r)
+        if finished:
+            self._free(finished)
+
+    def _check_stop(self, s: Seq, tok: int) -> str | None:
+        if s.cancelled:
+            return "abort"
+        n = len(s.token_ids)
+        if n >= s.min_tokens:
+            if (tok in self.eos_ids and not s.ignore_eos) or tok in s.stop_token_ids:
+                s.stop_reason = tok
+                return "stop"
+            if s.stop:
+                tail = self.decode_tail(s.token_ids[-(max(len(x) for x in s.stop) + 4):])
+                for x in s.stop:
+                    if x in tail:
+                        s.stop_reason = x
+                        return "stop"
+        if n >= s.max_tokens:
+            return "length"
+        return None
+
+    def _free(self, finished: list[int]) -> None:
+        for row in sorted(finished, reverse=True):
+            seq = self.rows[row]
+            last = len(self.rows) - 1
+            if row != last:
+                moved = self.rows[last]
+                self.cache.move(last, row, int(self.pos[last]))
+                self.rows[row] = moved
+                self.pos[row] = self.pos[last]
+                self.last[row] = self.last[last]
+            self.rows.pop()
+            self._finish(seq, seq.finish_reason)
+        self._params = None
+
+    def _finish(self, seq: Seq, reason: str) -> None:
+        seq.finish_reason = reason
+        if seq.done is not None:
+            try:
+                seq.done(seq)
+            except Exception:  # a closed event loop must not kill the engine thread
+                pass

@@ -1,0 +1,342 @@
+"""Runtime shim for environments migrated from the v0 (legacy verifiers) API.
+
+`vf-migrate` rewrites a v0 `load_environment()` module into a v1 taskset, but keeps the original
+reward functions, parsers and `env_response` code unchanged. This module gives that code the v0
+objects it was written against, with v0 semantics, so a migrated reward returns the same number
+the v0 code gave for the same completion:
+
+- `Parser`, `XMLParser`, `ThinkParser`: `parse`, `parse_answer`, `get_format_reward_func`,
+  `get_assistant_messages` as in verifiers v0.
+- `Rubric`: records `funcs`/`weights`/`parser` (and `add_reward_func`/`add_metric`); it scores
+  nothing itself, the migrated Task's @vf.reward methods call `score()`.
+- `SingleTurnEnv`, `MultiTurnEnv`, `ToolEnv`, `Environment`: record their constructor arguments
+  (parser, rubric, max_turns, tools); a v0 `MultiTurnEnv` subclass keeps its `env_response` and
+  `is_completed`, and `MultiTurnAdapter` runs them as a v1 `vf.Env`.
+- `v0_args()` builds the arguments a v0 reward function named (`completion`, `prompt`,
+  `answer`, `info`, `state`, `parser`, ...) from a v1 trace.
+
+Nothing here imports torch or verifiers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
+
+from vf.env import Env
+
+Messages = list[dict[str, Any]]
+
+cache = functools.cache
+"""Decorator for the generated `_v0_env()` builder: build the parser/rubric once per process."""
+
+
+# ---- parsers (v0 semantics) --------------------------------------------------------------------
+
+
+class Parser:
+    """v0 `Parser(extract_fn)`: `parse(text)` applies `extract_fn`; `parse_answer` parses the last
+    assistant message; its format reward is always 1.0."""
+
+    def __init__(self, extract_fn: Callable[[str], Any] = lambda x: x, **kwargs: Any):
+        self.extract_fn = extract_fn
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    def parse(self, text: str) -> Any:
+        return self.extract_fn(text)
+
+    def get_assistant_messages(self, completion: Messages) -> Messages:
+        return [m for m in completion if m.get("role") == "assistant"]
+
+    def parse_answer(self, completion: str | Messages) -> Any:
+        if isinstance(completion, str):
+            return self.parse(completion)
+        messages = self.get_assistant_messages(completion)
+        if not messages:
+            return None
+        return self.parse(_text(messages[-1].get("content")))
+
+    def get_format_reward_func(self) -> Callable:
+        def format_reward_func(completion, **kwargs) -> float:
+            return 1.0
+
+        return format_reward_func
+
+
+class ThinkParser(Parser):
+    """v0 `ThinkParser`: the answer is the text after `</think>` ('' when there is no `</think>`);
+    format reward = fraction of assistant messages shaped `<think>…</think>answer`."""
+
+    def parse(self, text: str) -> Any:
+        text = text.split("</think>")[-1].strip() if "</think>" in text else ""
+        return self.extract_fn(text.strip())
+
+    def get_format_reward_func(self) -> Callable:
+        def follows_format(text: str) -> float:
+            ok = (text.strip().startswith("<think>") and text.count("<think>") == 1
+                  and text.count("</think>") == 1 and len(text.split("</think>")[-1]) > 0)
+            return 1.0 if ok else 0.0
+
+        def format_reward_func(completion, **kwargs) -> float:
+            messages = self.get_assistant_messages(completion)
+            return sum(follows_format(_text(m.get("content"))) for m in messages) / len(messages)
+
+        return format_reward_func
+
+
+class XMLParser(Parser):
+    """v0 `XMLParser(fields, answer_field)`; a field is a tag or a tuple of alternative tags."""
+
+    def __init__(self, fields: list[str | tuple[str, ...]], answer_field: str = "answer", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.answer_field = answer_field
+        self._fields: list[tuple[str, list[str]]] = []
+        for f in fields:
+            alts = [f] if isinstance(f, str) else list(f)
+            self._fields.append((alts[0], alts))
+
+    def parse(self, text: str, strip: bool = True) -> SimpleNamespace:
+        out: dict[str, str | None] = {}
+        for _, alts in self._fields:
+            for alt in alts:
+                m = re.search(rf"<{alt}>\s*(.*?)\s*</{alt}>", text, re.DOTALL)
+                out[alt] = (m.group(1).strip() if strip else m.group(1)) if m else None
+        return SimpleNamespace(**out)
+
+    def parse_answer(self, completion: str | Messages) -> str | None:
+        texts = [completion] if isinstance(completion, str) else [
+            _text(m.get("content")) for m in reversed(self.get_assistant_messages(completion))]
+        for text in texts:
+            value = getattr(self.parse(text), self.answer_field, None)
+            if value is not None:
+                return value
+        return None
+
+    def get_fields(self) -> list[str]:
+        return [c for c, _ in self._fields]
+
+    def get_format_reward_func(self) -> Callable:
+        def format_reward_func(completion, **kwargs) -> float:
+            messages = self.get_assistant_messages(completion)
+            if not messages:
+                return 0.0
+            scores = []
+            for msg in messages:
+                content = _text(msg.get("content"))
+                parsed, raw = self.parse(content), self.parse(content, strip=False)
+                any_field, spacing, present = False, True, set()
+                for i, (_, alts) in enumerate(self._fields):
+                    for alt in alts:
+                        if getattr(parsed, alt, None) is not None:
+                            any_field = True
+                            present.add(i)
+                            if getattr(raw, alt, None) is None:
+                                spacing = False
+                        elif f"<{alt}>" in content or f"</{alt}>" in content:
+                            present.add(i)
+                score = 0.4 * len(present) / len(self._fields) if any_field else 0.0
+                score += 0.2 if spacing else 0.0
+                score += 0.2 if any(content.strip().startswith(f"<{a}>") for a in self._fields[0][1]) else 0.0
+                score += 0.2 if any(content.strip().endswith(f"</{a}>") for a in self._fields[-1][1]) else 0.0
+                scores.append(score)
+            return sum(scores) / len(scores)
+
+        return format_reward_func
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+# ---- rubric and environments (recorders) -------------------------------------------------------
+
+
+class Rubric:
+    """v0 `Rubric(funcs, weights, parser)`: records the functions in order (rewards and metrics)."""
+
+    def __init__(self, funcs: list[Callable] | None = None, weights: list[float] | None = None,
+                 parser: Parser | None = None, **kwargs: Any):
+        self.funcs = list(funcs or [])
+        self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
+        self.parser = parser
+        self.class_objects: dict[str, Any] = {}
+
+    def add_reward_func(self, func: Callable, weight: float = 1.0) -> None:
+        self.funcs.append(func)
+        self.weights.append(weight)
+
+    def add_metric(self, func: Callable, weight: float = 0.0) -> None:
+        self.add_reward_func(func, weight)
+
+    def add_class_object(self, name: str, obj: Any) -> None:
+        self.class_objects[name] = obj
+
+
+class Environment:
+    """Records what a v0 environment was built with; the dataset lives in the taskset's load()."""
+
+    DEFAULT_MAX_TURNS = 10
+
+    def __init__(self, parser: Parser | None = None, rubric: Rubric | None = None,
+                 max_turns: int | None = None, tools: list[Callable] | None = None, **kwargs: Any):
+        self.parser = parser if parser is not None else Parser()
+        self.rubric = rubric if rubric is not None else Rubric(parser=self.parser)
+        self.max_turns = max_turns if max_turns is not None else self.DEFAULT_MAX_TURNS
+        self.tools = list(tools or [])
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    def score(self, index: int, task: Any, trace: Any, state: Any) -> Any:
+        """Call the rubric's `index`-th function the v0 way (async functions return a coroutine,
+        which the v1 hook runner awaits)."""
+        fn = self.rubric.funcs[index]
+        parser = self.rubric.parser if self.rubric.parser is not None else self.parser
+        return fn(**pick(fn, v0_args(task, trace, state, parser=parser, **self.rubric.class_objects)))
+
+
+class SingleTurnEnv(Environment):
+    DEFAULT_MAX_TURNS = 1
+
+
+class MultiTurnEnv(Environment):
+    """Base for migrated v0 multi-turn envs: keeps `env_response` / `is_completed`."""
+
+    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
+        return False
+
+    def env_response(self, messages: Messages, state: dict, **kwargs: Any):
+        raise NotImplementedError
+
+
+class ToolEnv(MultiTurnEnv):
+    pass
+
+
+# ---- v0 arguments from a v1 trace --------------------------------------------------------------
+
+
+def split_messages(trace: Any) -> tuple[Messages, Messages]:
+    """(prompt, completion): the messages before the first model reply, and the rest."""
+    branch = [trace.nodes[i] for i in trace.branch()]
+    first = next((i for i, n in enumerate(branch) if n.sampled or n.message.get("role") == "assistant"),
+                 len(branch))
+    return [dict(n.message) for n in branch[:first]], [dict(n.message) for n in branch[first:]]
+
+
+def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
+    """The v0 `state` dict for this episode: kept on the v1 State so env_response's writes persist."""
+    saved = getattr(state, "v0_state", None) if state is not None else None
+    if saved is None:
+        saved = {}
+        if state is not None:
+            try:
+                setattr(state, "v0_state", saved)
+            except (AttributeError, ValueError):
+                pass
+    prompt, completion = split_messages(trace)
+    saved.update(prompt=prompt, completion=completion, answer=getattr(task, "answer", ""),
+                 info=getattr(task, "info", {}) or {}, example_id=getattr(task, "idx", 0),
+                 task=getattr(task, "name", None) or "default", turn=trace.num_turns)
+    saved.setdefault("responses", [])
+    return saved
+
+
+def v0_args(task: Any, trace: Any, state: Any, **extra: Any) -> dict[str, Any]:
+    """Everything a v0 reward function could name."""
+    st = v0_state(task, trace, state)
+    return {"prompt": st["prompt"], "completion": st["completion"], "answer": st["answer"],
+            "info": st["info"], "state": st, "task": st["task"], "example_id": st["example_id"], **extra}
+
+
+def pick(fn: Callable, available: dict[str, Any]) -> dict[str, Any]:
+    """The subset of `available` that `fn` names (all of it when fn takes **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(available)
+    return {k: v for k, v in available.items() if k in params}
+
+
+# ---- dataset rows ------------------------------------------------------------------------------
+
+
+def rows(dataset: Iterable[dict[str, Any]] | None, data_class: type, system_prompt: str | None = None,
+         few_shot: Messages | None = None) -> Iterable[Any]:
+    """v0 dataset rows → TaskData: `question` (str) or `prompt` (messages), `answer`, `info`
+    (dict or JSON string). Other columns are ignored, as v0 did."""
+    if dataset is None:
+        return
+    fields = getattr(data_class, "model_fields", {})
+    for row in dataset:
+        row = dict(row)
+        kw: dict[str, Any] = {}
+        if row.get("prompt") is not None:
+            prompt = [dict(m) for m in row["prompt"]] if not isinstance(row["prompt"], str) else row["prompt"]
+        else:
+            prompt = row.get("question")
+        if few_shot:
+            prompt = [*few_shot, *([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)]
+        kw["prompt"] = prompt
+        if system_prompt and not (isinstance(prompt, list) and prompt and prompt[0].get("role") == "system"):
+            kw["system_prompt"] = system_prompt
+        if "answer" in fields and row.get("answer") is not None:
+            kw["answer"] = str(row["answer"])
+        if "info" in fields and row.get("info") is not None:
+            info = row["info"]
+            kw["info"] = json.loads(info) if isinstance(info, str) else dict(info)
+        yield data_class(**kw)
+
+
+# ---- multi-turn adapter ------------------------------------------------------------------------
+
+
+class MultiTurnAdapter(Env):
+    """Runs a v0 `MultiTurnEnv`'s `is_completed` / `env_response` as a v1 Env.
+
+    Subclasses set `v0_env` to a zero-argument callable returning the v0 env instance."""
+
+    v0_env: Callable[[], MultiTurnEnv]
+
+    async def run(self, task, agent) -> None:
+        await agent.turn()
+        while not agent.done:
+            messages = await self.next_messages(task.data, agent.trace, agent.state)
+            if not messages:
+                agent.finish("env_done")
+                break
+            for m in messages[:-1]:
+                agent.add(m)
+            await agent.turn(messages[-1])
+
+    async def respond(self, task, trace, state):
+        messages = await self.next_messages(task, trace, state)
+        return messages[-1] if messages else None
+
+    async def next_messages(self, task, trace, state) -> Messages | None:
+        env = type(self).v0_env()
+        st = v0_state(task, trace, state)
+        messages = trace.messages
+        done = env.is_completed(messages, st)
+        if inspect.isawaitable(done):
+            done = await done
+        if done:
+            return None
+        out = env.env_response(messages, st)
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, tuple):  # older v0: (messages, state)
+            out, new_state = out
+            if isinstance(new_state, dict) and new_state is not st:
+                st.update(new_state)
+        if isinstance(out, (dict, str)):
+            out = [out]
+        return [({"role": "user", "content": m} if isinstance(m, str) else dict(m)) for m in out or []]
