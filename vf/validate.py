@@ -26,6 +26,7 @@ from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Usage
 from vf.env import Env
+from vf.errors import UsageError
 from vf.harness import EpisodeSpec, run_episode
 from vf.taskset import Task
 from vf.trace import Episode
@@ -111,8 +112,6 @@ async def validate_taskset(loaded, n: int | None = None) -> ValidationReport:
     `vf.loading.LoadedTaskset`, with its Env."""
     taskset = loaded.taskset
     if n is None and getattr(taskset, "INFINITE", False):
-        from vf.errors import UsageError
-
         raise UsageError(f"{loaded.id} is an endless taskset", hint="pass n to validate_taskset")
     tasks = taskset.take(n) if n is not None else list(taskset.tasks())
     report = ValidationReport()
