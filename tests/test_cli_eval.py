@@ -185,3 +185,26 @@ def test_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_full_disk_stops_cleanly_and_resume_completes(tmp_path, stub):
+    """A file-size limit stands in for a full disk: writes fail with EFBIG mid-run."""
+    import resource
+
+    out = tmp_path / "run"
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (12_000, 12_000))
+
+    cmd = [str(BIN / "vf-eval"), "reverse-text", "-m", "reverse", "--base-url", stub.url, "-n", "10", "-r", "2",
+           "-c", "1", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert "could not write" in proc.stderr and f"--resume {out}" in proc.stderr and "Traceback" not in proc.stderr
+    saved = read_episodes(out / "traces.jsonl")  # strict: no torn line was left behind
+    assert 0 < len(saved) < 20
+    resumed = subprocess.run([str(BIN / "vf-eval"), "--resume", str(out), "--json"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    after = read_episodes(out / "traces.jsonl")
+    assert len(after) == 20 and {e.id for e in saved} <= {e.id for e in after}

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from vf.errors import VfError
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fancy() -> bool:

@@ -1,0 +1,1 @@
+"""Published JSON schemas (data files)."""
