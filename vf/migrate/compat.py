@@ -209,7 +209,10 @@ class SingleTurnEnv(Environment):
 
 
 class MultiTurnEnv(Environment):
-    """Base for migrated v0 multi-turn envs: keeps `env_response` / `is_completed`."""
+    """Base for migrated v0 multi-turn envs: keeps `env_response` / `is_completed`.
+    v0 default max_turns: -1 (no limit)."""
+
+    DEFAULT_MAX_TURNS = -1
 
     def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
         return False
@@ -219,7 +222,7 @@ class MultiTurnEnv(Environment):
 
 
 class ToolEnv(MultiTurnEnv):
-    pass
+    DEFAULT_MAX_TURNS = 10
 
 
 # ---- v0 arguments from a v1 trace --------------------------------------------------------------
@@ -240,7 +243,7 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
         saved = {}
         if state is not None:
             try:
-                setattr(state, "v0_state", saved)
+                state.v0_state = saved
             except (AttributeError, ValueError):
                 pass
     prompt, completion = split_messages(trace)
@@ -315,21 +318,31 @@ class MultiTurnAdapter(Env):
                 break
             for m in messages[:-1]:
                 agent.add(m)
+            # v0 checked is_completed before every model call: an env_response that ends the
+            # game (e.g. "correct") is added, and no further reply is asked for.
+            if await self._completed(agent.trace.messages + [messages[-1]], task.data, agent.trace, agent.state):
+                agent.add(messages[-1])
+                agent.finish("env_done")
+                break
             await agent.turn(messages[-1])
 
     async def respond(self, task, trace, state):
         messages = await self.next_messages(task, trace, state)
         return messages[-1] if messages else None
 
-    async def next_messages(self, task, trace, state) -> Messages | None:
+    async def _completed(self, messages, task, trace, state) -> bool:
         env = type(self).v0_env()
-        st = v0_state(task, trace, state)
-        messages = trace.messages
-        done = env.is_completed(messages, st)
+        done = env.is_completed(messages, v0_state(task, trace, state))
         if inspect.isawaitable(done):
             done = await done
-        if done:
+        return bool(done)
+
+    async def next_messages(self, task, trace, state) -> Messages | None:
+        env = type(self).v0_env()
+        messages = trace.messages
+        if await self._completed(messages, task, trace, state):
             return None
+        st = v0_state(task, trace, state)
         out = env.env_response(messages, st)
         if inspect.isawaitable(out):
             out = await out
@@ -340,3 +353,14 @@ class MultiTurnAdapter(Env):
         if isinstance(out, (dict, str)):
             out = [out]
         return [({"role": "user", "content": m} if isinstance(m, str) else dict(m)) for m in out or []]
+
+
+# v0 type aliases used in annotations of migrated code.
+ChatMessage = dict[str, Any]
+State = dict[str, Any]
+Info = dict[str, Any]
+SamplingArgs = dict[str, Any]
+
+SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "Rubric", "Environment", "SingleTurnEnv", "MultiTurnEnv",
+             "ToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs"}
+"""The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

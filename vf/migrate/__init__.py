@@ -1,0 +1,110 @@
+"""vf-migrate: move v0 environments, scripts, configs and run dirs to v1.
+
+`plan(paths)` walks the paths and returns a Report (file changes + entries) without touching
+anything; `apply(report)` writes it, keeping a `.bak` of every file it changes or removes. Each
+input kind has its own module: python_env (libcst codemod), scripts, configs, rundirs; the rule
+table is in rules. Nothing here imports or runs the code being migrated.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from vf.migrate.report import Report
+
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+SCRIPT_SUFFIXES = {".sh", ".bash", ".zsh", ".yml", ".yaml", ".mk"}
+SCRIPT_NAMES = {"Makefile", "makefile", "GNUmakefile", "Justfile", "justfile", "Dockerfile"}
+
+
+def _migrate_file(path: Path) -> Report:
+    from vf.migrate import configs, python_env, scripts
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return Report()
+    if path.suffix == ".py":
+        if python_env.is_v0_environment(source):
+            try:
+                return python_env.migrate_environment(path, source)
+            except python_env.MigrationError as e:
+                r = Report()
+                r.add(path, 1, "ENV900", "manual", str(e))
+                return r
+        return scripts.migrate_python_subprocess(path, source)
+    if path.suffix == ".toml":
+        return configs.migrate_toml(path, source)
+    if path.suffix in SCRIPT_SUFFIXES or path.name in SCRIPT_NAMES:
+        return scripts.migrate_text_file(path, source)
+    return Report()
+
+
+def _walk(path: Path, report: Report) -> None:
+    from vf.migrate import rundirs
+
+    if path.is_dir():
+        if rundirs.sniff(path) is not None:
+            report.extend(rundirs.migrate_rundir(path))
+            return
+        for child in sorted(path.iterdir()):
+            if child.name in SKIP_DIRS or child.name.endswith((".bak", ".tmp")) or ".bak." in child.name:
+                continue
+            _walk(child, report)
+    elif path.is_file() and not path.name.endswith(".bak"):
+        report.extend(_migrate_file(path))
+
+
+def plan(paths: list[str | Path]) -> Report:
+    """Everything that would change under `paths` (dry run)."""
+    report = Report()
+    for p in paths:
+        _walk(Path(p), report)
+    return report
+
+
+def dirty_git_trees(paths: list[str | Path]) -> list[str]:
+    """Git work trees containing `paths` that have uncommitted changes to tracked files."""
+    dirty = []
+    seen = set()
+    for p in paths:
+        d = Path(p) if Path(p).is_dir() else Path(p).parent
+        try:
+            top = subprocess.run(["git", "-C", str(d), "rev-parse", "--show-toplevel"], capture_output=True,
+                                 text=True, check=False)
+        except FileNotFoundError:
+            return []
+        if top.returncode != 0 or top.stdout.strip() in seen:
+            continue
+        root = top.stdout.strip()
+        seen.add(root)
+        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=False)
+        if status.stdout.strip():
+            dirty.append(root)
+    return dirty
+
+
+def _backup(path: Path) -> None:
+    bak = path.with_name(path.name + ".bak")
+    n = 1
+    while bak.exists():
+        bak = path.with_name(f"{path.name}.bak.{n}")
+        n += 1
+    shutil.copy2(path, bak)
+
+
+def apply(report: Report) -> None:
+    """Write every change; a changed or removed file keeps `NAME.bak` (`NAME.bak.N` if taken)."""
+    for c in report.changes:
+        if c.old is not None and c.path.exists():
+            _backup(c.path)
+        if c.new is None:
+            c.path.unlink(missing_ok=True)
+        else:
+            c.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = c.path.with_name(c.path.name + ".tmp")
+            tmp.write_text(c.new, encoding="utf-8")
+            tmp.replace(c.path)

@@ -1,0 +1,197 @@
+"""The migration rules: id, what the rule does, and a before/after example.
+
+Every report entry names one of these ids; `docs/migration-rules.md` is generated from this table
+(`python -m vf.migrate.rules > docs/migration-rules.md`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    kind: str
+    title: str
+    description: str
+    before: str
+    after: str
+
+
+R = Rule
+RULES: list[Rule] = [
+    # ---- v0 environment modules ----------------------------------------------------------------
+    R("ENV001", "environment", "load_environment() → Taskset",
+      "`load_environment(**kwargs)` becomes a TaskData subclass, a TasksetConfig whose fields are the "
+      "function's keyword parameters (with their defaults), a Task and a Taskset whose `load()` keeps "
+      "the original dataset-building code. `**kwargs` is dropped (it fed env constructor options).",
+      "def load_environment(num_examples: int = 3, **kwargs):\n    dataset = build(num_examples)\n"
+      "    return vf.SingleTurnEnv(dataset=dataset, rubric=rubric)",
+      "class MyEnvConfig(vf.TasksetConfig):\n    num_examples: int = 3\n\n"
+      "class MyEnvTaskset(vf.Taskset[MyEnvTask, MyEnvConfig]):\n    def load(self):\n"
+      "        num_examples = self.config.num_examples\n        dataset = build(num_examples)\n"
+      "        yield from compat.rows(dataset, MyEnvData)"),
+    R("ENV002", "environment", "dataset columns → TaskData rows",
+      "`question` (str) or `prompt` (messages), `answer`, `info` (dict or JSON string) become "
+      "`TaskData(prompt=..., answer=..., info=...)`; `system_prompt=`/`few_shot=` of the env are "
+      "applied per row.",
+      "vf.SingleTurnEnv(dataset=ds, system_prompt=SYSTEM)",
+      "class MyEnvData(vf.TaskData):\n    answer: str = ''\n    info: dict = {}\n...\n"
+      "yield from compat.rows(ds, MyEnvData, system_prompt=SYSTEM)"),
+    R("ENV003", "environment", "Rubric funcs/weights → @vf.reward methods",
+      "Each rubric function becomes a `@vf.reward(weight=w)` method (weight 0 / `add_metric` → "
+      "`@vf.metric`) that calls the original function unchanged with the v0 arguments it names "
+      "(`completion`, `prompt`, `answer`, `info`, `state`, `parser`), built from the v1 trace by "
+      "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`.",
+      "rubric = vf.Rubric(funcs=[correct, parser.get_format_reward_func()], weights=[1.0, 0.2])",
+      "@vf.reward(weight=1.0)\ndef correct(self, task, trace, state):\n"
+      "    return _v0_env().score(0, task, trace, state)\n\n@vf.reward(weight=0.2)\n"
+      "def format_reward_func(self, task, trace, state):\n    return _v0_env().score(1, task, trace, state)"),
+    R("ENV004", "environment", "parsers → compat parsers",
+      "`vf.Parser`, `vf.XMLParser`, `vf.ThinkParser` (and every other `verifiers` name) resolve to "
+      "`vf.migrate.compat`, which reproduces v0 parsing and format rewards.",
+      "parser = vf.XMLParser(['think', 'answer'])", "parser = compat.XMLParser(['think', 'answer'])"),
+    R("ENV005", "environment", "SingleTurnEnv → one-turn stop",
+      "A `SingleTurnEnv` becomes a `@vf.stop` that ends the episode after the first model reply.",
+      "return vf.SingleTurnEnv(dataset=ds, rubric=rubric)",
+      "@vf.stop\ndef single_turn(self, trace) -> bool:\n    return trace.num_turns >= 1"),
+    R("ENV006", "environment", "MultiTurnEnv.env_response → Env adapter",
+      "A `vf.MultiTurnEnv` subclass keeps its `env_response`/`is_completed` (now on "
+      "`compat.MultiTurnEnv`) and is run by a generated `compat.MultiTurnAdapter` (a `vf.Env`) set as "
+      "the taskset's `ENV`; `max_turns` becomes a `@vf.stop`.",
+      "class Guess(vf.MultiTurnEnv):\n    def env_response(self, messages, state): ...",
+      "class Guess(compat.MultiTurnEnv):\n    def env_response(self, messages, state): ...\n\n"
+      "class GuessEnv(compat.MultiTurnAdapter):\n    v0_env = staticmethod(_v0_env)"),
+    R("ENV007", "environment", "ToolEnv(tools=[fn]) → Toolset",
+      "Each module-level tool function becomes a `@vf.tool` method of a generated `vf.Toolset` with "
+      "the same signature and docstring, calling the original function; the Task lists the toolset.",
+      "vf.ToolEnv(dataset=ds, tools=[add], max_turns=4)",
+      "class MyEnvTools(vf.Toolset):\n    @vf.tool\n    def add(self, a: int, b: int) -> int:\n"
+      "        '''Add two integers.'''\n        return add(a=a, b=b)"),
+    R("ENV008", "environment", "imports",
+      "`import verifiers as vf` becomes `import vf` plus `from vf.migrate import compat`; "
+      "`from verifiers import X` becomes `from vf.migrate.compat import X`.",
+      "import verifiers as vf", "import vf\nfrom vf.migrate import compat"),
+    R("ENV900", "environment", "not translatable: kept and flagged",
+      "Anything without a mechanical v1 form (JudgeRubric, RubricGroup, EnvGroup, group rewards with "
+      "plural arguments, non-literal weights, tools defined inside load_environment, unknown env "
+      "classes or constructor options) is kept and marked `# TODO(vf-migrate): ...`.",
+      "rubric = vf.JudgeRubric(judge_model='gpt-4.1-mini')",
+      "# TODO(vf-migrate): JudgeRubric has no compat equivalent; port it to a @vf.reward that calls a judge\n"
+      "rubric = compat.JudgeRubric(judge_model='gpt-4.1-mini')"),
+    # ---- scripts and CI files ------------------------------------------------------------------
+    R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
+      "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "
+      "`-a JSON` → `--taskset.KEY V`; `-b`/`--api-base-url` → `--base-url`; `-k` → `--api-key-var`; "
+      "`-t` → `--sampling.max-tokens`; `-T` → `--sampling.temperature`; `-S JSON` → `--sampling.KEY V`; "
+      "`-x '{\"max_turns\": N}'` → `--max-turns N`; `--timeout` → `--episode-timeout`; "
+      "`--shuffle`/`--shuffle-seed` → `--select.shuffle true`/`--select.seed`; `-s`/`-f` dropped "
+      "(always saved); `-R PATH` → `--resume PATH`; display flags dropped; `-p`/`-e`/`-C`/`-H` flagged.",
+      "vf-eval my-env -a '{\"difficulty\": \"hard\"}' -n 10 -r 3 -b http://x/v1 -k KEY -T 0.7 -s",
+      "vf-eval my-env --taskset.difficulty hard -n 10 -r 3 --base-url http://x/v1 --api-key-var KEY "
+      "--sampling.temperature 0.7"),
+    R("SCR002", "script", "verifiers 0.4.0 / v1 eval flags → our vf-eval",
+      "`eval`/`uv run eval` (v1 v0.2–0.3) and 0.4.0 `vf-eval` dotted flags: `--env.taskset.X` → "
+      "`--taskset.X`; `--client.base-url` → `--base-url`; `--client.api-key-var` → `--api-key-var`; "
+      "`--num-rollouts`/`--num-tasks`/`--select.limit` → `-r`/`-n`; `-s` → `--select.shuffle true`; "
+      "`--env.agent.max-turns` → `--max-turns`; `@ x.toml` → `--config x.yaml`; `-v1` id suffix dropped; "
+      "`--no-push`/`--rich.*` dropped.",
+      "uv run eval reverse-text-v1 --num-tasks 5 --env.taskset.size 50 --client.base-url http://x/v1",
+      "vf-eval reverse-text -n 5 --taskset.size 50 --base-url http://x/v1"),
+    R("SCR003", "script", "vf-vllm → vf-serve",
+      "`vf-vllm --model M` becomes `vf-serve --model M`; vLLM-only flags are flagged.",
+      "vf-vllm --model Qwen/Qwen3-0.6B --port 8000", "vf-serve --model Qwen/Qwen3-0.6B --port 8000"),
+    R("SCR004", "script", "old trainers → vf-train",
+      "`vf-train @ cfg.toml` (in-tree v0 trainer), `vf-rl @ cfg.toml` and `prime-rl @ cfg.toml` become "
+      "`vf-train cfg.yaml` (the config is migrated by CFG004, which states the loss). The default loss "
+      "is now IPO with eps 0.3.",
+      "vf-train @ configs/train.toml", "vf-train configs/train.yaml"),
+    R("SCR005", "script", "vf-replay → vf-eval --score",
+      "0.4.0 `vf-replay RUN` (offline re-scoring) becomes `vf-eval --score RUN`.",
+      "vf-replay outputs/run1", "vf-eval --score outputs/run1"),
+    R("SCR900", "script", "removed commands: flagged",
+      "`vf-install`, `vf-tui`, `vf-setup`, `vf-build`, `vf-init`, `vf-gepa`, `vf-validate`, `vf-debug`, "
+      "`serve` and bare `validate`/`debug`/`gepa` have no vf equivalent; the line gets a "
+      "`# TODO(vf-migrate)` comment saying what to do instead.",
+      "vf-install my-env",
+      "vf-install my-env  # TODO(vf-migrate): vf-install is gone; pip install -e the package, or pass "
+      "the module path to vf-eval"),
+    # ---- configs -------------------------------------------------------------------------------
+    R("CFG001", "config", "v0 eval TOML → YAML config",
+      "A v0 eval TOML (top-level defaults + `[[eval]]` tables) becomes one `--config` YAML per eval "
+      "(`x.yaml`, or `x.<name>.yaml` for several); the TOML is removed (its `.bak` kept). "
+      "`num_examples` → `select.limit`, `rollouts_per_example` → `num_rollouts`, `args` → taskset "
+      "fields, `sampling_args`/`max_tokens`/`temperature` → `sampling`, `extra_env_kwargs.max_turns` → "
+      "`max_turns`; `endpoint_id`/`endpoints_path`/`[[ablation]]` are flagged.",
+      "model = \"m\"\nnum_examples = 5\n[[eval]]\nenv_id = \"my-env\"\nargs = {difficulty = \"hard\"}",
+      "taskset:\n  id: my-env\n  difficulty: hard\nmodel: m\nselect:\n  limit: 5"),
+    R("CFG002", "config", "v1 v0.2.x / v0.3.x TOML → YAML config",
+      "`num_tasks` → `select.limit`, `num_rollouts` → `num_rollouts`, `[taskset]`/`[env.taskset]` → "
+      "`taskset`, `max_turns`/`[env.agent] max_turns` → `max_turns`, `[legacy]` → taskset id + args; "
+      "`[harness]`/`[env.agent.runtime]`/`[serve]` flagged.",
+      "num_tasks = 5\n[taskset]\nid = \"reverse-text-v1\"", "taskset:\n  id: reverse-text\nselect:\n  limit: 5"),
+    R("CFG003", "config", "verifiers 0.4.0 eval TOML → YAML config",
+      "`[env.taskset]` → `taskset`, `[client] base_url/api_key_var` → `engine`, `[select]` → `select`, "
+      "`[sampling]` → `sampling`, `num_rollouts`, `max_concurrent`, `model`; `[run]`, `push`, `[rich]`, "
+      "`output_dir` dropped.",
+      "model = \"m\"\n[env.taskset]\nid = \"gsm8k\"\n[client]\nbase_url = \"http://x/v1\"",
+      "taskset:\n  id: gsm8k\nmodel: m\nengine:\n  base_url: http://x/v1"),
+    R("CFG004", "config", "trainer configs → vf-train YAML with an explicit loss",
+      "In-tree v0 `vf-train` TOML (`model`, `[env]`, `[trainer.args]`) and prime-rl-style `[trainer]` "
+      "configs become a vf-train YAML. The old trainers defaulted to other losses (GRPO-style clipping); "
+      "the migrated config states `loss` explicitly (`ipo`, `eps: 0.3`, vf's default) and the report "
+      "says so: check it is the loss you want.",
+      "model = \"Qwen/Qwen3-0.6B\"\n[env]\nid = \"my-env\"\n[trainer.args]\nlearning_rate = 1e-6\nmax_steps = 100",
+      "model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: 0.3\n"
+      "optim:\n  lr: 1.0e-06\nsteps: 100"),
+    R("CFG900", "config", "pyproject [tool.verifiers.eval]: flagged",
+      "`[tool.verifiers.eval] num_examples/rollouts_per_example` defaults are not read by vf; pass "
+      "`-n`/`-r` or a `--config` YAML. The pyproject is not rewritten.",
+      "[tool.verifiers.eval]\nnum_examples = 5", "(pass -n 5 to vf-eval)"),
+    # ---- run dirs ------------------------------------------------------------------------------
+    R("RUN001", "rundir", "v0 results.jsonl + metadata.json → traces.jsonl + config.yaml",
+      "Each v0 row becomes an Episode: prompt messages → unsampled nodes, completion → nodes "
+      "(assistant sampled), `reward` → rewards.reward (the v0 weighted total), `metrics` → metrics, "
+      "`error` → errors. Task data = idx (example_id), prompt/system_prompt, answer, info, so the "
+      "migrated taskset re-scores (`vf-eval --score DIR`) and resumes them. metadata.json → config.yaml.",
+      "results.jsonl: {\"example_id\": 0, \"prompt\": [...], \"completion\": [...], \"reward\": 1.0}",
+      "traces.jsonl: {\"task\": {\"data\": {\"idx\": 0, ...}}, \"traces\": [{\"nodes\": [...], \"rewards\": "
+      "{\"reward\": {\"score\": 1.0, \"weight\": 1.0}}}]}"),
+    R("RUN002", "rundir", "v1 generations A–E → our traces",
+      "Sniffed by shape, not version: bare-trace lines (A: results.jsonl, B: traces.jsonl) are wrapped "
+      "in an Episode; Episode lines (C, D, E) are kept; float rewards become {score, weight: 1}; nested "
+      "timing is flattened; usage keeps integer counts; verifiers-only task fields are dropped; "
+      "config.toml / configs/eval.json / configs/resolved/eval.json become config.yaml (`-v1` id suffix "
+      "dropped).",
+      "traces.jsonl: {\"nodes\": [...], \"rewards\": {\"lcs\": 0.5}}",
+      "traces.jsonl: {\"traces\": [{\"nodes\": [...], \"rewards\": {\"lcs\": {\"score\": 0.5, \"weight\": 1.0}}}]}"),
+]
+
+BY_ID = {r.id: r for r in RULES}
+
+
+def markdown() -> str:
+    """The rule table as markdown, one section per rule with before/after examples."""
+    out = ["# vf-migrate rules", "",
+           "`vf-migrate PATH...` prints a unified diff and a summary (dry run); `--write` applies it "
+           "(refused on a git tree with uncommitted changes to tracked files unless `--force`; every "
+           "changed or removed file keeps a `.bak`); `--check` exits 1 when anything would change; "
+           "`--json` prints the report (file, line, rule, status). It never imports or runs the code it "
+           "migrates (Python is rewritten with libcst). A second run changes nothing.", "",
+           "Status `migrated`: done. `manual`: kept and marked `TODO(vf-migrate)`; a person must finish "
+           "it. `info`: a note.", ""]
+    kind = None
+    titles = {"environment": "v0 environment modules", "script": "Scripts and CI files",
+              "config": "Config files", "rundir": "Run dirs"}
+    for r in RULES:
+        if r.kind != kind:
+            kind = r.kind
+            out += [f"## {titles[kind]}", ""]
+        out += [f"### {r.id}: {r.title}", "", r.description, "", "Before:", "", "```", r.before, "```", "",
+                "After:", "", "```", r.after, "```", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
