@@ -267,3 +267,12 @@ def test_rundirs_convert_and_rescore(corpus, tmp_path):
         s = _rescore("--score", corpus / "rundirs" / f"gen_{gen}")
         assert s["num_episodes"] == 3, gen
         assert s["mean_reward"] == pytest.approx(want), gen
+
+
+def test_migration_guide_documents_every_rule():
+    from vf.migrate.rules import RULES
+
+    guide = (Path(__file__).parent.parent / "MIGRATION.md").read_text()
+    for rule in RULES:
+        assert f"#### {rule.id}: {rule.title}" in guide, rule.id
+        assert rule.before.splitlines()[0] in guide and rule.after.splitlines()[0] in guide, rule.id

@@ -502,7 +502,7 @@ def _field_type(p: cst.Param) -> str:
 def _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, tool_names, fresh, add, load_env,
               code) -> str:
     """The generated block (text with __VF_*__() markers that `fill` replaces by original code)."""
-    L: list[str] = ["# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----", ""]
+    L: list[str] = ["# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----", ""]
     if any(_field_type(p) == "typing.Any" for p in params):
         L += ["import typing", ""]
     L += [f"class {N['Data']}(vf.TaskData):", '    """One row of the v0 dataset."""', "",

@@ -1,7 +1,7 @@
 """The migration rules: id, what the rule does, and a before/after example.
 
-Every report entry names one of these ids; `docs/migration-rules.md` is generated from this table
-(`python -m vf.migrate.rules > docs/migration-rules.md`).
+Every report entry names one of these ids; MIGRATION.md embeds the table
+(`python -m vf.migrate.rules` prints it; a test keeps them equal).
 """
 
 from __future__ import annotations

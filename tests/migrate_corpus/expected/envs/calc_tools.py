@@ -20,7 +20,7 @@ def used_tools(completion) -> float:
     return float(sum(1 for m in completion if m["role"] == "tool"))
 
 
-# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 class CalcToolsData(vf.TaskData):
     """One row of the v0 dataset."""

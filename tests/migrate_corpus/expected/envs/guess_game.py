@@ -27,7 +27,7 @@ def efficiency(state) -> float:
     return 1.0 / state.get("guesses", 1)
 
 
-# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 class GuessGameData(vf.TaskData):
     """One row of the v0 dataset."""

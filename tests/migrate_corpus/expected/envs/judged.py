@@ -2,7 +2,7 @@ import vf
 from vf.migrate import compat
 
 
-# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 # TODO(vf-migrate): JudgeRubric has no compat equivalent; port it to @vf.reward methods (a judge call inside a reward, or vf's math helpers) (line 6 of the v0 module)
 

@@ -4,7 +4,7 @@ import vf
 from vf.migrate import compat
 
 
-# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 class ThinkInfoData(vf.TaskData):
     """One row of the v0 dataset."""

@@ -11,7 +11,7 @@ def correct_answer(completion, answer, parser) -> float:
     return 1.0 if guess.strip() == answer else 0.0
 
 
-# ---- migrated from load_environment() by vf-migrate (see docs/migration-rules.md) ----
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 class XmlMathData(vf.TaskData):
     """One row of the v0 dataset."""
