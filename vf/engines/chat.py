@@ -51,7 +51,7 @@ def render_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[st
         )
     except EngineError:
         raise
-    except Exception as e:  # a template error is the request's fault (bad roles/order)
+    except Exception as e:  # noqa: BLE001 (a template error is the request's fault (bad roles/order))
         raise EngineError(f"the chat template rejected the messages: {e}", type="BadRequest") from None
     # the template already wrote any BOS/special tokens it wants
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -3,7 +3,7 @@
 
 Shape legend: R row capacity (max_batch), L length capacity, n active rows, m new rows,
 T prompt block length (right-padded), nh/nkv query/kv heads, hd head dim.
-    k[layer], v[layer] : [R, nkv, L, hd]
+    k[layer], v[layer] : [R, nkv, L, hd]   (R, L grow on demand up to max_rows, max_len)
 Active sequences always occupy rows 0..n-1 (kept compact: a finished row is overwritten by the
 last row via `move`), so a decode step reads the views k[layer][:n, :, :Lmax] with no gather.
 
@@ -26,44 +26,47 @@ class SlotKVCache:
         self.num_layers, self.nkv, self.hd = num_layers, num_kv_heads, head_dim
         self.max_rows, self.max_len = max_rows, max_len
         self.dtype, self.device = dtype, device
-        self.cap_len = 0
+        self.cap_rows = self.cap_len = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
-        self._reserve(min(initial_len, max_len))
+        self._reserve(1, min(initial_len, max_len))
         self._mode = None
         self._start = self._m = self._T = self._n = self._lmax = 0
         self._pos: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
 
-    def _reserve(self, length: int) -> None:
-        """Grow the length capacity to at least `length` (doubling, capped at max_len), keeping contents."""
-        if length <= self.cap_len:
+    def _reserve(self, rows: int, length: int) -> None:
+        """Grow capacity to at least rows x length (each doubling, capped at max_rows / max_len),
+        keeping contents. Memory follows what requests use, not max_batch x context."""
+        if rows <= self.cap_rows and length <= self.cap_len:
             return
-        new_len = self.cap_len or 16
+        new_rows, new_len = max(self.cap_rows, 1), max(self.cap_len, 16)
+        while new_rows < rows:
+            new_rows *= 2
         while new_len < length:
             new_len *= 2
-        new_len = min(max(new_len, length), self.max_len)
-        shape = (self.max_rows, self.nkv, new_len, self.hd)
+        new_rows, new_len = min(new_rows, self.max_rows), min(new_len, self.max_len)
+        shape = (new_rows, self.nkv, new_len, self.hd)
         for store in (self.k, self.v):
             for i in range(self.num_layers):
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if i < len(store):
-                    fresh[:, :, : self.cap_len] = store[i]
+                    fresh[: self.cap_rows, :, : self.cap_len] = store[i]
                     store[i] = fresh
                 else:
                     store.append(fresh)
-        self.cap_len = new_len
+        self.cap_rows, self.cap_len = new_rows, new_len
 
     # -- modes -------------------------------------------------------------------------------
     def begin_prefill(self, start: int, m: int, T: int) -> None:
-        self._reserve(T + 1)
+        self._reserve(start + m, T + 1)
         self._mode, self._start, self._m, self._T = "prefill", start, m, T
 
     def begin_decode(self, n: int, pos: torch.Tensor) -> None:
         """pos [n] int64: the position each row's new token takes (= tokens already stored)."""
         lmax = int(pos.max()) + 1
-        self._reserve(lmax)
+        self._reserve(n, lmax)
         self._mode, self._n, self._lmax, self._pos = "decode", n, lmax, pos
         self._rows = torch.arange(n, device=self.device)
         ar = torch.arange(lmax, device=self.device)

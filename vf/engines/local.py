@@ -86,7 +86,7 @@ class LocalEngine:
     supports_tokens = True
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
-                 max_len: int | None = None, path: Path | None = None, **_: Any):
+                 max_len: int | None = None, path: Path | None = None, fast_decode: bool = True, **_: Any):
         from vf.engines.scheduler import Scheduler
 
         self.model = model.eval()
@@ -98,11 +98,12 @@ class LocalEngine:
         self._call_ids = itertools.count()
         self.eos_ids = _eos_ids(path, model, tokenizer)
         self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
-                                   decode_tail=self._decode_tail, version=lambda: self.policy_version)
+                                   decode_tail=self._decode_tail, version=lambda: self.policy_version,
+                                   fast_decode=fast_decode)
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
-                   max_batch: int = 64, **kw: Any) -> "LocalEngine":
+                   max_batch: int = 64, **kw: Any) -> LocalEngine:
         from transformers import AutoTokenizer
 
         from vf.models import ModelLoadError, load_model
@@ -114,7 +115,7 @@ class LocalEngine:
             raise UsageError(f"cannot load model from {path}: {e.message}", hint=e.hint) from None
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (transformers raises many types for a bad dir)
             raise UsageError(f"cannot load the tokenizer from {path}: {e}",
                              hint="the model directory needs tokenizer files (tokenizer.json + tokenizer_config.json)") from None
         name = "tiny" if model is None or str(model) == "tiny" else str(model)
@@ -162,7 +163,10 @@ class LocalEngine:
             stop_token_ids=list(stop_token_ids or []), ignore_eos=ignore_eos, min_tokens=int(min_tokens),
             on_token=token_cb if on_token is not None else None, done=done,
         )
-        self.scheduler.submit(seq)
+        try:
+            self.scheduler.submit(seq)
+        except RuntimeError as e:
+            raise EngineError(f"local engine: {e}", type="EngineError") from None
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:

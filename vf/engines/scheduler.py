@@ -45,7 +45,7 @@ class Seq:
     ignore_eos: bool = False
     min_tokens: int = 0
     on_token: Callable[[int, float], None] | None = None
-    done: Callable[["Seq"], None] | None = None
+    done: Callable[[Seq], None] | None = None
     # filled in by the scheduler
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -59,7 +59,7 @@ class Seq:
 
 class Scheduler:
     def __init__(self, model, max_batch: int, max_len: int, eos_ids: set[int],
-                 decode_tail: Callable[[list[int]], str], version: Callable[[], int]):
+                 decode_tail: Callable[[list[int]], str], version: Callable[[], int], fast_decode: bool = True):
         self.model = model
         self.max_batch, self.max_len = max_batch, max_len
         self.eos_ids = set(eos_ids)
@@ -71,6 +71,9 @@ class Scheduler:
         self.cache = SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_batch, max_len,
                                  p.dtype, p.device)
         self.lock = threading.RLock()
+        from vf.engines.fastpath import FastDecoder
+
+        self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) else None
         self.refresh_head()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Seq] = collections.deque()
@@ -82,13 +85,17 @@ class Scheduler:
         self._gen.seed()
         self._stopped = False
         self.steps = 0
+        self.peak_rows = 0  # most rows decoded together so far (observability, tests)
         self._thread = threading.Thread(target=self._run, name="vf-local-engine", daemon=True)
         self._thread.start()
 
     def refresh_head(self) -> None:
-        """Pre-transpose the LM head ([H, V], contiguous) so each step is one plain matmul."""
+        """Pre-transpose the LM head ([H, V], contiguous) so each step is one plain matmul; rebuild
+        the fast decoder's derived weights. Called after every weight update."""
         with self.lock:
             self.head_t = self.model.lm_head_weight.detach().t().contiguous()
+            if self.fast is not None:
+                self.fast.refresh()
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, seq: Seq) -> None:
@@ -126,7 +133,7 @@ class Scheduler:
                         self._prefill(new)
                     if self.rows:
                         self._decode()
-            except Exception as e:  # a bug or OOM: fail what is in flight, keep serving
+            except Exception as e:  # noqa: BLE001 (a bug or OOM: fail what is in flight, keep serving)
                 traceback.print_exc()
                 for s in self.rows + new:
                     if s.finish_reason is None:
@@ -169,6 +176,7 @@ class Scheduler:
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         logits = last_h @ self.head_t
         self.rows.extend(block)
+        self.peak_rows = max(self.peak_rows, len(self.rows))
         self.pos[start : start + m] = lens
         self._params = None
         self._sample_and_update(logits, start, block)
@@ -176,12 +184,15 @@ class Scheduler:
     def _decode(self) -> None:
         n = len(self.rows)
         pos = self.pos[:n]
-        self.cache.begin_decode(n, pos)
-        hidden = self.model(self.last[:n, None], pos[:, None], self.cache)  # [n, 1, H]
-        self.cache.advance(1)
+        if self.fast is not None:
+            hidden = self.fast.forward(self.last[:n], pos)  # [n, H]
+        else:
+            self.cache.begin_decode(n, pos)
+            hidden = self.model(self.last[:n, None], pos[:, None], self.cache)[:, 0]  # [n, H]
+            self.cache.advance(1)
         self.pos[:n] += 1
         self.steps += 1
-        self._sample_and_update(hidden[:, 0] @ self.head_t, 0, self.rows)
+        self._sample_and_update(hidden @ self.head_t, 0, self.rows)
 
     def _sample_and_update(self, logits: torch.Tensor, start: int, seqs: list[Seq]) -> None:
         """Sample one token for rows start..start+len(seqs)-1, record it, free finished rows."""
@@ -255,5 +266,5 @@ class Scheduler:
         if seq.done is not None:
             try:
                 seq.done(seq)
-            except Exception:  # a closed event loop must not kill the engine thread
+            except Exception:  # noqa: BLE001, S110 (a closed event loop must not kill the engine thread)
                 pass

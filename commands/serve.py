@@ -1,0 +1,70 @@
+"""vf-serve: serve a model (the built-in tiny one by default) over an OpenAI-compatible HTTP API."""
+
+
+import typer
+
+from vf.cli import console, guarded
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+EPILOG = (
+    "Examples: vf-serve (tiny model on 127.0.0.1:8000);  vf-serve ./my-model --port 8001 --api-key secret;  "
+    "then vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny.  "
+    "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /v1/load_weights "
+    "{path, version}, /v1/policy_version.  Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
+)
+
+
+@app.command(epilog=EPILOG)
+@guarded
+def main(
+    model: str | None = typer.Argument(None, help="A local HF model dir, or 'tiny' (built-in; the default)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="VF_SERVE_API_KEY",
+                                          help="Require 'Authorization: Bearer KEY' (env VF_SERVE_API_KEY)."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Requests in flight before answering 503."),
+    max_batch: int = typer.Option(64, "--max-batch", help="Sequences decoded together per step."),
+    served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name the API reports."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+):
+    """Serve MODEL with continuous batching behind an OpenAI-compatible API."""
+    import errno
+    import socket
+
+    from vf.errors import UsageError
+
+    if max_queue < 1 or max_batch < 1:
+        raise UsageError("--max-queue and --max-batch must be at least 1")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} is out of range", hint="use a port in 1..65535 (0 picks a free one)")
+    with socket.socket() as s:  # fail fast, before loading the model, when the port is taken
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            what = "is already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+            raise UsageError(f"{host}:{port} {what}", hint="pick another --port or stop the other server") from None
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from vf.engines.local import LocalEngine
+    from vf.serve import run_server
+
+    engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch)
+    name = served_model_name or engine.model_name
+
+    def ready(server, _app):
+        bound = server.sockets[0].getsockname()
+        console.print(f"vf-serve: serving {name!r} on http://{bound[0]}:{bound[1]}/v1 "
+                      f"(max batch {max_batch}, max queue {max_queue}{', API key required' if api_key else ''})")
+
+    run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue)
+
+
+if __name__ == "__main__":
+    app()
