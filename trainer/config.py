@@ -1,0 +1,240 @@
+"""Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
+
+    TrainConfig
+      model         path ("tiny" = the built-in tiny Qwen3), dtype, device
+      taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
+      sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
+      engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
+      loss          {name, params}          e.g. {name: ipo, params: {eps: 0.3}}
+      optim         lr, betas, weight_decay, grad_clip, warmup_steps (LR), scheduler
+      trainer       seq_len (packing bin), micro_batch_size (bins per forward), logprob chunk
+      orchestrator  batch_size, group_size, async_level, max_off_policy_steps, std_norm
+      warmup        SFT warm-up steps on the taskset's gold replies (the tiny model is random-init)
+      data          SFT / offline data: a run dir of traces (`--data DIR`), reward filter
+      ckpt          every, keep_last
+      eval          every, taskset, select (-n/shuffle/seed/include/exclude), rollouts, sampling
+      drift         stale_steps, weight_noise: inference that differs from the trainer on purpose
+      steps, seed
+
+YAML file ← flags ← dotted overrides, validated here (unknown keys: every problem listed, exit 2).
+`check(config)` adds the checks pydantic cannot express (unknown loss, loss params, sampling that
+truncates the distribution, inconsistent staleness bounds). Importing this module needs no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vf.config import EngineConfig, SamplingConfig, SelectConfig, deep_merge, validate
+from vf.errors import ConfigError
+
+DEFAULT_TASKSET = {"id": "reverse-text", "size": 40, "min_words": 1, "max_words": 1, "seed": 0}
+"""The embedded default task: reverse one short word (fast to learn for the tiny model)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    path: str = "tiny"
+    """An HF directory (config.json + safetensors), or 'tiny' for the built-in tiny model."""
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+class TrainSampling(SamplingConfig):
+    max_tokens: int = Field(24, gt=0)
+    replay_mask: bool = False
+    """The engine replays its top-p/top-k mask into the trainer. Not implemented by any engine yet,
+    so truncated sampling (top_p < 1, top_k > 0, min_p > 0) is refused for training."""
+
+
+class LossSection(_Section):
+    name: str = "ipo"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimSection(_Section):
+    lr: float = Field(2e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear LR warm-up steps (not to be confused with the SFT `warmup` section)."""
+    scheduler: Literal["constant", "linear"] = "constant"
+    """`constant` (after LR warm-up) or `linear` decay to 0 at `steps` (a resumed run that grows
+    `steps` then changes the schedule)."""
+
+
+class TrainerSection(_Section):
+    seq_len: int = Field(512, gt=1)
+    """Capacity of one packed row (tokens). Longer samples are truncated."""
+    micro_batch_size: int = Field(4, gt=0)
+    """Packed rows per forward/backward. Neither changes the step (the loss is normalised by the
+    global loss-token count)."""
+    logprob_chunk: int = Field(8192, gt=0)
+    """Vocabulary slice of the chunked LM-head log-probs."""
+    threads: int | None = Field(None, gt=0)
+    """torch threads (None: leave torch's default)."""
+
+
+class OrchestratorSection(_Section):
+    batch_size: int = Field(64, gt=0)
+    """Rollouts per optimizer step (a multiple of group_size)."""
+    group_size: int = Field(8, gt=1)
+    async_level: int = Field(1, ge=0)
+    """Batch k is generated with the policy of step k − async_level: generation of the next batch
+    overlaps training on this one (0 = synchronous)."""
+    max_off_policy_steps: int = Field(8, ge=0)
+    """Groups whose rollouts started more than this many steps before the step that trains on
+    them are dropped (and counted)."""
+    std_norm: bool = False
+    """Divide advantages by the group's reward std (GRPO); off = Dr-GRPO style."""
+    max_concurrent: int = Field(256, gt=0)
+    max_turns: int = Field(8, gt=0)
+
+
+class WarmupSection(_Section):
+    steps: int = Field(0, ge=0)
+    """SFT steps on the taskset's gold replies (`Task.validate()`) before RL."""
+    lr: float | None = Field(None, gt=0)
+    """LR during the warm-up (None: optim.lr)."""
+    batch_size: int | None = Field(None, gt=0)
+    """Gold samples per warm-up step (None: orchestrator.batch_size)."""
+
+
+class DataSection(_Section):
+    path: str | None = None
+    """A run dir (or traces.jsonl) to train on with `--loss sft` instead of generating rollouts."""
+    min_reward: float | None = None
+    """Keep only traces whose reward is at least this (e.g. the best rollouts)."""
+    batch_size: int | None = Field(None, gt=0)
+    """Samples per step (None: orchestrator.batch_size)."""
+
+
+class CkptSection(_Section):
+    every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0: only at the end)."""
+    keep_last: int = Field(2, gt=0)
+
+
+class EvalSection(_Section):
+    every: int = Field(0, ge=0)
+    """Evaluate the current policy every N steps (0: off). Before/after evals run whenever
+    `at_start`/`at_end` are set."""
+    at_start: bool = True
+    at_end: bool = True
+    taskset: dict[str, Any] | None = None
+    """Held-out taskset (`id` + fields); None: the training taskset."""
+    select: SelectConfig = Field(default_factory=lambda: SelectConfig(limit=40))
+    num_rollouts: int = Field(2, gt=0)
+    sampling: SamplingConfig | None = None
+    """None: the training sampling."""
+
+
+class DriftSection(_Section):
+    """Make inference differ from the trainer on purpose (to exercise and plot the masks on CPU).
+
+    stale_steps:  the engine gets the policy from K steps further back than async_level implies
+                  (the traces then record the older version; counted in `staleness`).
+    weight_noise: Gaussian noise of this std (relative to each weight's std) is added to the
+                  engine's copy of the weights at every push, so μ ≠ π even at staleness 0.
+    """
+
+    stale_steps: int = Field(0, ge=0)
+    weight_noise: float = Field(0.0, ge=0)
+
+
+class TrainConfig(_Section):
+    model: ModelSection = Field(default_factory=ModelSection)
+    taskset: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_TASKSET))
+    sampling: TrainSampling = Field(default_factory=TrainSampling)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    loss: LossSection = Field(default_factory=LossSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    orchestrator: OrchestratorSection = Field(default_factory=OrchestratorSection)
+    warmup: WarmupSection = Field(default_factory=WarmupSection)
+    data: DataSection = Field(default_factory=DataSection)
+    ckpt: CkptSection = Field(default_factory=CkptSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    drift: DriftSection = Field(default_factory=DriftSection)
+    steps: int = Field(30, ge=0)
+    """RL (or SFT-on-data) optimizer steps, after the warm-up; a resumed run trains up to it."""
+    seed: int = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup.steps + self.steps
+
+
+EMBEDDED_DEFAULT: dict[str, Any] = {
+    # What `vf-train -o DIR` runs: tuned so the tiny random-init model learns reverse-text (one
+    # word) on 2 CPU cores in a few minutes — SFT warm-up on gold replies, then IPO.
+    "warmup": {"steps": 40, "lr": 3e-3, "batch_size": 32},
+    "steps": 100,
+    "optim": {"lr": 5e-4},
+    "orchestrator": {"batch_size": 64, "group_size": 8},
+}
+
+
+def resolve(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> TrainConfig:
+    """base (saved or embedded default) ← overrides → a validated TrainConfig; raises ConfigError.
+
+    A different taskset id replaces the base taskset's fields (they belong to the old taskset);
+    `eval.taskset` may be given as a bare id."""
+    base = dict(base if base is not None else EMBEDDED_DEFAULT)
+    overrides = dict(overrides)
+    ts = overrides.get("taskset")
+    if isinstance(ts, str):
+        overrides["taskset"] = ts = {"id": ts}
+    if isinstance(ts, dict) and "id" in ts and ts["id"] != base.get("taskset", DEFAULT_TASKSET).get("id"):
+        base["taskset"] = {}
+    if (overrides.get("data") or {}).get("path") and "steps" not in (overrides.get("warmup") or {}):
+        base["warmup"] = {**base.get("warmup", {}), "steps": 0}  # SFT on data needs no gold warm-up
+    ev = overrides.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("taskset"), str):
+        overrides["eval"] = {**ev, "taskset": {"id": ev["taskset"]}}
+    config = validate(TrainConfig, deep_merge(base, overrides))
+    check(config)  # type: ignore[arg-type]
+    return config  # type: ignore[return-value]
+
+
+def check(config: TrainConfig) -> None:
+    """Cross-field checks; every problem at once (ConfigError, exit 2)."""
+    from vf.trainer import losses
+
+    problems: list[str] = []
+    try:
+        config.loss.params = losses.resolve_params(config.loss.name, config.loss.params)
+    except losses.LossConfigError as e:
+        problems.append(f"loss: {e.message}" + (f" ({e.hint})" if e.hint else ""))
+    s = config.sampling
+    if not (s.top_p >= 1.0 and s.top_k <= 0 and s.min_p <= 0.0) and not s.replay_mask:
+        problems.append(
+            f"sampling: top_p={s.top_p}, top_k={s.top_k}, min_p={s.min_p} truncates the distribution, "
+            "so inference log-probs would not match the trainer's (silent bias); training rollouts "
+            "need top_p 1, top_k 0, min_p 0 (sampling-mask replay is not available)")
+    if s.temperature <= 0:
+        problems.append("sampling.temperature must be > 0 for training (log-probs at temperature 0 are undefined)")
+    o = config.orchestrator
+    if o.batch_size % o.group_size and config.data.path is None:
+        problems.append(f"orchestrator.batch_size ({o.batch_size}) must be a multiple of "
+                        f"orchestrator.group_size ({o.group_size})")
+    lag = o.async_level + config.drift.stale_steps
+    if lag > o.max_off_policy_steps:
+        problems.append(f"orchestrator.async_level + drift.stale_steps = {lag} exceeds "
+                        f"orchestrator.max_off_policy_steps = {o.max_off_policy_steps}: every group "
+                        "would be dropped as stale; raise max_off_policy_steps or lower the lag")
+    if config.data.path is not None and config.loss.name != "sft":
+        problems.append(f"data.path (--data) trains on saved traces, which needs --loss sft (got {config.loss.name!r})")
+    if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps):
+        problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")
+    if config.trainer.seq_len < s.max_tokens + 2:
+        problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "
+                        f"(sampling.max_tokens {s.max_tokens})")
+    if problems:
+        raise ConfigError(problems, hint="see vf-train --help; any key can be set as --section.key VALUE")

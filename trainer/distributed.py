@@ -1,0 +1,141 @@
+"""Data parallelism under torchrun: FSDP2 (`fully_shard`), gloo on CPU, NCCL on GPU.
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp
+
+Rank 0 runs the orchestrator (engine, rollouts, run-dir files) and broadcasts each step's
+samples; every rank packs the same samples the same way and trains its share of the micro-batches
+(see `samples.micro_batches`). Gradients are reduced by FSDP; the step divides by the global
+loss-token count and multiplies by world_size (FSDP averages over ranks), so a 2-process run takes
+the same step as a 1-process run with the same global batch.
+
+Without torchrun (no WORLD_SIZE in the environment) every function here is a no-op for rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(device: str = "cpu") -> Dist:
+    """Join the torchrun process group if launched by torchrun (WORLD_SIZE > 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(0, 1, device)
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    if device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(rank, world, device)
+
+
+def shard(policy, d: Dist):
+    """FSDP2: shard every decoder layer, then the root `PolicyLogprobs` wrapper (which holds the
+    embedding, final norm and the tied LM head, unsharded inside its forward)."""
+    if not d.enabled:
+        return policy
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in policy.model.layers:
+        fully_shard(layer)
+    fully_shard(policy)
+    return policy
+
+
+PREFIX = "model."  # PolicyLogprobs holds the native model as `.model`
+
+
+def full_state_dict(policy, d: Dist) -> dict[str, Any]:
+    """Full (unsharded) CPU state dict of the native model (its own parameter names); a
+    collective under FSDP (every rank must call it; ranks > 0 get an empty dict)."""
+    if not d.enabled:
+        return {k: v.detach().clone().cpu() for k, v in policy.model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k.removeprefix(PREFIX): v for k, v in state.items()}
+
+
+def optimizer_state(policy, optimizer, d: Dist) -> dict[str, Any]:
+    if not d.enabled:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(policy, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(policy, optimizer, state: dict[str, Any], d: Dist) -> None:
+    if not d.enabled:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(policy, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def broadcast(obj: Any, d: Dist) -> Any:
+    """Rank 0's python object on every rank."""
+    if not d.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if d.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(x):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.as_tensor(x, dtype=torch.float64).clone()
+    dist.all_reduce(t)
+    return t
+
+
+def all_reduce_stats(stats: dict) -> dict:
+    """Merge per-rank mergeable loss stats (sum/mean/min/max) into the global ones."""
+    import torch.distributed as dist
+    from vf.trainer.losses import merge_stats
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, stats)
+    return merge_stats(gathered)
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def shutdown(d: Dist) -> None:
+    if d.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

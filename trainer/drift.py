@@ -1,0 +1,42 @@
+"""Drift on purpose: make the inference policy μ differ from the trainer's π, so the loss masks
+(IPO's probability trust region, IcePop's ratio band) are exercised and visible on CPU, where the
+embedded engine otherwise reproduces the trainer's log-probs almost exactly.
+
+Two knobs (config section `drift`, e.g. `--drift.stale-steps 2 --drift.weight-noise 0.05`):
+
+- stale_steps K: batch b is generated with the policy of step b − async_level − K (instead of
+  b − async_level). The traces record that older version; `staleness` in metrics.jsonl shows it,
+  and `async_level + K` must stay within `max_off_policy_steps`.
+- weight_noise σ: every weight push adds N(0, (σ·std(W))²) to each engine weight matrix W
+  (seeded by (seed, version), so runs stay repeatable). μ then differs from π at every step, like
+  a low-precision or quantised inference engine would.
+"""
+
+from __future__ import annotations
+
+
+def rollout_version(batch: int, first_rl_step: int, async_level: int, stale_steps: int = 0) -> int:
+    """Policy version (optimizer steps applied) that generates RL batch `batch`.
+
+    Batch b trains at step b. With async_level a, it is generated while the trainer works on step
+    b − a … b − 1, from the weights after step b − a − 1, i.e. version b − a; never from before
+    the SFT warm-up ended (version first_rl_step)."""
+    return max(first_rl_step, batch - async_level - stale_steps)
+
+
+def perturb(state: dict, sigma: float, seed: int, version: int) -> dict:
+    """A copy of `state` with relative Gaussian noise on every floating matrix (norm weights,
+    vectors, are left alone so the model stays well-conditioned)."""
+    if sigma <= 0:
+        return state
+    import torch
+
+    g = torch.Generator().manual_seed((seed * 1_000_003 + version) % 2**63)
+    out = {}
+    for k in sorted(state):
+        v = state[k]
+        if v.is_floating_point() and v.dim() >= 2:
+            noise = torch.randn(v.shape, generator=g, dtype=torch.float32).to(v.dtype)
+            v = v + noise * (sigma * float(v.float().std()))
+        out[k] = v
+    return out

@@ -1,0 +1,179 @@
+"""Traces → training samples → packed micro-batches.
+
+A *sample* is one branch of a trace's message graph as a flat token sequence with aligned
+per-token arrays (prime-rl's TrainingSample):
+
+    token_ids   the concatenated `token_ids` of the branch's nodes (prompt deltas + completions)
+    loss_mask   1 on tokens the model sampled (assistant nodes' `mask`), 0 on context
+    logprobs    inference log-probs μ on sampled tokens (0 elsewhere; NaN where the engine gave none)
+    advantage   one number for the whole sample (broadcast to its loss tokens)
+
+A node flagged `token_reset` (the chat template re-rendered history, so the next prompt is not an
+extension of what came before) starts a new sample; its own token_ids are the whole new prompt.
+
+Packing (first-fit decreasing into bins of `seq_len` tokens, no padding inside a bin): each sample
+contributes inputs = tokens[:-1], targets = tokens[1:] (so per-token arrays are shifted by one),
+and its position ids restart at 0, which the native model turns into block-diagonal causal
+attention. A micro-batch stacks `micro_batch_size` bins into [R, seq_len'] tensors, padding the
+shorter rows with a separate zero-loss "document" (its own position ids from 0, so no real token
+ever attends to padding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from vf.trace import Trace
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    advantage: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens after the shift (the first token is never a target)."""
+        return sum(self.loss_mask[1:])
+
+
+def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | None = None) -> list[Sample]:
+    """Samples of a trace's latest branch; nodes without token ids are skipped."""
+    samples: list[Sample] = []
+    cur: Sample | None = None
+    for i in trace.branch():
+        node = trace.nodes[i]
+        if not node.token_ids:
+            continue
+        if cur is None or getattr(node, "token_reset", False):
+            cur = Sample([], [], [], advantage, dict(info or {}))
+            samples.append(cur)
+        n = len(node.token_ids)
+        mask = list(node.mask) if node.mask is not None else [0] * n
+        if not node.sampled:
+            mask = [0] * n  # context tokens (prompt deltas, tool results) are never trained on
+        lps = node.logprobs if node.logprobs is not None else None
+        cur.token_ids += list(node.token_ids)
+        cur.loss_mask += [int(bool(m)) for m in mask]
+        if lps is not None and len(lps) == n:
+            cur.logprobs += [float(x) for x in lps]
+        else:  # missing μ: NaN, which the losses mask and count (never poisons the step)
+            cur.logprobs += [0.0 if not m else math.nan for m in mask]
+    return [s for s in samples if s.num_loss_tokens > 0]
+
+
+# ---- packing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Bin:
+    samples: list[Sample] = field(default_factory=list)
+    used: int = 0  # input tokens (= len(sample) − 1 per sample)
+
+
+def pack(samples: list[Sample], seq_len: int) -> list[Bin]:
+    """First-fit decreasing by length; samples longer than seq_len + 1 tokens are truncated (from
+    the end). Ties keep the input order, so packing is deterministic."""
+    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
+    bins: list[Bin] = []
+    for i in order:
+        s = samples[i]
+        if len(s) > seq_len + 1:
+            s = Sample(s.token_ids[: seq_len + 1], s.loss_mask[: seq_len + 1], s.logprobs[: seq_len + 1],
+                       s.advantage, {**s.info, "truncated": True})
+        need = len(s) - 1
+        if need <= 0:
+            continue
+        for b in bins:
+            if b.used + need <= seq_len:
+                b.samples.append(s)
+                b.used += need
+                break
+        else:
+            bins.append(Bin([s], need))
+    return bins
+
+
+@dataclass
+class MicroBatch:
+    """Tensors [R, T]: inputs, position ids, targets, loss mask, inference log-probs, advantages."""
+
+    input_ids: Any
+    position_ids: Any
+    targets: Any
+    loss_mask: Any
+    inference_logprobs: Any
+    advantages: Any
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def collate(bins: list[Bin], pad_id: int = 0) -> MicroBatch:
+    """Stack bins into one micro-batch (rows padded to the longest bin)."""
+    import torch
+
+    width = max((b.used for b in bins), default=1) or 1
+    rows: dict[str, list[list]] = {k: [] for k in ("ids", "pos", "tgt", "mask", "lp", "adv")}
+    for b in bins:
+        ids, pos, tgt, mask, lp, adv = [], [], [], [], [], []
+        for s in b.samples:
+            n = len(s) - 1
+            ids += s.token_ids[:-1]
+            tgt += s.token_ids[1:]
+            pos += list(range(n))
+            mask += s.loss_mask[1:]
+            lp += s.logprobs[1:]
+            adv += [s.advantage] * n
+        pad = width - len(ids)
+        ids += [pad_id] * pad
+        tgt += [pad_id] * pad
+        pos += list(range(pad))
+        mask += [0] * pad
+        lp += [0.0] * pad
+        adv += [0.0] * pad
+        for k, v in zip(("ids", "pos", "tgt", "mask", "lp", "adv"), (ids, pos, tgt, mask, lp, adv)):
+            rows[k].append(v)
+    return MicroBatch(
+        input_ids=torch.tensor(rows["ids"], dtype=torch.long),
+        position_ids=torch.tensor(rows["pos"], dtype=torch.long),
+        targets=torch.tensor(rows["tgt"], dtype=torch.long),
+        loss_mask=torch.tensor(rows["mask"], dtype=torch.bool),
+        inference_logprobs=torch.tensor(rows["lp"], dtype=torch.float32),
+        advantages=torch.tensor(rows["adv"], dtype=torch.float32),
+    )
+
+
+def micro_batches(samples: list[Sample], seq_len: int, micro_batch_size: int, pad_id: int = 0,
+                  rank: int = 0, world_size: int = 1) -> list[MicroBatch]:
+    """This rank's micro-batches. Bins are dealt round-robin to ranks in groups of
+    `micro_batch_size`; every rank gets the same number of micro-batches (a rank short of data
+    gets an all-padding, zero-loss one) so collective ops stay in step."""
+    bins = pack(samples, seq_len)
+    groups = [bins[i:i + micro_batch_size] for i in range(0, len(bins), micro_batch_size)]
+    per_rank = max(1, math.ceil(len(groups) / world_size))
+    mine = groups[rank::world_size]
+    out = [collate(g, pad_id) for g in mine]
+    while len(out) < per_rank:
+        out.append(collate([Bin([Sample([pad_id, pad_id], [0, 0], [0.0, 0.0])], 1)], pad_id))
+    return out
+
+
+def count_loss_tokens(samples: list[Sample], seq_len: int | None = None, needs_logprobs: bool = True) -> int:
+    """Global denominator: loss tokens (after truncation) with a finite inference log-prob when
+    the loss uses them (the same rule as `losses.loss_token_mask`)."""
+    n = 0
+    for s in samples:
+        end = len(s) if seq_len is None else min(len(s), seq_len + 1)
+        n += sum(1 for m, lp in zip(s.loss_mask[1:end], s.logprobs[1:end])
+                 if m and (not needs_logprobs or math.isfinite(lp)))
+    return n
