@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
+from vf.trace import content_text
+
 from vf.env import Env
 
 Messages = list[dict[str, Any]]
@@ -150,12 +152,7 @@ class XMLParser(Parser):
         return format_reward_func
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+_text = content_text  # v0 parsers read message content the same way traces do
 
 
 # ---- rubric and environments (recorders) -------------------------------------------------------
