@@ -195,7 +195,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     model_name = str(config.model.path)
 
     # -- engines (rank 0): rollouts, evaluation ---------------------------------------------------
-    eval_engine = orch = pusher = None
+    eval_engine = orch = http_push = None
     server = config.engine.resolved_type != "local"
 
     def full_state():
@@ -207,12 +207,13 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             from vf.trainer.weights import HttpPush
 
             # one pusher for the orchestrator and the evaluations (it skips re-pushing a version)
-            pusher = HttpPush(config.engine.base_url, run_dir, model.config, api_key_var=config.engine.api_key_var)
+            http_push = HttpPush(config.engine.base_url, run_dir, model.config,
+                                 api_key_var=config.engine.api_key_var)
             eval_engine = engines.server_for_eval(config) if need_eval else None
         elif need_eval:
             eval_engine = engines.embedded(path, tokenizer, config.model.dtype, "cpu" if d.device == "cpu" else d.device,
                                            config.engine.max_batch)
-    need_weights = eval_engine is not None or pusher is not None
+    need_weights = eval_engine is not None or http_push is not None
     cur = full_state() if (d.enabled or rl or need_weights) else None
 
     def run_eval(step: int, label: str) -> dict[str, Any] | None:
@@ -223,7 +224,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
                 say(f"eval {label} skipped: the server would serve two policies at once "
                     "(server mode evaluates mid-run only with --orchestrator.async-level 0)")
                 return None
-            pusher.push(cur, step)
+            http_push.push(cur, step)
             evaluated = _hf_model(model.config, cur)  # saved as RUN/evals/LABEL/model
         else:
             eval_engine.update_weights(cur, step)
@@ -244,7 +245,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         from vf.harness import EpisodeSpec
 
         if server:
-            rollout_engine = engines.server(config)
+            rollout_engine, pusher = engines.server(config), http_push
         else:
             rollout_engine = engines.embedded(path, tokenizer, config.model.dtype,
                                               "cpu" if d.device == "cpu" else d.device, config.engine.max_batch)
@@ -333,8 +334,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     finally:
         if orch is not None:
             orch.close()
-    if pusher is not None and cur is not None:
-        pusher.push(cur, total)  # the server serves the trained policy (no-op after the final eval)
+    if http_push is not None and cur is not None:
+        http_push.push(cur, total)  # the server serves the trained policy (no-op after the final eval)
     summary: dict[str, Any] = {}
     if d.is_main:
         if after is None and config.eval.at_end and start >= total:  # nothing left to train
@@ -362,8 +363,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             "wall_time": time.time() - wall0, "resumed_from": start if resume else None,
             "run_dir": str(run_dir), "world_size": d.world_size,
         }
-        if pusher is not None:
-            summary["weight_pushes"] = pusher.pushes
+        if http_push is not None:
+            summary["weight_pushes"] = http_push.pushes
         import json
 
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
