@@ -1,0 +1,128 @@
+"""vf-bench's CLI contract: exit codes, the JSON document, --compare gating. No timing assertions."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vf.commands.bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def loss_run(tmp_path_factory):
+    """One real `vf-bench loss --size tiny --json --out FILE` (two child processes, ~10 s)."""
+    out = tmp_path_factory.mktemp("bench") / "loss.json"
+    p = bench("loss", "--size", "tiny", "--json", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout), out
+
+
+def test_json_document_shape(loss_run):
+    doc, out = loss_run
+    assert json.loads(out.read_text()) == doc  # --out keeps exactly what --json printed
+    assert doc["schema"] == "vf-bench/1" and doc["size"] == "tiny"
+    assert doc["machine"]["cpu_count"] >= 1 and doc["versions"]["torch"]
+    assert len(doc["config_hash"]) == 12
+    loss = doc["suites"]["loss"]
+    assert loss["config"]["vocabs"] == [4096] and loss["skipped"] is None
+    assert [c["name"] for c in loss["cases"]] == ["V4096/fwd", "V4096/fwd_bwd"]
+    for case in loss["cases"]:
+        for side in ("ours", "ref"):
+            assert case[side]["seconds"] > 0 and case[side]["peak_rss_mib"] > 0
+        sp, mem = case["ratios"]["speedup"], case["ratios"]["memory"]
+        assert sp["better"] == "higher" and mem["better"] == "lower"
+        # the ratios are what the raw figures say
+        assert sp["value"] == pytest.approx(case["ref"]["seconds"] / case["ours"]["seconds"])
+        assert mem["value"] == pytest.approx(case["ours"]["extra_mib"] / case["ref"]["extra_mib"])
+
+
+def _doctor(doc: dict, ratio: str, factor: float) -> dict:
+    bad = copy.deepcopy(doc)
+    for case in bad["suites"]["loss"]["cases"]:
+        case["ratios"][ratio]["value"] *= factor
+    return bad
+
+
+@pytest.mark.parametrize("ratio,factor,code", [
+    ("speedup", 1.0, 0),    # itself: nothing regressed
+    ("speedup", 1.05, 0),   # baseline 5% better: within the 10% threshold
+    ("speedup", 1.5, 3),    # baseline 50% faster: now a regression
+    ("memory", 0.5, 3),     # baseline used half the memory (lower is better): a regression
+    ("memory", 2.0, 0),     # baseline used twice the memory: an improvement
+])
+def test_compare_exit_codes(loss_run, tmp_path, ratio, factor, code):
+    doc, out = loss_run
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(_doctor(doc, ratio, factor)))
+    p = bench("--results", str(out), "--compare", str(base), "--json")
+    assert p.returncode == code, p.stderr
+    cmp = json.loads(p.stdout)["compare"]
+    assert len(cmp["compared"]) == 4 and cmp["threshold"] == 0.1
+    assert len(cmp["regressions"]) == (2 if code == 3 else 0)
+    if code == 3:
+        assert "regressed beyond 10%" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_threshold_flag(loss_run, tmp_path):
+    doc, out = loss_run
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(_doctor(doc, "speedup", 1.5)))
+    assert bench("--results", str(out), "--compare", str(base), "--threshold", "0.5").returncode == 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["nosuch"], "unknown suite(s): nosuch"),
+    (["loss", "--size", "huge"], "unknown --size 'huge'"),
+    ([], "missing SUITE"),
+    (["loss", "--compare", "/nonexistent/base.json"], "cannot read the baseline file"),
+    (["--results", "/nonexistent/r.json"], "--results compares or renders saved results"),
+])
+def test_bad_usage_exits_2(args, needle):
+    p = bench(*args, timeout=30)
+    assert p.returncode == 2
+    assert needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_markdown_of_saved_results(loss_run):
+    _, out = loss_run
+    p = bench("--results", str(out), "--markdown", timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "### loss" in p.stdout and "| V4096/fwd_bwd | speedup **" in p.stdout
+
+
+def test_bad_baseline_content_exits_2(tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text('{"not": "results"}')
+    p = bench("loss", "--size", "tiny", "--compare", str(base), timeout=30)
+    assert p.returncode == 2 and "no 'suites' object" in p.stderr
+
+
+def test_cli_imports_no_torch():
+    code = ("import sys, vf.commands.bench, vf.bench, vf.bench.common;"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_compare_directions_unit():
+    from vf.bench.common import compare
+
+    def doc(sp, mem):
+        return {"suites": {"s": {"config_hash": "h", "cases": [{"name": "c", "ratios": {
+            "speedup": {"value": sp, "better": "higher"}, "memory": {"value": mem, "better": "lower"}}}]}}}
+
+    assert compare(doc(1.0, 0.5), doc(1.0, 0.5), 0.1)["regressions"] == []
+    r = compare(doc(0.85, 0.56), doc(1.0, 0.5), 0.1)["regressions"]
+    assert [x["ratio"] for x in r] == ["speedup", "memory"]
+    assert r[0]["change"] == pytest.approx(-0.15)
+    # a baseline of different work (config hash) is not compared, only reported
+    other = doc(1.0, 0.5)
+    other["suites"]["s"]["config_hash"] = "other"
+    cmp = compare(doc(0.5, 0.9), other, 0.1)
+    assert cmp["regressions"] == [] and cmp["compared"] == [] and cmp["config_changed"] == ["s"]

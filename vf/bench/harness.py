@@ -1,0 +1,125 @@
+"""`harness` suite: the harness's own overhead. Episodes/s of the `vf-eval` path (taskset load,
+plan, `run_plan` → `run_episode`: prompt, model call, trace records, scoring, run-dir append) against
+a zero-latency local server (`vf.bench.stub_server`, its own process), vs the same model calls
+made bare (`OpenAIEngine.generate` on the same messages and sampling, same concurrency, no trace,
+no scoring, no file).
+
+`vs_bare` = harness episodes/s ÷ bare calls/s (1.0 would be a free harness; the rest is
+overhead). Both sides share the engine class and the server, so the ratio isolates the harness.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vf.bench.common import Case, Ratio, ratio, run_child, suite_result
+
+SIZES = {
+    "full": {"episodes": 512, "concurrency": [1, 32], "repeats": 3, "taskset": "reverse-text"},
+    "quick": {"episodes": 128, "concurrency": [1, 32], "repeats": 1, "taskset": "reverse-text"},
+    "tiny": {"episodes": 8, "concurrency": [4], "repeats": 1, "taskset": "reverse-text"},
+}
+
+
+def measure(taskset: str, episodes: int, concurrency: list[int], repeats: int) -> dict[str, Any]:
+    """(child) {c: {"harness": {...}, "bare": {...}}}; harness and bare runs alternate."""
+    import asyncio
+    import statistics
+    import subprocess
+    import sys
+    import tempfile
+
+    from vf.bench.serve import free_port
+    from vf.engines.base import GenerateRequest
+    from vf.evaluate import open_run, resolve_config
+    from vf.loading import load_taskset
+    from vf.runner import make_engine, make_plan, make_spec, run_plan
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "vf.bench.stub_server", str(port)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        url = f"http://127.0.0.1:{port}/v1"
+        out: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in concurrency:
+                hs, bs, rewards = [], [], []
+                for rep in range(repeats + 1):  # rep 0 warms up both paths
+                    over = {"taskset": {"id": taskset, "size": episodes}, "model": "stub",
+                            "engine": {"base_url": url}, "select": {"limit": episodes}, "num_rollouts": 1,
+                            "max_concurrent": c, "sampling": {"max_tokens": 64}}
+                    config = resolve_config({"command": "eval"}, over)
+                    # -- the vf-eval path (execute() minus its progress display)
+                    t = time.perf_counter()
+                    config, run, _, _ = open_run(config, over, f"{tmp}/run-{c}-{rep}", None)
+                    loaded = load_taskset(taskset, config.taskset)
+                    plan = make_plan(loaded, config)
+                    engine = make_engine(config)
+                    spec = make_spec(engine, loaded, config, {"type": "eval", "id": "bench", "name": "bench"})
+                    eps = []
+
+                    def on_episode(ep, run=run, eps=eps):
+                        run.append(ep)
+                        eps.append(ep)
+
+                    async def go(plan=plan, spec=spec, engine=engine, on_episode=on_episode, c=c):
+                        try:
+                            await run_plan(plan.owed, spec, c, on_episode)
+                        finally:
+                            await engine.close()
+
+                    asyncio.run(go())
+                    harness_s = time.perf_counter() - t
+                    assert len(eps) == episodes and all(e.ok for e in eps), "harness episodes failed"
+                    rewards.append(sum(e.reward for e in eps) / len(eps))
+                    # -- bare engine calls: the same requests
+                    requests = [GenerateRequest(messages=task.messages(), sampling=spec.sampling, model="stub")
+                                for task, _ in plan.owed]
+                    engine = make_engine(config)
+
+                    async def bare(engine=engine, requests=requests, c=c):
+                        sem = asyncio.Semaphore(c)
+
+                        async def one(r):
+                            async with sem:
+                                return await engine.generate(r)
+                        try:
+                            return await asyncio.gather(*[one(r) for r in requests])
+                        finally:
+                            await engine.close()
+
+                    t = time.perf_counter()
+                    results = asyncio.run(bare())
+                    bare_s = time.perf_counter() - t
+                    assert len(results) == episodes
+                    if rep > 0:
+                        hs.append(harness_s)
+                        bs.append(bare_s)
+                h, b = statistics.median(hs), statistics.median(bs)
+                out[str(c)] = {"harness": {"episodes_per_s": round(episodes / h, 1), "seconds": round(h, 3),
+                                           "ms_per_episode": round(1000 * h / episodes, 3),
+                                           "mean_reward": round(rewards[-1], 3)},
+                               "bare": {"calls_per_s": round(episodes / b, 1), "seconds": round(b, 3),
+                                        "ms_per_call": round(1000 * b / episodes, 3)}}
+        return out
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def run(size: str = "full", **_: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cfg = {**SIZES[size], "size": size}
+    res = run_child("vf.bench.harness:measure", {k: cfg[k] for k in ("taskset", "episodes", "concurrency", "repeats")})
+    cases = []
+    for c in cfg["concurrency"]:
+        h, b = res[str(c)]["harness"], res[str(c)]["bare"]
+        h["overhead_ms_per_episode"] = round(h["ms_per_episode"] - b["ms_per_call"], 3)
+        cases.append(Case(name=f"concurrency {c}", ours=h, ref=b, ours_label="vf-eval harness",
+                          ref_label="bare engine calls",
+                          ratios={"vs_bare": Ratio(ratio(h["episodes_per_s"], b["calls_per_s"]), "higher")}))
+    notes = [(f"{cfg['episodes']} single-turn {cfg['taskset']} episodes against a zero-latency stdlib server; the "
+              "harness side includes taskset load, run-dir writes and scoring")]
+    return suite_result("harness", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))

@@ -1,0 +1,224 @@
+"""`trainer` suite: one training step (forward + backward) of our native model with the chunked
+LM-head loss, against the `transformers` model of the same config and weights with a full-logits
+loss, on the same batch.
+
+    ours: h = NativeModel(ids);  logp = chunked_logprobs(h, lm_head_weight, targets);  (−logp).mean().backward()
+    ref:  logits = AutoModelForCausalLM(ids).logits;  logp = log_softmax(logits).gather(targets);  same loss
+
+Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
+0.5B-class Qwen3 shape with the 151,936-token vocabulary, built once into the vf cache). Each
+variant runs in its own child process: one warm-up step (peak memory is measured over it and the
+timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
+every step so each step allocates them again, the same on both sides.
+
+MFU = FLOPs/token × tokens/s ÷ peak, FLOPs/token = 6·N_matmul + 12·L·(heads·head_dim)·T (prime-rl's
+formula: no causal discount), with the peak measured on this machine at startup for the CPU (best
+fp32 matmul) or the datasheet figure for a known GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from vf.bench.common import Case, PeakMemory, Ratio, ratio, run_child, suite_result
+
+QWEN3_0_6B = {  # Qwen3-0.6B's shape (a 0.5B-class model with Qwen's 151,936-token vocabulary)
+    "architecture": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "num_layers": 28, "num_heads": 16,
+    "num_kv_heads": 8, "head_dim": 128, "intermediate_size": 3072, "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
+    "bos_token_id": 151643, "eos_token_id": 151645,
+}
+
+# case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
+# steps: timed steps after the warm-up step (0: the warm-up step is the timed one). interleave:
+# time both variants in one process, alternating steps (robust to machine noise; cheap models only),
+# while peak memory still comes from one process per variant.
+SIZES: dict[str, list[dict[str, Any]]] = {
+    "full": [
+        {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 7, "interleave": True},
+        {"name": "qwen3-0.6b-V152k", "shape": "qwen3-0.6b", "layers": None, "batch": 1, "seq": 2048, "steps": 1},
+    ],
+    "quick": [
+        {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
+        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 0},
+    ],
+    "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
+}
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("VF_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vf")
+    return Path(root) / "bench"
+
+
+def model_config(shape: str, layers: int | None):
+    from vf.models import ModelConfig
+
+    if shape != "qwen3-0.6b":
+        raise ValueError(shape)
+    d = dict(QWEN3_0_6B)
+    if layers:
+        d["num_layers"] = layers
+    return ModelConfig(**d)
+
+
+def prepare(shape: str, layers: int | None) -> dict[str, Any]:
+    """(child) The model directory for a case: the tiny model, or a seeded init saved once."""
+    if shape == "tiny":
+        from vf.models.tiny import ensure_tiny_model
+
+        return {"path": str(ensure_tiny_model())}
+    from vf.bench.common import config_hash
+
+    cfg = model_config(shape, layers)
+    path = _cache_root() / f"{shape}-{cfg.num_layers}L-{config_hash(cfg.to_dict())}"
+    if not (path / "config.json").exists():
+        import torch
+
+        from vf.models import build_model, save_hf
+
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        model = build_model(cfg, dtype=torch.float32, seed=0)
+        save_hf(model, tmp)
+        tmp.rename(path)
+    return {"path": str(path)}
+
+
+def flops_per_token(cfg, seq: int) -> float:
+    """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward)."""
+    h, L = cfg.hidden_size, cfg.num_layers
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * cfg.intermediate_size * h
+    n_mm = L * per_layer + cfg.vocab_size * h
+    return 6 * n_mm + 12 * L * q * seq
+
+
+def _build(variant: str, path: str):
+    """(model, config, loss_fn(ids, targets) -> scalar loss) for "ours" | "ref"."""
+    import torch
+
+    if variant == "ours":
+        from vf.models import load_model
+        from vf.trainer.logprobs import chunked_logprobs
+
+        model = load_model(path, dtype=torch.float32)
+        cfg = model.config
+
+        def loss_fn(ids, tgt):
+            h = model(ids)
+            return -chunked_logprobs(h.reshape(-1, h.shape[-1]), model.lm_head_weight, tgt.reshape(-1)).mean()
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from vf.models import read_config
+
+        cfg = read_config(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+        def loss_fn(ids, tgt):
+            logits = model(input_ids=ids, use_cache=False).logits
+            return -torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.unsqueeze(-1)).mean()
+
+    return model.train(), cfg, loss_fn
+
+
+def _batch(vocab: int, batch: int, seq: int):
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _step(model, loss_fn, inp, tgt) -> tuple[float, float]:
+    """One forward+backward; (seconds, loss). Grads are dropped so every step allocates them."""
+    t = time.perf_counter()
+    loss = loss_fn(inp, tgt)
+    loss.backward()
+    dt = time.perf_counter() - t
+    model.zero_grad(set_to_none=True)
+    return dt, float(loss)
+
+
+def measure_pair(path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
+    """(child) Step time of both variants in one process, alternating ours/ref steps."""
+    import torch
+
+    torch.manual_seed(0)
+    sides = {v: _build(v, path) for v in ("ours", "ref")}
+    inp, tgt = _batch(sides["ours"][1].vocab_size, batch, seq)
+    times: dict[str, list[float]] = {"ours": [], "ref": []}
+    for i in range(steps + 1):
+        for v, (model, _, loss_fn) in sides.items():
+            dt, _ = _step(model, loss_fn, inp, tgt)
+            if i > 0:
+                times[v].append(dt)
+    out = {}
+    for v, ts in times.items():
+        med = statistics.median(ts)
+        out[v] = {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 4)}
+    return out
+
+
+def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
+    """(child) Train-step tokens/s and peak memory of one variant ("ours" | "ref")."""
+    import torch
+
+    torch.manual_seed(0)
+    model, cfg, loss_fn = _build(variant, path)
+    n_params = sum(p.numel() for p in model.parameters())
+    inp, tgt = _batch(cfg.vocab_size, batch, seq)
+    pm = PeakMemory()
+    pm.reset()
+    times, losses = [], []
+    for i in range(steps + 1):  # step 0 is the warm-up (and the timed one when steps == 0)
+        dt, loss = _step(model, loss_fn, inp, tgt)
+        losses.append(loss)
+        if i > 0 or steps == 0:
+            times.append(dt)
+    med = statistics.median(times)
+    return {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 3), **pm.figures(),
+            "loss": round(losses[0], 5), "params": n_params}
+
+
+def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+    from vf.models import read_config
+
+    t0 = time.perf_counter()
+    specs = SIZES[size]
+    cfg_doc = {"size": size, "cases": specs, "loss": "mean -logp, chunked LM head (8192) vs full logits"}
+    peak_flops = (peak or {}).get("peak_flops")
+    cases, notes = [], []
+    for spec in specs:
+        path = run_child("vf.bench.trainer:prepare", {"shape": spec["shape"], "layers": spec.get("layers")})["path"]
+        kw = {"path": path, "batch": spec["batch"], "seq": spec["seq"], "steps": spec["steps"]}
+        if spec.get("interleave"):
+            pair = run_child("vf.bench.trainer:measure_pair", kw, timeout=3600)
+            kw["steps"] = 0  # the memory children then run one step each
+        ours = run_child("vf.bench.trainer:measure", {"variant": "ours", **kw}, timeout=3600)
+        ref = run_child("vf.bench.trainer:measure", {"variant": "ref", **kw}, timeout=3600)
+        if spec.get("interleave"):
+            ours.update(pair["ours"], timing="interleaved in one process")
+            ref.update(pair["ref"], timing="interleaved in one process")
+        mcfg = read_config(path)
+        fpt = flops_per_token(mcfg, spec["seq"])
+        for side in (ours, ref):
+            if peak_flops:
+                side["mfu_pct"] = round(100 * fpt * side["tokens_per_s"] / peak_flops, 2)
+        ours["loss_delta"] = abs(ours["loss"] - ref["loss"])  # same weights, same batch: ~0
+        big = mcfg.vocab_size >= 100_000
+        cases.append(Case(
+            name=f"{spec['name']} B{spec['batch']}xT{spec['seq']}", ours=ours, ref=ref,
+            ours_label="native + chunked", ref_label="transformers + full logits",
+            ratios={"speedup": Ratio(ratio(ours["tokens_per_s"], ref["tokens_per_s"]), "higher", 1.3 if big else 1.0),
+                    "memory": Ratio(ratio(ours["peak_rss_mib"], ref["peak_rss_mib"]), "lower", 0.5 if big else None),
+                    "step_memory": Ratio(ratio(ours["extra_mib"], ref["extra_mib"]), "lower")},
+        ))
+    notes.append("memory = peak RSS during the steps (model included); step_memory = the part above the "
+                 "loaded model (activations, logits, grads)")
+    if peak_flops:
+        notes.append(f"MFU against {peak_flops / 1e9:.1f} GFLOP/s ({(peak or {}).get('peak_source')})")
+    return suite_result("trainer", cfg_doc, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))
