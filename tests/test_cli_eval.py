@@ -208,3 +208,14 @@ def test_full_disk_stops_cleanly_and_resume_completes(tmp_path, stub):
     assert resumed.returncode == 0, resumed.stderr
     after = read_episodes(out / "traces.jsonl")
     assert len(after) == 20 and {e.id for e in saved} <= {e.id for e in after}
+
+
+def test_attempt_logs_name_failed_episodes(tmp_path, stub, cli):
+    out = tmp_path / "run"
+    cli(*eval_args(stub, out, "-n", "2", "--engine.max-retries", "0", model="fail500"))
+    cli("vf-eval", "--resume", str(out), "--engine.base-url", stub.url)
+    logs = sorted((out / "logs").glob("attempt_*.log"))
+    assert [p.name for p in logs] == ["attempt_1.log", "attempt_2.log"]
+    first = logs[0].read_text().splitlines()
+    assert first[0].endswith("eval: 2 owed, 0 kept")
+    assert sum("ProviderError: HTTP 500" in line for line in first) == 2

@@ -87,8 +87,15 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
     episodes: list[Episode] = list(plan.kept)
     progress = Progress(label, plan.total, done=len(plan.kept), rewards=[e.reward for e in plan.kept])
     out = stream or sys.stdout
+    log = open(run.next_log(), "a", encoding="utf-8") if run is not None else None
+    if log is not None:
+        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label}: {len(plan.owed)} owed, {len(plan.kept)} kept\n")
 
     def on_episode(ep: Episode) -> None:
+        if log is not None and not ep.ok:  # why an episode failed, one line each (it is redone on --resume)
+            for err in (e for t in ep.traces for e in t.errors):
+                log.write(f"episode {ep.id} task {ep.task.key} rollout {ep.rollout}: {err.type}: {err.message}\n")
+            log.flush()
         if run is not None:
             run.append(ep)
         else:
@@ -110,6 +117,8 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
             asyncio.run(_run(plan, spec, config, engine, on_episode))
     finally:
         progress.close()
+        if log is not None:
+            log.close()
     wall = time.time() - start
     new_tokens = sum(e.num_output_tokens for e in episodes[len(plan.kept):])
     summary = summarize(episodes, config.num_rollouts, wall_time=wall,

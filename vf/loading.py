@@ -31,13 +31,9 @@ ENTRY_POINT_GROUP = "vf.environments"
 
 
 def builtin_ids() -> list[str]:
-    root = Path(__file__).resolve().parent.parent / "environments"
-    try:
-        import vf.environments as pkg
+    import vf.environments as pkg
 
-        root = Path(pkg.__file__).parent
-    except ImportError:  # pragma: no cover - broken install
-        pass
+    root = Path(pkg.__file__).parent
     return sorted(p.name.replace("_", "-") for p in root.iterdir()
                   if p.is_dir() and (p / "__init__.py").exists() and not p.name.startswith("_"))
 
@@ -89,7 +85,7 @@ def _resolve_module(base: str) -> tuple[ModuleType, str | None]:
         try:
             return importlib.import_module(modname), None
         except ModuleNotFoundError as e:
-            if e.name and modname.startswith(e.name) or e.name == modname:
+            if e.name and modname.startswith(e.name):  # the module itself is missing: try the next
                 continue
             raise
     raise TasksetNotFound(
