@@ -5,6 +5,10 @@ Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   compute_logits(...) -> [B,T,V]; lm_head_weight -> [V,H] (the embedding when tied)
 Packed rows: when position_ids restart at 0 inside a row, each restart opens a new document and
 attention is block-diagonal causal (a [B,1,T,T] bool mask built from position_ids).
+Activation checkpointing (`model.activation_checkpointing = True`): while grad is enabled and no
+KV cache is used, each decoder layer keeps only its input and recomputes its inside during
+backward (torch.utils.checkpoint, non-reentrant). Same values and grads; about one more forward
+of the layers in time, and the activations of one layer instead of all of them in memory.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class NativeModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
+        self.activation_checkpointing = False  # per-layer recompute in backward (see module doc)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -85,8 +90,14 @@ class NativeModel(nn.Module):
             mask = packed_causal_mask(position_ids)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, cache)
+        if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            for layer in self.layers:
+                x = checkpoint(layer, x, cos, sin, mask, None, use_reentrant=False)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, mask, cache)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.norm(x)

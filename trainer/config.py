@@ -77,6 +77,9 @@ class TrainerSection(_Section):
     global loss-token count)."""
     logprob_chunk: int = Field(8192, gt=0)
     """Vocabulary slice of the chunked LM-head log-probs."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its activations: less memory
+    per micro-batch (one layer's activations, not all of them) for about one more layer forward."""
     threads: int | None = Field(None, gt=0)
     """torch threads (None: leave torch's default)."""
 

@@ -9,11 +9,18 @@ Shapes: hidden [N, H], weight [V, H] (the LM head, possibly tied to the input em
 targets [N] int64, temperature a float or a per-token tensor [N].
 
 `chunked_logprobs` walks the vocabulary in slices of `chunk_size` rows (and the tokens in blocks of
-`token_chunk_size`), keeping per token a running max m, Σ e^(z−m) and Σ e^(z−m)·z. Peak extra memory
-is one [token_chunk_size, chunk_size] fp32 slice. It is a custom autograd Function: forward saves
-only hidden, weight, targets, (per-token temperature) and logZ; backward recomputes each logits slice,
-p = exp(z − logZ), dz = g·(onehot(target) − p)/T, and accumulates dhidden = dz·W and
-dW[slice] = dzᵀ·hidden. A tied weight just receives its grad (autograd adds it to the embedding's).
+`token_chunk_size`), keeping per token a running max m, Σ e^(z−m) (and Σ e^(z−m)·z for entropy).
+Peak extra memory is one [token_chunk_size, chunk_size] slice buffer (reused across slices). It is a
+custom autograd Function: forward saves only hidden, weight, targets, (per-token temperature) and
+logZ; backward recomputes each logits slice, q = exp(z − logZ) − onehot(target), and accumulates
+dhidden = −(g/T)·(q·W) and dW[slice] = qᵀ·(−g·hidden/T). A tied weight just receives its grad
+(autograd adds it to the embedding's).
+
+Cost: the backward recomputes the logits, so forward+backward is four [N,H]×[H,V] GEMMs against
+the full-logits path's three; what chunking saves is the N×V memory and its elementwise passes.
+To keep the per-slice work at the GEMMs, the row factors 1/T and g are applied to [N, H] operands
+or results (never to the slice), z[target] is a row dot product, and fp32/fp64 slices are written
+by `mm(out=)`/`addmm_` into reused buffers (the slice's only elementwise work: subtract, exp).
 
 Entropy is forward-only: it is marked non-differentiable (use it for metrics, not as a loss term).
 Logits are computed in the input dtype and accumulated in fp32 (fp64 for fp64 inputs); targets outside [0, V) (e.g. −100
@@ -50,75 +57,133 @@ def _slice_logits(h: Tensor, w: Tensor, inv_t: Tensor) -> Tensor:
     return (h @ w.t()).to(inv_t.dtype) * inv_t
 
 
-def _forward_block(h: Tensor, weight: Tensor, tgt: Tensor, inv_t: Tensor, chunk: int, entropy: bool):
-    n, v, acc = h.shape[0], weight.shape[0], inv_t.dtype
-    m = torch.full((n,), -torch.inf, dtype=acc, device=h.device)
-    s = torch.zeros(n, dtype=acc, device=h.device)
-    t = torch.zeros(n, dtype=acc, device=h.device) if entropy else None
-    z_tgt = torch.zeros(n, dtype=acc, device=h.device)
+def _scaled_hidden(hidden: Tensor, inv_t: Tensor, unit_temp: bool) -> Tensor:
+    """hidden / T, row by row. (h/T)·Wᵀ = (h·Wᵀ)/T, so scaling the [N, H] input once replaces
+    scaling every [N, chunk] logits slice (an extra pass over memory per slice, forward and backward)."""
+    if unit_temp:
+        return hidden
+    return (hidden.to(inv_t.dtype) * inv_t).to(hidden.dtype)
+
+
+def _logits_into(buf: Tensor | None, hs: Tensor, w: Tensor, acc: torch.dtype) -> Tensor:
+    """One logits slice hs·wᵀ in the accumulation dtype, written into `buf` when the input dtype is
+    the accumulation dtype (fp32/fp64: no allocation per slice), else computed and upcast."""
+    if buf is not None:  # a contiguous [n, c] view of the buffer's front (also for the short last slice)
+        return torch.mm(hs, w.t(), out=buf.view(-1)[: hs.shape[0] * w.shape[0]].view(hs.shape[0], w.shape[0]))
+    return (hs @ w.t()).to(acc)
+
+
+def _target_rows(tgt: Tensor, start: int, end: int):
+    """(row indices, column indices within the slice) of the tokens whose target lies in [start, end)."""
+    rows = ((tgt >= start) & (tgt < end)).nonzero().squeeze(1)
+    return rows, tgt[rows] - start
+
+
+def _forward_block(hs: Tensor, weight: Tensor, tgt: Tensor, chunk: int, entropy: bool, acc: torch.dtype):
+    """(z[target], logZ, entropy | None) for one block of tokens; hs is already divided by T.
+
+    Per slice: z = hs·wᵀ (into a reused buffer), running max m and Σ e^(z−m) by an in-place
+    subtract/exp over the buffer. z[target] is a row dot product over [n, H], not a per-slice gather.
+    """
+    n, v = hs.shape[0], weight.shape[0]
+    m = torch.full((n,), -torch.inf, dtype=acc, device=hs.device)
+    s = torch.zeros(n, dtype=acc, device=hs.device)
+    t = torch.zeros(n, dtype=acc, device=hs.device) if entropy else None
+    fused = hs.dtype == acc and weight.dtype == acc
+    buf = torch.empty(n, min(chunk, v), dtype=acc, device=hs.device) if fused else None
     for start in range(0, v, chunk):
         end = min(start + chunk, v)
-        z = _slice_logits(h, weight[start:end], inv_t)  # [n, c]
-        in_slice = (tgt >= start) & (tgt < end)
-        idx = (tgt - start).clamp(0, end - start - 1).unsqueeze(1)
-        z_tgt = torch.where(in_slice, z.gather(1, idx).squeeze(1), z_tgt)
-        m_new = torch.maximum(m, z.max(dim=1).values)
+        z = _logits_into(buf, hs, weight[start:end], acc)  # [n, c]
+        m_new = torch.maximum(m, z.amax(dim=1))
         scale = torch.exp(m - m_new)  # 0 on the first slice (m = −inf)
-        e = torch.exp(z - m_new.unsqueeze(1))
-        s = s * scale + e.sum(dim=1)
-        if entropy:
+        if entropy:  # Σ e·z needs z itself: keep it, work on a copy (metrics only)
+            e = torch.exp(z - m_new.unsqueeze(1))
             t = t * scale + (e * z).sum(dim=1)
+        else:
+            e = z.sub_(m_new.unsqueeze(1)).exp_()
+        s = s * scale + e.sum(dim=1)
         m = m_new
     lse = m + torch.log(s)
     ent = lse - t / s if entropy else None
+    # z[target] = hs_i · w[target_i]; targets outside [0, V) score 0 (→ logp = −logZ), as documented
+    valid = (tgt >= 0) & (tgt < v)
+    w_t = weight[tgt.clamp(0, v - 1)]
+    z_tgt = (hs.to(acc) * w_t.to(acc)).sum(dim=1) * valid
     return z_tgt - lse, lse, ent
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_t, chunk, token_chunk, entropy):
-        empty = hidden.new_zeros(0, dtype=inv_t.dtype)
+    def forward(ctx, hidden, weight, targets, inv_t, chunk, token_chunk, entropy, unit_temp):
+        acc = inv_t.dtype
+        hs = _scaled_hidden(hidden, inv_t, unit_temp)
+        empty = hidden.new_zeros(0, dtype=acc)
         logp, lse, ent = [empty], [empty], [empty]
         for a in range(0, hidden.shape[0], token_chunk):
             b = a + token_chunk
-            lp, l, e = _forward_block(hidden[a:b], weight, targets[a:b], inv_t[a:b], chunk, entropy)
+            lp, l, e = _forward_block(hs[a:b], weight, targets[a:b], chunk, entropy, acc)
             logp.append(lp), lse.append(l), ent.append(e)
         logp, lse = torch.cat(logp), torch.cat(lse)
         ent = torch.cat(ent) if entropy else torch.zeros_like(logp)
         ctx.save_for_backward(hidden, weight, targets, inv_t, lse)
-        ctx.chunk, ctx.token_chunk = chunk, token_chunk
+        ctx.chunk, ctx.token_chunk, ctx.unit_temp = chunk, token_chunk, unit_temp
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_ent):
+        """With p = softmax(z) and q = p − onehot(target) (so d logp/dz = −q), per token i:
+            d/dh_i = −g_i/T_i · (q_i·W)        d/dW = qᵀ·(−g ⊙ h/T)
+        The row factors (g, 1/T) are applied to the [n, H] operands/results, never to the [n, c]
+        slice: per slice the elementwise work is one subtract and one exp in place, plus a sparse
+        −1 at the targets that fall in it; the rest is the three GEMMs (recompute, dh, dW)."""
         hidden, weight, targets, inv_t, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if grad_logp is None or not (need_h or need_w):
-            return None, None, None, None, None, None, None
-        v = weight.shape[0]
+            return (None,) * 8
+        n_all, v = hidden.shape[0], weight.shape[0]
         acc = inv_t.dtype
-        grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        for a in range(0, hidden.shape[0], ctx.token_chunk):
-            b = a + ctx.token_chunk
-            h, tgt, it, g = hidden[a:b], targets[a:b], inv_t[a:b], grad_logp[a:b].to(acc)
+        fused = hidden.dtype == acc and weight.dtype == acc  # fp32/fp64: write GEMMs into buffers
+        hs_all = _scaled_hidden(hidden, inv_t, ctx.unit_temp)
+        g_all = grad_logp.to(acc)
+        grad_h = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
+        # every slice of dW is written (mm out=) by the first token block, so no zero fill is needed
+        grad_w = torch.empty(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        for a in range(0, n_all, ctx.token_chunk):
+            b = min(a + ctx.token_chunk, n_all)
+            hs, tgt, g, l = hs_all[a:b], targets[a:b], g_all[a:b], lse[a:b].unsqueeze(1)
+            n = b - a
+            neg_ghs = (hs.to(acc) * -g.unsqueeze(1)).to(weight.dtype) if need_w else None  # [n, H]
+            qw = torch.zeros(n, weight.shape[1], dtype=acc, device=hidden.device) if need_h else None
+            buf = torch.empty(n, min(ctx.chunk, v), dtype=acc, device=hidden.device) if fused else None
             for start in range(0, v, ctx.chunk):
                 end = min(start + ctx.chunk, v)
                 w = weight[start:end]
-                p = torch.exp(_slice_logits(h, w, it) - lse[a:b].unsqueeze(1))
-                dz = -g.unsqueeze(1) * p  # d logp / d z = onehot − p
-                in_slice = (tgt >= start) & (tgt < end)
-                idx = (tgt - start).clamp(0, end - start - 1).unsqueeze(1)
-                dz.scatter_add_(1, idx, torch.where(in_slice, g, torch.zeros_like(g)).unsqueeze(1))
-                dz = dz * it
+                q = _logits_into(buf, hs, w, acc).sub_(l).exp_()  # p, in place
+                rows, cols = _target_rows(tgt, start, end)
+                if rows.numel():
+                    q.index_put_((rows, cols), q.new_full((rows.numel(),), -1.0), accumulate=True)
+                qc = q if fused else q.to(w.dtype)
                 if need_h:
-                    grad_h[a:b] += (dz.to(w.dtype) @ w).to(acc)
+                    if fused:
+                        qw.addmm_(qc, w)
+                    else:
+                        qw += (qc @ w).to(acc)
                 if need_w:
-                    grad_w[start:end] += (dz.t().to(h.dtype) @ h).to(acc)
+                    dst = grad_w[start:end]
+                    if fused and a == 0:
+                        torch.mm(qc.t(), neg_ghs, out=dst)
+                    elif fused:
+                        dst.addmm_(qc.t(), neg_ghs)
+                    elif a == 0:
+                        dst.copy_(qc.t() @ neg_ghs)
+                    else:
+                        dst += (qc.t() @ neg_ghs).to(acc)
+            if need_h:
+                grad_h[a:b] = qw.mul_(-(g.unsqueeze(1) * inv_t[a:b]))
         grad_h = grad_h.to(hidden.dtype) if need_h else None
         grad_w = grad_w.to(weight.dtype) if need_w else None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float | Tensor = 1.0,
@@ -137,8 +202,9 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperatur
     if chunk_size < 1 or token_chunk_size < 1:
         raise ValueError("chunk_size and token_chunk_size must be >= 1")
     inv_t = _inv_temp(temperature, hidden.shape[0], hidden.device, _acc_dtype(hidden.dtype))
+    unit_temp = not isinstance(temperature, Tensor) and float(temperature) == 1.0
     logp, ent = _ChunkedLogprobs.apply(hidden, weight, targets.long(), inv_t, int(chunk_size),
-                                       int(token_chunk_size), bool(return_entropy))
+                                       int(token_chunk_size), bool(return_entropy), unit_temp)
     return (logp, ent) if return_entropy else logp
 
 

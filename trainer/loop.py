@@ -154,6 +154,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     dtype = getattr(torch, config.model.dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = load_model(path, dtype=dtype, device=d.device)
+    model.activation_checkpointing = config.trainer.activation_checkpointing
     start, progress, snapshots = 0, Progress(), {}
     state = None
     if resume:

@@ -11,6 +11,10 @@ variant runs in its own child process: one warm-up step (peak memory is measured
 timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
 every step so each step allocates them again, the same on both sides.
 
+Cases with `ckpt` also run ours with per-layer activation checkpointing (`model.activation_checkpointing`,
+the trainer's `trainer.activation_checkpointing`) against the same reference measurement, reported as a
+second case "… +act-ckpt". Its MFU counts the same FLOPs/token (the recomputed forward is overhead).
+
 MFU = FLOPs/token × tokens/s ÷ peak, FLOPs/token = 6·N_matmul + 12·L·(heads·head_dim)·T (prime-rl's
 formula: no causal discount), with the peak measured on this machine at startup for the CPU (best
 fp32 matmul) or the datasheet figure for a known GPU.
@@ -40,11 +44,13 @@ QWEN3_0_6B = {  # Qwen3-0.6B's shape (a 0.5B-class model with Qwen's 151,936-tok
 SIZES: dict[str, list[dict[str, Any]]] = {
     "full": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 7, "interleave": True},
-        {"name": "qwen3-0.6b-V152k", "shape": "qwen3-0.6b", "layers": None, "batch": 1, "seq": 2048, "steps": 1},
+        {"name": "qwen3-0.6b-V152k", "shape": "qwen3-0.6b", "layers": None, "batch": 1, "seq": 2048, "steps": 1,
+         "ckpt": True},
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
-        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 0},
+        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 0,
+         "ckpt": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
@@ -98,14 +104,15 @@ def flops_per_token(cfg, seq: int) -> float:
 
 
 def _build(variant: str, path: str):
-    """(model, config, loss_fn(ids, targets) -> scalar loss) for "ours" | "ref"."""
+    """(model, config, loss_fn(ids, targets) -> scalar loss) for "ours" | "ours-ckpt" | "ref"."""
     import torch
 
-    if variant == "ours":
+    if variant in ("ours", "ours-ckpt"):
         from vf.models import load_model
         from vf.trainer.logprobs import chunked_logprobs
 
         model = load_model(path, dtype=torch.float32)
+        model.activation_checkpointing = variant == "ours-ckpt"
         cfg = model.config
 
         def loss_fn(ids, tgt):
@@ -164,7 +171,7 @@ def measure_pair(path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
 
 
 def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
-    """(child) Train-step tokens/s and peak memory of one variant ("ours" | "ref")."""
+    """(child) Train-step tokens/s and peak memory of one variant ("ours" | "ours-ckpt" | "ref")."""
     import torch
 
     torch.manual_seed(0)
@@ -186,10 +193,12 @@ def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[s
 
 def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
     from vf.models import read_config
+    from vf.trainer.logprobs import DEFAULT_CHUNK_SIZE
 
     t0 = time.perf_counter()
     specs = SIZES[size]
-    cfg_doc = {"size": size, "cases": specs, "loss": "mean -logp, chunked LM head (8192) vs full logits"}
+    cfg_doc = {"size": size, "cases": specs,
+               "loss": f"mean -logp, chunked LM head ({DEFAULT_CHUNK_SIZE}) vs full logits"}
     peak_flops = (peak or {}).get("peak_flops")
     cases, notes = [], []
     for spec in specs:
@@ -200,23 +209,31 @@ def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dic
             kw["steps"] = 0  # the memory children then run one step each
         ours = run_child("vf.bench.trainer:measure", {"variant": "ours", **kw}, timeout=3600)
         ref = run_child("vf.bench.trainer:measure", {"variant": "ref", **kw}, timeout=3600)
+        ckpt = (run_child("vf.bench.trainer:measure", {"variant": "ours-ckpt", **kw}, timeout=3600)
+                if spec.get("ckpt") else None)
         if spec.get("interleave"):
             ours.update(pair["ours"], timing="interleaved in one process")
             ref.update(pair["ref"], timing="interleaved in one process")
         mcfg = read_config(path)
         fpt = flops_per_token(mcfg, spec["seq"])
-        for side in (ours, ref):
-            if peak_flops:
+        for side in (ours, ref, ckpt):
+            if side is not None and peak_flops:
                 side["mfu_pct"] = round(100 * fpt * side["tokens_per_s"] / peak_flops, 2)
-        ours["loss_delta"] = abs(ours["loss"] - ref["loss"])  # same weights, same batch: ~0
         big = mcfg.vocab_size >= 100_000
-        cases.append(Case(
-            name=f"{spec['name']} B{spec['batch']}xT{spec['seq']}", ours=ours, ref=ref,
-            ours_label="native + chunked", ref_label="transformers + full logits",
-            ratios={"speedup": Ratio(ratio(ours["tokens_per_s"], ref["tokens_per_s"]), "higher", 1.3 if big else 1.0),
-                    "memory": Ratio(ratio(ours["peak_rss_mib"], ref["peak_rss_mib"]), "lower", 0.5 if big else None),
-                    "step_memory": Ratio(ratio(ours["extra_mib"], ref["extra_mib"]), "lower")},
-        ))
+        name = f"{spec['name']} B{spec['batch']}xT{spec['seq']}"
+        for mine, suffix, label in ((ours, "", "native + chunked"),
+                                    (ckpt, " +act-ckpt", "native + chunked + activation checkpointing")):
+            if mine is None:
+                continue
+            mine["loss_delta"] = abs(mine["loss"] - ref["loss"])  # same weights, same batch: ~0
+            cases.append(Case(
+                name=name + suffix, ours=mine, ref=ref, ours_label=label, ref_label="transformers + full logits",
+                ratios={"speedup": Ratio(ratio(mine["tokens_per_s"], ref["tokens_per_s"]), "higher",
+                                         1.3 if big else 1.0),
+                        "memory": Ratio(ratio(mine["peak_rss_mib"], ref["peak_rss_mib"]), "lower",
+                                        0.5 if big else None),
+                        "step_memory": Ratio(ratio(mine["extra_mib"], ref["extra_mib"]), "lower")},
+            ))
     notes.append("memory = peak RSS during the steps (model included); step_memory = the part above the "
                  "loaded model (activations, logits, grads)")
     if peak_flops:
