@@ -9,20 +9,23 @@ from typing import Any, Optional
 
 import typer
 
+from vf import options
 from vf.cli import console, guarded, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-EPILOG = (
+EPILOG = options.epilog(
     "Suites: trainer, loss, engine, serve, harness, stability, or all. "
-    "Examples: vf-bench loss --quick;  vf-bench all --quick --json > now.json;  "
-    "vf-bench trainer --json --out benchmarks/baseline-cpu.json;  "
-    "vf-bench all --quick --compare benchmarks/baseline-cpu-quick.json --threshold 0.15;  "
-    "vf-bench --results now.json --compare benchmarks/baseline-cpu-quick.json (no rerun).  "
-    "The stability suite also writes a PNG next to --out (else in the temp dir).  "
-    "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold."
-)
+    "The stability suite also writes a PNG next to --out (else in the temp dir).",
+    "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold.",
+    examples=[
+        "vf-bench loss --quick",
+        "vf-bench all --quick --json > now.json",
+        "vf-bench trainer --json --out benchmarks/baseline-cpu.json",
+        "vf-bench all --quick --compare benchmarks/baseline-cpu-quick.json --threshold 0.15",
+        "vf-bench --results now.json --compare benchmarks/baseline-cpu-quick.json",
+    ])
 
 
 def _fmt(v: Any) -> str:
@@ -118,7 +121,7 @@ def command(
     suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, all."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: about a minute per suite on 2 CPU cores."),
     size: Optional[str] = typer.Option(None, "--size", help="full | quick | tiny (tiny: seconds, for tests; overrides --quick)."),
-    as_json: bool = typer.Option(False, "--json", help="Write the results as one JSON document on stdout."),
+    as_json: options.Json = False,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON results to this file."),
     compare_to: Optional[Path] = typer.Option(None, "--compare", help="Baseline results JSON; exit 3 if a ratio regressed."),
     threshold: float = typer.Option(0.10, "--threshold", help="Allowed ratio regression as a fraction (0.10 = 10%)."),
@@ -222,7 +225,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None) ->
 
 
 def main() -> None:
-    run_app(app)
+    run_app(app, dotted=False)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,28 @@ from typing import Optional
 
 import typer
 
-from vf.cli import console, dotted_args, guarded, overrides, run_app
+from vf import options
+from vf.cli import console, guarded, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-EPILOG = (
-    "Any config key can be set as a dotted flag: --sampling.temperature 0.7, --sampling.max-tokens 64, "
-    "--taskset.size 50, --engine.timeout 30, --select.shuffle true. "
-    "Examples: vf-eval reverse-text -n 10 -r 2 (embedded tiny model, CPU);  "
-    "vf-eval reverse-text -m my-model --base-url http://127.0.0.1:8000/v1 -n 20 -r 3 -o runs/rt;  "
-    "vf-eval --resume runs/rt;  vf-eval --score runs/rt --json.  "
-    "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 --min-reward not met."
-)
+EPILOG = options.epilog(
+    options.DOTTED_NOTE + " Keys: --sampling.temperature, --sampling.max-tokens, --taskset.size, "
+    "--engine.timeout, --select.shuffle, ... "
+    "verifiers 0.4.0 spellings work too: --client.base-url, --client.api-key-var, --env.taskset.FIELD, "
+    "--select.*, --run.name with -o/--output-dir, @ eval.toml; --no-push/--no-rich do nothing.",
+    "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 --min-reward not met.",
+    examples=[
+        "vf-eval reverse-text -n 10 -r 2",
+        "vf-eval reverse-text -m tiny-random -n 10 -r 2",
+        "vf-eval reverse-text -m my-model --base-url http://127.0.0.1:8000/v1 -n 20 -r 3 -o runs/rt",
+        "vf-eval arithmetic -n 50 --sampling.temperature 0.7 --sampling.max-tokens 64 --taskset.seed 3",
+        "vf-eval --resume runs/rt",
+        "vf-eval --score runs/rt --json",
+        "vf-eval reverse-text -n 10 --min-reward 0.5",
+        "vf-eval reverse-text -n 5 --client.base-url http://127.0.0.1:8000/v1 -m tiny -o outputs --run.name rt5 --no-push",
+    ])
 
 
 def print_table(summary: dict) -> None:
@@ -46,29 +55,31 @@ def print_table(summary: dict) -> None:
 @guarded
 def command(
     taskset: Optional[str] = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Model: a local HF dir, 'tiny' (built-in), or the server's model name."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible server; omit to run the embedded engine."),
-    api_key_var: Optional[str] = typer.Option(None, "--api-key-var", help="Env var holding the API key."),
-    num_tasks: Optional[int] = typer.Option(None, "-n", "--num-tasks", help="Number of tasks (default: all)."),
-    rollouts: Optional[int] = typer.Option(None, "-r", "--rollouts", help="Rollouts per task."),
-    concurrency: Optional[int] = typer.Option(None, "-c", "--concurrency", help="Episodes in flight."),
+    model: options.Model = None,
+    base_url: options.BaseUrl = None,
+    api_key_var: options.ApiKeyVar = None,
+    num_tasks: options.NumTasks = None,
+    rollouts: options.Rollouts = None,
+    concurrency: options.Concurrency = None,
     max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Model replies per episode."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Run dir (must be new or empty)."),
-    config_file: Optional[str] = typer.Option(None, "--config", help="YAML config; flags override it."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="Continue the run in this dir."),
+    output: options.Output = None,
+    output_dir: options.OutputDir = None,
+    config_file: options.ConfigFile = None,
+    resume: options.Resume = None,
     score: Optional[str] = typer.Option(None, "--score", help="Re-score saved traces (run dir, file, or -) without a model."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
+    as_json: options.Json = False,
     min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Exit 3 when the mean reward is below this."),
 ):
     """Evaluate TASKSET against a model and write a run dir (config.yaml, traces.jsonl, summary.json)."""
+    from vf.cli_compat import command_overrides, place_run
     from vf.errors import GateFailed, UsageError
     from vf.evaluate import execute, open_run, print_summary_json, rescore, resolve_config
     from vf.summary import summarize
 
-    over = overrides(dotted_args(), {
+    over, output, output_dir = command_overrides({
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,
         "select.limit": num_tasks, "num_rollouts": rollouts, "max_concurrent": concurrency,
-        "max_turns": max_turns}, config_file)
+        "max_turns": max_turns}, config_file, output, output_dir)
     if score is not None:
         episodes, ts_id = rescore(score, taskset, over.get("taskset", {}))
         r = max((e.rollout for e in episodes), default=0) + 1
@@ -79,6 +90,7 @@ def command(
         if resume is not None and output is not None:
             raise UsageError("--resume continues in its own dir; drop -o")
         config = None if resume else resolve_config({"command": "eval"}, over)
+        output = place_run(config, output, output_dir)
         config, run, kept, dropped = open_run(config, over, output, resume)
         if resume and any(dropped.values()):
             console.print(f"resume: dropped {dropped['errored']} errored, {dropped['corrupt']} torn/corrupt, "
@@ -97,7 +109,7 @@ def command(
 
 
 def main() -> None:
-    run_app(app)
+    run_app(app, compat=True)
 
 
 if __name__ == "__main__":

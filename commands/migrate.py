@@ -3,15 +3,21 @@
 
 import typer
 
-from vf.cli import console, guarded
+from vf import options
+from vf.cli import console, guarded, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-EPILOG = ("Examples: vf-migrate environments/my_env/my_env.py (show the diff);  vf-migrate . --write;  "
-          "vf-migrate . --check (CI: exit 1 when anything is left to migrate);  vf-migrate outputs/evals --json.  "
-          "Rules and before/after examples: docs/migration-rules.md.  "
-          "Exit codes: 0 ok, 1 --check found changes, 2 bad usage (missing path, dirty git tree on --write).")
+EPILOG = options.epilog(
+    "What it rewrites and how, rule by rule with before/after examples: MIGRATION.md (section \"vf-migrate rules\").",
+    "Exit codes: 0 ok, 1 --check found changes, 2 bad usage (missing path, dirty git tree on --write).",
+    examples=[
+        "vf-migrate environments/my_env/my_env.py",
+        "vf-migrate . --write",
+        "vf-migrate . --check",
+        "vf-migrate outputs/evals --json",
+    ])
 
 
 @app.command(epilog=EPILOG)
@@ -21,7 +27,7 @@ def command(
     write: bool = typer.Option(False, "--write", help="Apply the changes (keeps NAME.bak of every changed file)."),
     force: bool = typer.Option(False, "--force", help="With --write: allow a git tree with uncommitted changes."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when anything would change (for CI); writes nothing."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout instead of the diff."),
+    as_json: options.Json = False,
 ):
     """Migrate v0 (legacy verifiers) environments, scripts/CI files, configs and run dirs to v1.
 
@@ -61,8 +67,7 @@ def command(
 
 
 def main() -> None:
-    """Console-script entry point (`vf-migrate = "vf.commands.migrate:main"`)."""
-    app()
+    run_app(app, dotted=False)
 
 
 if __name__ == "__main__":

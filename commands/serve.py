@@ -3,23 +3,28 @@
 
 import typer
 
-from vf.cli import console, guarded
+from vf import options
+from vf.cli import console, guarded, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-EPILOG = (
-    "Examples: vf-serve (tiny model on 127.0.0.1:8000);  vf-serve ./my-model --port 8001 --api-key secret;  "
-    "then vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny.  "
+EPILOG = options.epilog(
     "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /v1/load_weights "
-    "{path, version}, /v1/policy_version.  Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
-)
+    "{path, version}, /v1/policy_version.",
+    "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.",
+    examples=[
+        "vf-serve",
+        "vf-serve tiny-random --port 8001",
+        "vf-serve ./my-model --port 8001 --api-key secret",
+        "vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny -n 10 -r 2",
+    ])
 
 
 @app.command(epilog=EPILOG)
 @guarded
-def main(
-    model: str | None = typer.Argument(None, help="A local HF model dir, or 'tiny' (built-in; the default)."),
+def command(
+    model: str | None = typer.Argument(None, help="'tiny' (built-in, trained; the default), 'tiny-random', or a local HF model dir."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="VF_SERVE_API_KEY",
@@ -66,5 +71,9 @@ def main(
     run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue)
 
 
+def main() -> None:
+    run_app(app, dotted=False)
+
+
 if __name__ == "__main__":
-    app()
+    main()

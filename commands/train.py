@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import typer
 
+from vf import options
 from vf.cli import console, dotted_args, fancy, guarded, overrides, run_app
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-EPILOG = (
-    "With no argument but -o it runs the embedded default: the built-in tiny model learns "
-    "reverse-text (one word) on CPU — an SFT warm-up on gold replies, then IPO — in a few minutes. "
-    "Any config key can be set as a dotted flag: --optim.lr 1e-3, --orchestrator.async-level 2, "
-    "--loss.params.kl-tau 0.01, --sampling.max-tokens 32, --drift.weight-noise 0.05, --warmup.steps 0, "
-    "--eval.every 10 --eval.taskset ID -n 20. "
-    "Examples: vf-train -o runs/demo;  vf-train --loss icepop -o runs/ice;  vf-train --resume runs/demo;  "
-    "vf-train --loss sft --data runs/rollouts -o runs/sft;  "
-    "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp.  "
-    "Writes RUN_DIR/config.yaml, metrics.jsonl, metrics.png, traces.jsonl (rollouts trained on), "
-    "checkpoints/, evals/, summary.json. Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config."
-)
+EPILOG = options.epilog(
+    "With no argument but -o it runs the embedded default: the built-in random model (tiny-random) "
+    "learns reverse-text (one word) on CPU — an SFT warm-up on gold replies, then IPO — in a few minutes.",
+    "Any config key can be set as a dotted flag or in the YAML config: --optim.lr 1e-3, "
+    "--orchestrator.async-level 2, --loss.params.kl-tau 0.01, --sampling.max-tokens 32, "
+    "--drift.weight-noise 0.05, --warmup.steps 0, --eval.every 10 --eval.taskset ID -n 20.",
+    "Writes RUN_DIR/config.yaml, version.json, metrics.jsonl, metrics.png, traces.jsonl (rollouts trained "
+    "on), checkpoints/, evals/, summary.json.",
+    "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or config.",
+    examples=[
+        "vf-train -o runs/demo",
+        "vf-train --loss icepop -o runs/ice",
+        "vf-train --resume runs/demo",
+        "vf-train --loss ipo --eps 0.3 -m tiny-random --taskset arithmetic --steps 200 -o runs/arith",
+        "vf-train --loss sft --data runs/rollouts -o runs/sft",
+        "vf-train --base-url http://127.0.0.1:8000/v1 -o runs/served",
+        "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp",
+    ])
 
 
 class StepPrinter:
@@ -68,7 +75,9 @@ def command(
     config_file: str | None = typer.Argument(None, metavar="[CONFIG.yaml]", help="YAML config; flags override it."),
     loss: str | None = typer.Option(None, "--loss", help="ipo (default), icepop, ppo, cispo, sft, or pkg.mod:fn."),
     eps: float | None = typer.Option(None, "--eps", help="IPO trust region |p − q| ≤ eps (default 0.3)."),
-    model: str | None = typer.Option(None, "--model", help="HF model dir, or 'tiny' (built-in)."),
+    model: options.Model = None,
+    base_url: options.BaseUrl = None,
+    api_key_var: options.ApiKeyVar = None,
     taskset: str | None = typer.Option(None, "--taskset", help="Training taskset id."),
     steps: int | None = typer.Option(None, "--steps", help="RL (or --data SFT) steps after the warm-up."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="Rollouts per step (multiple of --group-size)."),
@@ -76,12 +85,14 @@ def command(
     lr: float | None = typer.Option(None, "--lr", help="Learning rate (RL phase)."),
     max_off_policy_steps: int | None = typer.Option(None, "--max-off-policy-steps", help="Drop groups staler than this."),
     ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps (always at the end)."),
-    output: str | None = typer.Option(None, "-o", "--output", help="Run dir (new or empty)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the final summary as one JSON object on stdout."),
+    output: options.Output = None,
+    config_opt: options.ConfigFile = None,
+    as_json: options.Json = False,
     seed: int | None = typer.Option(None, "--seed", help="Seed (a CPU run with the same seed repeats exactly)."),
-    resume: str | None = typer.Option(None, "--resume", help="Continue the run in RUN_DIR from its last checkpoint."),
+    resume: options.Resume = None,
     data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
-    num_eval: int | None = typer.Option(None, "-n", "--eval-tasks", help="Tasks per evaluation (eval.select.limit)."),
+    num_eval: int | None = typer.Option(None, "-n", "--num-tasks", "--eval-tasks",
+                                        help="Number of tasks per evaluation (eval.select.limit)."),
 ):
     """Train a model: RL with IPO by default (icepop, ppo, cispo, sft), on the embedded engine or a server."""
     import json
@@ -93,12 +104,16 @@ def command(
     from vf.errors import UsageError
     from vf.rundir import RunDir
 
+    if config_file and config_opt:
+        raise UsageError("two config files: CONFIG.yaml and --config", hint="pass one of them")
+    config_file = config_file or config_opt
     extra = dotted_args()
     # `--eval.taskset ID` names the held-out taskset; its fields follow as --eval.taskset.FIELD
     extra = ["--eval.taskset.id" if a == "--eval.taskset" else
              a.replace("--eval.taskset=", "--eval.taskset.id=", 1) for a in extra]
     over = overrides(extra, {
-        "loss.name": loss, "loss.params.eps": eps, "model.path": model, "taskset.id": taskset, "steps": steps,
+        "loss.name": loss, "loss.params.eps": eps, "model.path": model, "engine.base_url": base_url,
+        "engine.api_key_var": api_key_var, "taskset.id": taskset, "steps": steps,
         "orchestrator.batch_size": batch_size, "orchestrator.group_size": group_size, "optim.lr": lr,
         "orchestrator.max_off_policy_steps": max_off_policy_steps, "ckpt.every": ckpt_every, "seed": seed,
         "data.path": data, "eval.select.limit": num_eval}, config_file)

@@ -1,5 +1,10 @@
-"""A built-in tiny Qwen3 model + byte-level BPE tokenizer, built offline and deterministically.
+"""The built-in tiny Qwen3 models + byte-level BPE tokenizer, offline and deterministic.
 
+Two built-in model names (`builtin_model_path(name)`; every command that takes a model accepts them):
+    tiny          the trained model shipped in the package (models/tiny_trained/, ~2 MB): the
+                  random one after vf-train's SFT warm-up + IPO on reverse-text; rebuilt by
+                  `python -m vf.models.build_tiny` (see that module for the recipe)
+    tiny-random   the random-init model, built on first use:
     ensure_tiny_model(path=None) -> Path   # an HF directory: config.json, model.safetensors,
                                            # tokenizer.json, tokenizer_config.json, generation_config.json
 Default location: $VF_CACHE_DIR/tiny-qwen3-<hash> (else ~/.cache/vf/tiny-qwen3-<hash>); the hash
@@ -327,6 +332,26 @@ def recipe_hash() -> str:
 def default_path() -> Path:
     root = os.environ.get("VF_CACHE_DIR") or Path.home() / ".cache" / "vf"
     return Path(root) / f"tiny-qwen3-{recipe_hash()}"
+
+
+TRAINED_PATH = Path(__file__).parent / "tiny_trained"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+BUILTIN_MODELS = ("tiny", "tiny-random")
+
+
+def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
+    """The HF directory of a built-in model name ('tiny', 'tiny-random'; None means 'tiny'),
+    or None when `name` is not one (then it is a path or a server's model name)."""
+    if name is None or str(name) == "tiny":
+        if not _complete(TRAINED_PATH):
+            from vf.errors import UsageError
+
+            raise UsageError(f"the trained built-in model is missing from {TRAINED_PATH}",
+                             hint="rebuild it with `python -m vf.models.build_tiny`, or use -m tiny-random")
+        return TRAINED_PATH
+    if str(name) == "tiny-random":
+        return ensure_tiny_model()
+    return None
 
 
 def _complete(path: Path) -> bool:

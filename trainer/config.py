@@ -1,7 +1,7 @@
 """Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
 
     TrainConfig
-      model         path ("tiny" = the built-in tiny Qwen3), dtype, device
+      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype, device
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -39,8 +39,9 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    path: str = "tiny"
-    """An HF directory (config.json + safetensors), or 'tiny' for the built-in tiny model."""
+    path: str = "tiny-random"
+    """An HF directory (config.json + safetensors), or a built-in model: 'tiny-random' (random
+    init, the default: training from it shows learning) or 'tiny' (already trained on reverse-text)."""
     dtype: str = "float32"
     device: str = "cpu"
 

@@ -50,14 +50,15 @@ class Progress:
 
 
 def resolve_model_path(path: str) -> Path:
-    if path == "tiny":
-        from vf.models.tiny import ensure_tiny_model
+    from vf.models.tiny import builtin_model_path
 
-        return ensure_tiny_model()
+    builtin = builtin_model_path(path)
+    if builtin is not None:
+        return builtin
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
         raise UsageError(f"model {path!r} is not an HF model directory (no config.json)",
-                         hint="pass 'tiny' (built-in) or a local directory with config.json + safetensors + tokenizer")
+                         hint="pass 'tiny-random' or 'tiny' (built-in) or a local directory with config.json + safetensors + tokenizer")
     return p
 
 

@@ -1,4 +1,6 @@
-"""What every command shares: error → exit code mapping, stderr console, progress display.
+"""What every command shares: the entry point (`run_app`: --version, dotted config flags),
+config layering (`overrides`), error → exit code mapping, stderr console, progress display.
+The shared option definitions are in vf.options.
 
 stdout carries data only (`--json`, JSONL streams); people's text goes to stderr: a rich
 progress bar on a TTY, plain lines otherwise (or with NO_COLOR set).
@@ -75,32 +77,90 @@ def split_dotted(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, dotted
 
 
-_DOTTED: list[str] = []
+def split_at_files(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate verifiers-style config files (`@ eval.toml` or `@eval.toml`) from the rest."""
+    rest, files = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg == "@":
+            if i + 1 >= len(argv):
+                fail("@ needs a file", hint="e.g. @ eval.toml")
+            files.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("@") and len(arg) > 1:
+            files.append(arg[1:])
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, files
+
+
+class Invocation:
+    """What `run_app` pulled out of argv before typer parses the rest."""
+
+    dotted: list[str] = []
+    at_files: list[str] = []
 
 
 def dotted_args() -> list[str]:
     """The dotted flags of this invocation (set by `run_app`)."""
-    return list(_DOTTED)
+    return list(Invocation.dotted)
 
 
-def run_app(app: Any, argv: list[str] | None = None) -> None:
-    """Console-script entry: pull out dotted flags, then let typer parse the rest."""
-    rest, dotted = split_dotted(list(sys.argv[1:] if argv is None else argv))
-    _DOTTED[:] = dotted
-    app(args=rest, prog_name=os.path.basename(sys.argv[0]) if sys.argv else None)
+def prog_name() -> str:
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "vf"
 
 
-def overrides(extra_args: list[str], flags: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
-    """Config file ← explicit flags ← dotted extras, as one nested override dict. Flags left
-    unset (None) are absent, so a resumed run keeps its saved values."""
+def run_app(app: Any, argv: list[str] | None = None, *, dotted: bool = True, compat: bool = False) -> None:
+    """Console-script entry shared by every command: `--version`; dotted config flags pulled out
+    (refused with exit 2 by a command that takes no config keys, `dotted=False`); with
+    `compat=True`, verifiers 0.4.0's `@ FILE.toml` and no-op flags (vf.cli_compat); then typer
+    parses the rest."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    head = args[: args.index("--")] if "--" in args else args
+    if "--version" in head:
+        from vf.version import version_line
+
+        print(version_line())
+        raise SystemExit(0)
+    files: list[str] = []
+    if compat:
+        from vf.cli_compat import NO_OP_FLAGS
+
+        for flag in [a for a in head if a in NO_OP_FLAGS]:
+            console.print(f"note: {flag} is a verifiers option with no effect in vf (nothing is uploaded; "
+                          "progress goes to stderr)", markup=False)
+            args.remove(flag)
+        args, files = split_at_files(args)
+    rest, found = split_dotted(args)
+    if found and not dotted:
+        fail(f"{prog_name()} takes no config keys, got {found[0]}", hint=f"see {prog_name()} --help for its options")
+    Invocation.dotted, Invocation.at_files = found, files
+    app(args=rest, prog_name=prog_name())
+
+
+def overrides(extra_args: list[str], flags: dict[str, Any], config_file: str | None = None,
+              layers: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """layers (lowest first) ← config file ← explicit flags ← dotted extras, as one nested override
+    dict. Flags left unset (None) are absent, so a resumed run keeps its saved values."""
     from vf.config import deep_merge, load_yaml, parse_dotted_args, set_dotted
 
-    over: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    over: dict[str, Any] = {}
+    for layer in layers:
+        over = deep_merge(over, layer)
+    if config_file:
+        over = deep_merge(over, load_yaml(config_file))
     explicit: dict[str, Any] = {}
     for key, value in flags.items():
         if value is not None:
             set_dotted(explicit, key, value)
-    return deep_merge(deep_merge(over, explicit), parse_dotted_args(list(extra_args)))
+    extra = extra_args if isinstance(extra_args, dict) else parse_dotted_args(list(extra_args))
+    return deep_merge(deep_merge(over, explicit), extra)
 
 
 class Progress:

@@ -64,7 +64,7 @@ def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str |
                              + "\n  ".join(problems),
                              hint="drop those flags to continue the run, or start a new run with -o")
         state = run.read()
-        run.save_config(new.model_dump(mode="json"))
+        save_config(run, new)
         dropped = {"errored": state.dropped_errored, "corrupt": state.dropped_corrupt,
                    "duplicate": state.dropped_duplicate}
         return new, run, state.kept, dropped
@@ -73,8 +73,17 @@ def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str |
         return config, None, [], {}
     run = RunDir(output or default_run_dir(config))
     run.create()
-    run.save_config(config.model_dump(mode="json"))
+    save_config(run, config)
     return config, run, [], {}
+
+
+def save_config(run: RunDir, config: EvalConfig) -> None:
+    """config.yaml (ours, enough to resume) and configs/resolved/eval.json (verifiers' shape)."""
+    from vf.cli_compat import write_resolved_eval_json
+
+    data = config.model_dump(mode="json")
+    run.save_config(data)
+    write_resolved_eval_json(data, run.path)
 
 
 def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None = None,
@@ -89,7 +98,10 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
     out = stream or sys.stdout
     log = open(run.next_log(), "a", encoding="utf-8") if run is not None else None
     if log is not None:
-        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label}: {len(plan.owed)} owed, {len(plan.kept)} kept\n")
+        from vf.version import version_line
+
+        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label} ({version_line()}): "
+                  f"{len(plan.owed)} owed, {len(plan.kept)} kept\n")
 
     def on_episode(ep: Episode) -> None:
         if log is not None and not ep.ok:  # why an episode failed, one line each (it is redone on --resume)

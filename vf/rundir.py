@@ -4,6 +4,7 @@
       config.yaml      resolved config: enough to resume with no other flag
       traces.jsonl     one whole episode per line, appended and flushed as each finishes
       summary.json     aggregates (written at the end of every attempt)
+      version.json     the vf version and git commit that last wrote the run (vf.version)
       logs/            one log per attempt
 
 Why one whole episode per line: a line is durable or torn, never half an episode, so a
@@ -30,6 +31,8 @@ TRACES_FILE = "traces.jsonl"
 """Episodes, one JSON object per line."""
 SUMMARY_FILE = "summary.json"
 """Aggregates over the episodes (see vf.summary)."""
+VERSION_FILE = "version.json"
+"""`vf.version.version_info()` of the program that last wrote the config."""
 LOGS_DIR = "logs"
 
 
@@ -79,8 +82,11 @@ class RunDir:
     def save_config(self, config: dict[str, Any]) -> None:
         from vf.config import save_yaml
 
+        from vf.version import version_info
+
         self.path.mkdir(parents=True, exist_ok=True)
         save_yaml(config, self.config_path)
+        (self.path / VERSION_FILE).write_text(json.dumps(version_info(), indent=2) + "\n")
 
     def read(self) -> ResumeState:
         """All complete, error-free, unique episodes; counts what was dropped."""

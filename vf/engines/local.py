@@ -47,16 +47,17 @@ def torch_dtype(name: Any):
 
 
 def resolve_model_path(model: str | os.PathLike | None) -> Path:
-    """'tiny' / None -> the built-in tiny model (built offline on first use); else an existing local dir."""
-    if model is None or str(model) == "tiny":
-        from vf.models.tiny import ensure_tiny_model
+    """'tiny' / None / 'tiny-random' -> a built-in model (vf.models.tiny); else an existing local dir."""
+    from vf.models.tiny import builtin_model_path
 
-        return ensure_tiny_model()
+    builtin = builtin_model_path(model)
+    if builtin is not None:
+        return builtin
     path = Path(model).expanduser()
     if not path.is_dir():
         raise UsageError(
             f"model {str(model)!r} is not a local directory",
-            hint="pass 'tiny' (the built-in model) or a local HF model directory (config.json + "
+            hint="pass 'tiny' (the built-in trained model), 'tiny-random', or a local HF model directory (config.json + "
                  "safetensors + tokenizer); models are never downloaded",
         )
     return path
@@ -118,7 +119,7 @@ class LocalEngine:
         except Exception as e:  # noqa: BLE001 (transformers raises many types for a bad dir)
             raise UsageError(f"cannot load the tokenizer from {path}: {e}",
                              hint="the model directory needs tokenizer files (tokenizer.json + tokenizer_config.json)") from None
-        name = "tiny" if model is None or str(model) == "tiny" else str(model)
+        name = "tiny" if model is None else str(model)
         return cls(native, tokenizer, max_batch=max_batch, model_name=name, path=path, **kw)
 
     # -- generation --------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""verifiers 0.4.0's `vf-eval` spellings, accepted by `vf-eval` and `vf-rollout`.
+
+One table maps verifiers' config keys onto ours (`KEYS`); it is applied to dotted flags
+(`--client.base-url URL`) and to `@ FILE.toml` config files alike. Run identity flags decide the
+run dir: `--run.name NAME` puts the run in `DIR/NAME` where DIR is `-o`/`--output-dir` (default
+`outputs`), as in verifiers; `--run.dir` names it outright. Flags about verifiers' platform and
+dashboard (`--push`, `--rich`, ...) do nothing here and say so on stderr.
+
+`resolved_eval_json` writes `configs/resolved/eval.json`, our resolved config in verifiers'
+shape, into every vf-eval / vf-rollout run dir, for tools that read verifiers run dirs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vf.errors import UsageError
+
+KEYS: dict[str, str | None] = {
+    # verifiers key (prefix)  -> our key (prefix); None = accepted, does nothing here
+    "client.base_url": "engine.base_url",
+    "client.api_key_var": "engine.api_key_var",
+    "env.taskset": "taskset",
+    "num_rollouts": "num_rollouts",
+    "max_concurrent": "max_concurrent",
+    "model": "model",
+    "sampling": "sampling",
+    "select": "select",
+    "env": "env",  # the rest of env.* (agent, harness, runtime, ...): the episode runner's config
+    "push": None,
+    "rich": None,
+    "verbose": None,
+    "dry_run": None,
+    "clean": None,
+}
+RUN_KEYS = ("run", "output_dir")
+"""Keys that choose the run dir rather than configure the run (see `run_dir`)."""
+
+NO_OP_FLAGS = ("--push", "--no-push", "--rich", "--no-rich")
+
+
+def translate_key(key: str) -> str | None:
+    """A verifiers config key (dots, `-` or `_`) → ours, or None for a no-op key. Our own keys
+    pass through unchanged."""
+    key = key.replace("-", "_")
+    for theirs in sorted(KEYS, key=len, reverse=True):  # longest prefix wins: env.taskset before env
+        if key == theirs or key.startswith(theirs + "."):
+            ours = KEYS[theirs]
+            return None if ours is None else ours + key[len(theirs):]
+    return key
+
+
+def translate_tree(tree: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A verifiers config (nested, as in eval.toml) → (our override tree, run identity keys)."""
+    from vf.config import set_dotted
+
+    out: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    for key, value in flatten_tree(tree).items():
+        if key.split(".", 1)[0] in RUN_KEYS:
+            run[key] = value
+            continue
+        ours = translate_key(key)
+        if ours is None:
+            notes.append(f"{key} = {value!r}: verifiers-only setting, ignored by vf")
+        else:
+            set_dotted(out, ours, value)
+    return out, run
+
+
+def flatten_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}".replace("-", "_")
+        if isinstance(v, dict) and v:
+            out.update(flatten_tree(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist", hint="pass an existing file after @") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path} is not valid TOML: {e}", hint="fix the file (verifiers' eval.toml format)") from None
+
+
+def run_dir(run_keys: dict[str, Any], output: str | None, output_dir: str | None) -> str | None:
+    """The run dir that verifiers' run identity flags ask for, or None to keep ours (-o or auto).
+
+    `--run.dir D` names the dir (relative to the output dir); `--run.name N` puts it in
+    `OUTPUT_DIR/N`, where OUTPUT_DIR is -o/--output-dir (default `outputs`)."""
+    name = run_keys.get("run.dir") or run_keys.get("run.name")
+    parent = output_dir or run_keys.get("output_dir")
+    if name is None:
+        return output
+    return str(Path(output or parent or "outputs") / str(name))
+
+
+def resolved_eval_json(config: dict[str, Any], run_path: Path) -> dict[str, Any]:
+    """Our resolved config in the shape of verifiers' `configs/resolved/eval.json` (the keys its
+    tools read: env.taskset, model, client, sampling, select, num_rollouts, run, output_dir)."""
+    engine = config.get("engine") or {}
+    env = dict(config.get("env") or {})
+    env["taskset"] = dict(config.get("taskset") or {})
+    env.setdefault("id", "")
+    return {
+        "env": env,
+        "run": {"name": run_path.name, "dir": run_path.name, "attach": None},
+        "model": config.get("model"),
+        "client": {"base_url": engine.get("base_url"), "api_key_var": engine.get("api_key_var"),
+                   "type": "train" if config.get("command") == "rollout" else "eval"},
+        "sampling": config.get("sampling") or {},
+        "select": config.get("select") or {},
+        "num_rollouts": config.get("num_rollouts"),
+        "max_concurrent": config.get("max_concurrent"),
+        "output_dir": str(run_path.parent),
+        "push": False,
+        "rich": False,
+        "verbose": False,
+        "producer": "vf",
+    }
+
+
+def write_resolved_eval_json(config: dict[str, Any], run_path: Path) -> Path:
+    out = Path(run_path) / "configs" / "resolved" / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(resolved_eval_json(config, Path(run_path)), indent=2) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def layers_from(dotted: list[str], at_files: list[str]) -> tuple[tuple[dict[str, Any], ...], dict[str, Any],
+                                                                 dict[str, Any], list[str]]:
+    """This invocation's `@ FILE.toml` files and dotted flags in our keys:
+    (file layers, lowest first; dotted-flag tree; run identity keys; notes for stderr)."""
+    from vf.config import parse_dotted_args
+
+    notes: list[str] = []
+    files, run = [], {}
+    for path in at_files:
+        tree, run_keys = translate_tree(load_toml(path), notes)
+        files.append(tree)
+        run.update(run_keys)
+    flags, run_keys = translate_tree(parse_dotted_args(list(dotted)), notes)
+    run.update(run_keys)
+    return tuple(files), flags, run, notes
+
+
+def command_overrides(flags: dict[str, Any], config_file: str | None, output: str | None,
+                      output_dir: str | None) -> tuple[dict[str, Any], str | None, str | None]:
+    """vf-eval / vf-rollout: @ files ← --config ← flags ← dotted flags (either spelling), as one
+    override tree; plus the run dir (-o, or what --run.* asks for) and the parent of an automatic
+    run dir (--output-dir). Notes about ignored verifiers settings go to stderr."""
+    from vf.cli import Invocation, console, overrides
+
+    files, dotted, run, notes = layers_from(Invocation.dotted, Invocation.at_files)
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    output_dir = output_dir or run.get("output_dir")
+    return overrides(dotted, flags, config_file, layers=files), run_dir(run, output, output_dir), output_dir
+
+
+def place_run(config: Any, output: str | None, output_dir: str | None) -> str | None:
+    """-o wins; else `--output-dir DIR` holds an automatically named run dir; else our default."""
+    if output is not None or output_dir is None or config is None:
+        return output
+    from vf.evaluate import default_run_dir
+
+    return str(Path(output_dir) / default_run_dir(config).name)
