@@ -72,6 +72,9 @@ def build(out: Path = OUT, run_dir: Path | None = None, on_step=None) -> dict:
             "wall_time_s": round(summary.get("wall_time") or 0.0, 1),
         }
         (staging / "build.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        staging.chmod(0o755)
+        for f in staging.iterdir():
+            f.chmod(0o644)
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
         return info
