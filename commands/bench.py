@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -224,8 +224,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None) ->
     return doc
 
 
-def main() -> None:
-    run_app(app, dotted=False)
+main = entry(app, dotted=False)
 
 
 if __name__ == "__main__":

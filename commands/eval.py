@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,6 +62,7 @@ def command(
     rollouts: options.Rollouts = None,
     concurrency: options.Concurrency = None,
     max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Model replies per episode."),
+    episode_timeout: Optional[float] = typer.Option(None, "--episode-timeout", help="Seconds per episode before it counts as timed out."),
     output: options.Output = None,
     output_dir: options.OutputDir = None,
     config_file: options.ConfigFile = None,
@@ -79,7 +80,7 @@ def command(
     over, output, output_dir = command_overrides({
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,
         "select.limit": num_tasks, "num_rollouts": rollouts, "max_concurrent": concurrency,
-        "max_turns": max_turns}, config_file, output, output_dir)
+        "max_turns": max_turns, "episode_timeout": episode_timeout}, config_file, output, output_dir)
     if score is not None:
         episodes, ts_id = rescore(score, taskset, over.get("taskset", {}))
         r = max((e.rollout for e in episodes), default=0) + 1
@@ -108,8 +109,7 @@ def command(
         raise GateFailed(f"mean reward {summary['mean_reward']} is below --min-reward {min_reward}")
 
 
-def main() -> None:
-    run_app(app, compat=True)
+main = entry(app, compat=True)
 
 
 if __name__ == "__main__":

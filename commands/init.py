@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,8 +141,7 @@ def command(
     console.print(f"next:\n  vf-validate {project / package}\n  vf-eval {project / package} -n 3 -r 2", markup=False)
 
 
-def main() -> None:
-    run_app(app, dotted=False)
+main = entry(app, dotted=False)
 
 
 if __name__ == "__main__":

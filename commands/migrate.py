@@ -4,7 +4,7 @@
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,8 +66,7 @@ def command(
         raise SystemExit(1)
 
 
-def main() -> None:
-    run_app(app, dotted=False)
+main = entry(app, dotted=False)
 
 
 if __name__ == "__main__":

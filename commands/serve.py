@@ -4,7 +4,7 @@
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,6 +25,7 @@ EPILOG = options.epilog(
 @guarded
 def command(
     model: str | None = typer.Argument(None, help="'tiny' (built-in, trained; the default), 'tiny-random', or a local HF model dir."),
+    model_opt: options.Model = None,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="VF_SERVE_API_KEY",
@@ -42,6 +43,9 @@ def command(
 
     from vf.errors import UsageError
 
+    if model and model_opt and model != model_opt:
+        raise UsageError(f"two models: {model} and -m {model_opt}", hint="pass the model once")
+    model = model or model_opt
     if max_queue < 1 or max_batch < 1:
         raise UsageError("--max-queue and --max-batch must be at least 1")
     if not 0 <= port <= 65535:
@@ -71,8 +75,7 @@ def command(
     run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue)
 
 
-def main() -> None:
-    run_app(app, dotted=False)
+main = entry(app, dotted=False)
 
 
 if __name__ == "__main__":

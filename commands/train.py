@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from vf import options
-from vf.cli import console, dotted_args, fancy, guarded, overrides, run_app
+from vf.cli import console, dotted_args, fancy, guarded, overrides, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -161,8 +161,7 @@ def default_run_dir(config):
     return Path("outputs") / f"train--{ts}--{secrets.token_hex(4)}"
 
 
-def main() -> None:
-    run_app(app)
+main = entry(app)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from typing import Optional
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,8 +68,7 @@ def command(
                          hint="fix the task's validate() or its rewards (see the FAIL lines above)")
 
 
-def main() -> None:
-    run_app(app, compat=True)
+main = entry(app, compat=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import typer
 
 from vf import options
-from vf.cli import console, guarded, run_app
+from vf.cli import console, guarded, entry
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,8 +35,7 @@ def command():
         console.print(f"  {name:<12} {job}", markup=False)
 
 
-def main() -> None:
-    run_app(app, dotted=False)
+main = entry(app, dotted=False)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Numbers for the per-token losses (DESIGN §7): hand-computed vectors, gradients, clip intervals,
+"""Numbers for the per-token losses (docs/losses.md): hand-computed vectors, gradients, clip intervals,
 IPO vs IcePop masks, NaN handling, custom losses and config errors.
 
 Expected values are computed here with plain python `math`, never with the code under test. The
-shared test vector is reference/peers-and-loss-definitions.md §3.8.
+shared test vector is docs/losses.md (Test vector).
 """
 
 import math
@@ -14,7 +14,7 @@ import torch
 from vf.trainer import losses
 from vf.trainer.losses import LossConfigError
 
-# §3.8 shared test vector
+# the shared test vector (docs/losses.md)
 LP = [-0.1, -1.0, -2.0, -0.5, -3.0]
 MU = [-0.2, -1.0, -1.2, -1.6, -1.0]
 RHO_TABLE = [1.1052, 1.0, 0.4493, 3.0042, 0.1353]
@@ -67,7 +67,7 @@ def test_ipo_and_icepop_disagree_on_tokens_3_and_5():
     narrow, _ = run("icepop", LP, MU, [1.0] * 5, low=0.5, high=2.0)
     assert narrow.token_mask.tolist() == [True, True, False, False, False]
     r = ratios(LP, MU)
-    # IcePop [0.5, 5] per-token weight M(r) from §3.8: [1.1052, 1.0, 0, 3.0042, 0]; A = 1 ⇒ ℓ = −M(r)
+    # IcePop [0.5, 5] per-token weight M(r) from docs/losses.md: [1.1052, 1.0, 0, 3.0042, 0]; A = 1 ⇒ ℓ = −M(r)
     close(g_ice, [-r[0], -r[1], 0.0, -r[3], 0.0])
     assert math.isclose(ice.loss.item(), -(r[0] + r[1] + r[3]), rel_tol=1e-6)
     assert math.isclose(ice.loss.item(), -(1.1052 + 1.0 + 3.0042), abs_tol=2e-4)

@@ -1,4 +1,4 @@
-"""Micro-batch invariance (DESIGN §7): Σ micro-batch `.loss` / global token count equals the
+"""Micro-batch invariance (docs/losses.md): Σ micro-batch `.loss` / global token count equals the
 single-batch value, gives the same gradient, and `reduce_metrics` gives the same metrics."""
 
 import math

@@ -116,18 +116,13 @@ def prog_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "vf"
 
 
-def run_app(app: Any, argv: list[str] | None = None, *, dotted: bool = True, compat: bool = False) -> None:
-    """Console-script entry shared by every command: `--version`; dotted config flags pulled out
+def prepare(args: list[str], *, dotted: bool = True, compat: bool = False) -> list[str]:
+    """What every command does to argv before typer parses it: dotted config flags pulled out
     (refused with exit 2 by a command that takes no config keys, `dotted=False`); with
-    `compat=True`, verifiers 0.4.0's `@ FILE.toml` and no-op flags (vf.cli_compat); then typer
-    parses the rest."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    `compat=True`, verifiers 0.4.0's `@ FILE.toml` and no-op flags (vf.cli_compat). Returns the
+    rest; the pulled-out parts are in `Invocation`."""
+    args = list(args)
     head = args[: args.index("--")] if "--" in args else args
-    if "--version" in head:
-        from vf.version import version_line
-
-        print(version_line())
-        raise SystemExit(0)
     files: list[str] = []
     if compat:
         from vf.cli_compat import NO_OP_FLAGS
@@ -141,7 +136,27 @@ def run_app(app: Any, argv: list[str] | None = None, *, dotted: bool = True, com
     if found and not dotted:
         fail(f"{prog_name()} takes no config keys, got {found[0]}", hint=f"see {prog_name()} --help for its options")
     Invocation.dotted, Invocation.at_files = found, files
-    app(args=rest, prog_name=prog_name())
+    return rest
+
+
+def run_app(app: Any, argv: list[str] | None = None, *, dotted: bool = True, compat: bool = False) -> None:
+    """Console-script entry shared by every command: `--version`, then `prepare`, then typer."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in (args[: args.index("--")] if "--" in args else args):
+        from vf.version import version_line
+
+        print(version_line())
+        raise SystemExit(0)
+    app(args=prepare(args, dotted=dotted, compat=compat), prog_name=prog_name())
+
+
+def entry(app: Any, *, dotted: bool = True, compat: bool = False) -> Callable[[], None]:
+    """A console-script `main` for `app`; keeps its settings for vf.cli_docs (dry parses)."""
+    def main(argv: list[str] | None = None) -> None:
+        run_app(app, argv, dotted=dotted, compat=compat)
+
+    main.app, main.dotted, main.compat = app, dotted, compat  # type: ignore[attr-defined]
+    return main
 
 
 def overrides(extra_args: list[str], flags: dict[str, Any], config_file: str | None = None,

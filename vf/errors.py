@@ -1,6 +1,6 @@
 """Errors that carry an exit code, so commands can turn them into a message without a traceback.
 
-Exit codes (DESIGN §9): 0 ok, 1 runtime failure, 2 bad usage or bad input, 3 a requested gate not met.
+Exit codes (docs/architecture.md): 0 ok, 1 runtime failure, 2 bad usage or bad input, 3 a requested gate not met.
 """
 
 

@@ -1,4 +1,4 @@
-"""Per-token RL losses, one module each (DESIGN §7). `ipo` is the default.
+"""Per-token RL losses, one module each (docs/losses.md). `ipo` is the default.
 
     from vf.trainer import losses
     loss_fn = losses.get("ipo")                     # or "icepop", "ppo", "cispo", "sft", "pkg.mod:fn"

@@ -14,7 +14,7 @@ global loss-token count of the step (token mean, as in the paper).
 
 Defaults: eps_low = 1.0, eps_high = 4.0, both deltas from 1: the effective interval is [0, 5]
 (lower bound effectively off, as MiniMax tuned only the upper one). Mind the unit pitfall across
-frameworks (reference/peers-and-loss-definitions.md §3.4): the tests assert the interval.
+frameworks (docs/losses.md, CISPO): the tests assert the interval.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Torch helpers shared by the per-token losses: input sanitising (NaN/missing log-probs) and the
 metrics every loss logs.
 
-Conventions (DESIGN §7):
+Conventions (docs/losses.md):
 
 - Inputs are 1-D per-token tensors of one micro-batch: trainer log-probs logπ (differentiable),
   inference log-probs logμ (data), per-token advantages A and a bool `loss_mask`.
@@ -115,7 +115,7 @@ def fraction_stats(name: str, hit: Tensor, mask: Tensor, adv: Tensor) -> dict[st
 
 
 def base_stats(p: Prepared) -> dict[str, Stat]:
-    """Metrics every loss logs (DESIGN §7), all detached:
+    """Metrics every loss logs (docs/losses.md), all detached:
 
     mismatch_kl        mean over loss tokens of r − log r − 1 (k3 estimate of KL(μ‖π))
     mean_abs_prob_diff mean |exp(logπ) − exp(logμ)|

@@ -13,7 +13,7 @@ Normalisation: `loss` is the SUM of ℓ_t over valid loss tokens; the training l
 global loss-token count of the step.
 
 Defaults: low = 0.5, high = 5.0 (ratio space). Extra metrics: `masked_fraction_low` (r < low),
-`masked_fraction_high` (r > high). Definitions: reference/peers-and-loss-definitions.md §3.3
+`masked_fraction_high` (r > high). Definitions: docs/losses.md
 (Ring-1T arXiv 2510.18855; INTELLECT-3 arXiv 2512.16144 eq. 1).
 """
 

@@ -14,7 +14,7 @@ global loss-token count of the step (token mean over the global batch).
 
 Defaults: eps = 0.3 (absolute probability difference, not a ratio), kl_tau = 0 (KL term off).
 Note that a probability-difference region rarely masks rare tokens (p, q ≪ eps) even when r is
-huge; `ratio_max` shows it. Definitions: reference/peers-and-loss-definitions.md §3.7; history:
+huge; `ratio_max` shows it. Definitions: docs/losses.md; history:
 prime-rl `ipo_loss_fn` (PRs #1930, #2798, #3418, #3586).
 """
 

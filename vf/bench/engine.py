@@ -6,7 +6,7 @@ Same work on both sides: B random prompts of `prompt_len` tokens, greedy, exactl
 tokens per row (EOS ignored), so tokens/s = B·tokens ÷ wall time of the whole batch (prefill
 included). Both run in one child process, alternating per batch size, so machine noise hits them
 alike. `greedy_match` counts rows whose tokens are identical (a correctness canary, not a ratio).
-(`vf-bench engine` and `vf-bench serve` replace the earlier benchmarks/engine_bench.py script.)
+(`vf-bench engine` and `vf-bench serve` replace the earlier engine_bench script.)
 """
 
 from __future__ import annotations
