@@ -53,7 +53,7 @@ def varied_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny():
-    engine = LocalEngine.from_model("tiny", max_batch=16)
+    engine = LocalEngine.from_model("tiny-random", max_batch=16)  # random weights: long, varied replies
     yield engine
     run(engine.close())
 
@@ -214,7 +214,7 @@ def test_weight_update_changes_outputs_and_bumps_version(varied_dir):
     from vf.models import load_model
     from vf.models.tiny import ensure_tiny_model
 
-    engine = LocalEngine.from_model("tiny", max_batch=4)
+    engine = LocalEngine.from_model("tiny-random", max_batch=4)
     try:
         req = GenerateRequest(chat(PROMPTS[0]), Sampling(temperature=0.0, max_tokens=12))
         before = run(engine.generate(req))

@@ -197,7 +197,7 @@ def test_bad_requests_answer_400_and_server_keeps_serving(server, client):
 
 def test_load_weights_bumps_policy_version(server, client, tmp_path):
     from test_engine_local import make_varied_dir
-    from vf.models.tiny import ensure_tiny_model
+    from vf.models.tiny import builtin_model_path
 
     varied = make_varied_dir(tmp_path / "varied")
     before = client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=10, temperature=0)
@@ -209,7 +209,7 @@ def test_load_weights_bumps_policy_version(server, client, tmp_path):
     assert after.choices[0].message.content != before.choices[0].message.content
     r = httpx.post(server + "/update_weights", json={"path": str(tmp_path / "missing")}, headers=AUTH)
     assert r.status_code == 400 and "does not exist" in r.json()["error"]["message"]
-    r = httpx.post(server + "/v1/update_weights", json={"path": str(ensure_tiny_model())}, headers=AUTH, timeout=60)
+    r = httpx.post(server + "/v1/update_weights", json={"path": str(builtin_model_path("tiny"))}, headers=AUTH, timeout=60)
     assert r.json()["policy_version"] == 8
     again = client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=10, temperature=0)
     assert again.choices[0].message.content == before.choices[0].message.content

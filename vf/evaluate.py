@@ -98,10 +98,7 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
     out = stream or sys.stdout
     log = open(run.next_log(), "a", encoding="utf-8") if run is not None else None
     if log is not None:
-        from vf.version import version_line
-
-        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label} ({version_line()}): "
-                  f"{len(plan.owed)} owed, {len(plan.kept)} kept\n")
+        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label}: {len(plan.owed)} owed, {len(plan.kept)} kept\n")
 
     def on_episode(ep: Episode) -> None:
         if log is not None and not ep.ok:  # why an episode failed, one line each (it is redone on --resume)
