@@ -19,7 +19,8 @@ def test_wheel_installs_only_the_vf_namespace(tmp_path):
     assert {n.split("/")[0] for n in names} == {"vf", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for sub in ("vf/models/transformer.py", "vf/trainer/losses/ipo.py", "vf/commands/eval.py",
                 "vf/environments/reverse_text/__init__.py", "vf/environments/reverse_text/README.md",
-                "vf/schemas/trace-v1.schema.json"):
+                "vf/schemas/trace-v1.schema.json", "vf/models/tiny_trained/model.safetensors",
+                "vf/models/tiny_trained/tokenizer.json"):
         assert sub in names, sub
     target = tmp_path / "site"
     inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target",
@@ -29,6 +30,7 @@ def test_wheel_installs_only_the_vf_namespace(tmp_path):
     assert top == ["vf"]
     entry = (next(target.glob("vf-*.dist-info")) / "entry_points.txt").read_text()
     assert "vf-eval = vf.commands.eval:main" in entry and "vf-rollout = vf.commands.rollout:main" in entry
+    assert "vf-serve = vf.commands.serve:main" in entry and "vf = vf.commands.vf:main" in entry
     # the installed copy imports from the target dir, with the commands under vf.commands
     code = "import vf, vf.commands.eval, vf.environments.reverse_text as r; print(vf.__file__); print(r.__name__)"
     out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],

@@ -30,7 +30,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "vf.commands.serve", "tiny", "--port", str(port), "--threads", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "vf.commands.serve", "tiny-random", "--port", str(port), "--threads", "1",
                              "--api-key", KEY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
