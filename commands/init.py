@@ -4,12 +4,11 @@ The scaffold works as written: it loads, `vf-validate` passes on it, and `vf-eva
 user replaces the example data and reward with their own.
 """
 
-from typing import Optional
 
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,7 +104,7 @@ Edit `{package}/taskset.py`: `load()` yields the tasks, `@vf.reward` methods sco
 @app.command(epilog=EPILOG)
 @guarded
 def command(
-    name: Optional[str] = typer.Argument(None, help="Environment id, e.g. my-env (letters, digits, - and _)."),
+    name: str | None = typer.Argument(None, help="Environment id, e.g. my-env (letters, digits, - and _)."),
     path: str = typer.Option("./environments", "-p", "--path", help="Folder the package is created in."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing package."),
 ):

@@ -1,11 +1,10 @@
 """vf-validate: model-free check that each task's gold reply (`Task.validate()`) earns full reward."""
 
-from typing import Optional
 
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +25,7 @@ EPILOG = options.epilog(
 @app.command(epilog=EPILOG)
 @guarded
 def command(
-    taskset: Optional[str] = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
+    taskset: str | None = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
     num_tasks: options.NumTasks = None,
     config_file: options.ConfigFile = None,
     as_json: options.Json = False,

@@ -36,13 +36,13 @@ RECIPE: dict = {
 def build(out: Path = OUT, run_dir: Path | None = None, on_step=None) -> dict:
     """Train `tiny-random` with RECIPE and write the result into `out`; returns build.json's content."""
     import torch
-
     from vf.models import load_model
     from vf.models.checkpoint import save_hf
     from vf.models.tiny import TOKENIZER_FILES, ensure_tiny_model
     from vf.trainer import checkpoint
     from vf.trainer.config import resolve
     from vf.trainer.loop import run
+
     from vf.rundir import RunDir
     from vf.version import version_info
 

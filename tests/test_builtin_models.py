@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import json_out
-
 from vf.models.tiny import TOKENIZER_FILES, TRAINED_PATH, builtin_model_path, ensure_tiny_model
 
 

@@ -8,7 +8,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 from vf import cli_docs

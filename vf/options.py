@@ -18,29 +18,29 @@ other command that takes a model. Long aliases in brackets are verifiers 0.4.0's
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 MODEL_HELP = ("Model: 'tiny' (built-in, trained), 'tiny-random' (built-in, random init), "
               "a local HF dir, or the server's model name.")
 
-Model = Annotated[Optional[str], typer.Option("-m", "--model", help=MODEL_HELP)]
-BaseUrl = Annotated[Optional[str], typer.Option(
+Model = Annotated[str | None, typer.Option("-m", "--model", help=MODEL_HELP)]
+BaseUrl = Annotated[str | None, typer.Option(
     "--base-url", help="OpenAI-compatible server (http://HOST:PORT/v1); omit to run the embedded engine.")]
-ApiKeyVar = Annotated[Optional[str], typer.Option(
+ApiKeyVar = Annotated[str | None, typer.Option(
     "--api-key-var", help="Name of the env var holding the server's API key (default OPENAI_API_KEY).")]
-NumTasks = Annotated[Optional[int], typer.Option("-n", "--num-tasks", help="Number of tasks (default: all).")]
-Rollouts = Annotated[Optional[int], typer.Option(
+NumTasks = Annotated[int | None, typer.Option("-n", "--num-tasks", help="Number of tasks (default: all).")]
+Rollouts = Annotated[int | None, typer.Option(
     "-r", "--rollouts", "--num-rollouts", help="Rollouts per task (the group size).")]
-Concurrency = Annotated[Optional[int], typer.Option(
+Concurrency = Annotated[int | None, typer.Option(
     "-c", "--concurrency", "--max-concurrent", help="Episodes in flight.")]
-Output = Annotated[Optional[str], typer.Option(
+Output = Annotated[str | None, typer.Option(
     "-o", "--output", help="Run dir (new or empty).")]
-OutputDir = Annotated[Optional[str], typer.Option(
+OutputDir = Annotated[str | None, typer.Option(
     "--output-dir", help="Folder for an automatically named run dir (verifiers' -o); -o names the run dir itself.")]
-ConfigFile = Annotated[Optional[str], typer.Option("--config", help="YAML config file; flags override it.")]
-Resume = Annotated[Optional[str], typer.Option("--resume", help="Continue the run in this dir.")]
+ConfigFile = Annotated[str | None, typer.Option("--config", help="YAML config file; flags override it.")]
+Resume = Annotated[str | None, typer.Option("--resume", help="Continue the run in this dir.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 
 DOTTED_NOTE = ("Any config key can be set as a dotted flag (--sampling.temperature 0.7, "
