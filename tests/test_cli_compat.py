@@ -39,6 +39,10 @@ def test_verifiers_spellings_run_and_write_a_verifiers_readable_run_dir(tmp_path
     from vf.version import __version__
 
     assert version["name"] == "vf" and version["version"] == __version__ and "commit" in version
+    # the resolved file re-runs the same eval (verifiers' `vf-eval @ RUN/configs/resolved/eval.json`)
+    again = json_out(cli("vf-eval", "@", str(tmp_path / "rt" / "configs" / "resolved" / "eval.json"),
+                         "-o", str(tmp_path / "again"), "--json", env={"VF_TEST_KEY": "sk-test"}, check=True))
+    assert again["num_episodes"] == 8 and again["run_dir"] == str(tmp_path / "again" / "rt")
 
 
 def test_at_toml_file_layers_under_flags(tmp_path, stub, cli):

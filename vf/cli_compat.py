@@ -22,6 +22,7 @@ KEYS: dict[str, str | None] = {
     # verifiers key (prefix)  -> our key (prefix); None = accepted, does nothing here
     "client.base_url": "engine.base_url",
     "client.api_key_var": "engine.api_key_var",
+    "client": None,  # headers, timeouts, client type: verifiers' provider client, not ours
     "env.taskset": "taskset",
     "num_rollouts": "num_rollouts",
     "max_concurrent": "max_concurrent",
@@ -62,9 +63,12 @@ def translate_tree(tree: dict[str, Any], notes: list[str]) -> tuple[dict[str, An
         if key.split(".", 1)[0] in RUN_KEYS:
             run[key] = value
             continue
+        if value is None:  # verifiers writes unset keys as null: leave ours at their defaults
+            continue
         ours = translate_key(key)
         if ours is None:
-            notes.append(f"{key} = {value!r}: verifiers-only setting, ignored by vf")
+            if value not in (False, "", [], {}):  # an unset verifiers default needs no note
+                notes.append(f"{key} = {value!r}: verifiers-only setting, ignored by vf")
         else:
             set_dotted(out, ours, value)
     return out, run
@@ -82,13 +86,16 @@ def flatten_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_toml(path: str) -> dict[str, Any]:
+    """An `@` file: TOML (verifiers' eval.toml), or JSON (a run dir's configs/resolved/eval.json)."""
     import tomllib
 
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            return json.load(f) if path.endswith(".json") else tomllib.load(f)
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist", hint="pass an existing file after @") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path} is not valid JSON: {e}", hint="pass a TOML or JSON config after @") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path} is not valid TOML: {e}", hint="fix the file (verifiers' eval.toml format)") from None
 
@@ -111,7 +118,6 @@ def resolved_eval_json(config: dict[str, Any], run_path: Path) -> dict[str, Any]
     engine = config.get("engine") or {}
     env = dict(config.get("env") or {})
     env["taskset"] = dict(config.get("taskset") or {})
-    env.setdefault("id", "")
     return {
         "env": env,
         "run": {"name": run_path.name, "dir": run_path.name, "attach": None},
@@ -126,7 +132,6 @@ def resolved_eval_json(config: dict[str, Any], run_path: Path) -> dict[str, Any]
         "push": False,
         "rich": False,
         "verbose": False,
-        "producer": "vf",
     }
 
 
