@@ -52,7 +52,7 @@ from typing_extensions import TypeVar
 
 from vf.errors import VfError
 from vf.runtime import RuntimeConfig
-from vf.taskset import State, _generic_arg, call_hook
+from vf.taskset import State, _generic_arg
 
 INJECTED = ("state", "trace", "task", "self")
 TOOL_TIMEOUT = 600.0
@@ -296,14 +296,13 @@ class Toolset(Generic[ConfigT, StateT]):
 
 
 @contextlib.contextmanager
-def _bound_state(ts: Toolset, state: State | None):
+def _bound_state(cls: type[State], state: State | None):
     """Bind the calling rollout's state as `ts.state` for one call. A toolset whose state class
     differs from the rollout's gets a copy of the fields it declares, written back afterwards
     (what a served toolset does over the wire)."""
     if state is None:
         yield
         return
-    cls = ts.state_class()
     if isinstance(state, cls):
         token = _call_state.set(state)
         try:
@@ -335,20 +334,25 @@ def apply_state(state: State, values: dict[str, Any]) -> None:
 
 
 class _LocalTool:
+    """One in-process @tool method: checks the model's argument names, binds state, calls it."""
+
     def __init__(self, toolset: Toolset, fn: Callable):
         self.toolset, self.fn = toolset, fn
         self.params = inspect.signature(fn).parameters
+        self.state_cls = toolset.state_class()
 
     async def __call__(self, name: str, arguments: dict[str, Any], context: dict[str, Any]) -> Any:
         unknown = [k for k in arguments if k not in self.params or k in INJECTED]
         if unknown:
             raise ToolError(f"{name} got unexpected arguments {unknown}")
-        with _bound_state(self.toolset, context.get("state")):
+        kwargs = {k: v for k, v in context.items() if k in self.params}
+        kwargs.update(arguments)
+        with _bound_state(self.state_cls, context.get("state")):
             try:
-                return await call_hook(self.fn, {**{k: v for k, v in context.items() if k in self.params},
-                                                 **arguments})
+                result = self.fn(**kwargs)
             except TypeError as e:
                 raise ToolError(f"bad call to {name}: {e}") from None
+            return await result if inspect.isawaitable(result) else result
 
 
 class ToolRunner:
@@ -395,7 +399,8 @@ class ToolRunner:
             raise ToolError(f"arguments for {name} must be a JSON object")
         timeout = self.timeouts.get(name, self.timeout)
         try:
-            return await asyncio.wait_for(fn(name, arguments, context), timeout)
+            async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for
+                return await fn(name, arguments, context)
         except ToolError:
             raise
         except asyncio.TimeoutError:

@@ -83,33 +83,52 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 class RemoteTools:
-    """One MCP client session to a served toolset (an async context manager)."""
+    """One MCP client session to a served toolset (an async context manager).
+
+    The session lives in its own task: when the server dies, the `mcp` client tears down its
+    task group, and that must end this session, not the rollout that was waiting on a call."""
 
     def __init__(self, ts: Toolset, url: str, *, send_state: bool, timeout: float = TOOL_TIMEOUT):
         self.ts, self.url, self.send_state, self.timeout = ts, url, send_state, timeout
+        self.name = ts.server_name or type(ts).__name__
         self.listed: list[Any] = []
-        self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> RemoteTools:
+        loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future = loop.create_future()
+        self._closing = asyncio.Event()
+        self._owner = asyncio.create_task(self._own())
+        try:
+            self.client = await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT)
+        except BaseException as e:
+            await self.__aexit__(None, None, None)
+            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ToolsetError(f"tool server {self.name!r} at {self.url} did not answer: {detail}") from None
+        return self
+
+    async def _own(self) -> None:
         import httpx2
         from mcp import Client
         from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-        name = self.ts.server_name or type(self.ts).__name__
         try:
-            http = await self._stack.enter_async_context(
-                create_mcp_http_client(timeout=httpx2.Timeout(self.timeout, connect=5.0)))
-            self.client = await self._stack.enter_async_context(
-                Client(streamable_http_client(self.url, http_client=http)))
-            self.listed = (await asyncio.wait_for(self.client.list_tools(), STARTUP_TIMEOUT)).tools
-        except Exception as e:  # noqa: BLE001 - any failure to reach the server is the same for the rollout
-            await self.__aexit__(None, None, None)
-            raise ToolsetError(f"tool server {name!r} at {self.url} did not answer: {type(e).__name__}: {e}") from e
-        return self
+            async with contextlib.AsyncExitStack() as stack:
+                http = await stack.enter_async_context(
+                    create_mcp_http_client(timeout=httpx2.Timeout(self.timeout, connect=5.0)))
+                client = await stack.enter_async_context(Client(streamable_http_client(self.url, http_client=http)))
+                self.listed = (await client.list_tools()).tools
+                self._ready.set_result(client)
+                await self._closing.wait()
+        except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on the session
+            if not self._ready.done():
+                self._ready.set_exception(e if isinstance(e, Exception) else ConnectionError(str(e)))
 
     async def __aexit__(self, *exc: Any) -> None:
-        with contextlib.suppress(Exception):
-            await self._stack.aclose()
+        self._closing.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._owner, 10)
+        if not self._owner.done():
+            self._owner.cancel()
 
     def tools(self) -> list[tuple[str, Callable, dict[str, Any]]]:
         """(name the model sees, call, OpenAI schema) of every tool the server lists."""
@@ -121,11 +140,25 @@ class RemoteTools:
             out.append((full, self._caller(tool.name), schema))
         return out
 
+    async def _request(self, raw: str, arguments: dict[str, Any], meta: dict | None) -> Any:
+        """One call, abandoned if the session dies while it waits."""
+        if self._owner.done():
+            raise ToolError(f"tool server {self.name!r} is gone")
+        call = asyncio.ensure_future(self.client.call_tool(raw, arguments, meta=meta))
+        try:
+            await asyncio.wait({call, self._owner}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not call.done():
+                call.cancel()
+        if not call.done() or call.cancelled():
+            raise ToolError(f"tool server {self.name!r} closed the connection")
+        return call.result()
+
     def _caller(self, raw: str) -> Callable:
         async def call(name: str, arguments: dict[str, Any], context: dict[str, Any]) -> Any:
             state = context.get("state") if self.send_state else None
             meta = {STATE_META: state.model_dump(mode="json")} if state is not None else None
-            result = await self.client.call_tool(raw, arguments, meta=meta)
+            result = await self._request(raw, arguments, meta)
             back = (result.meta or {}).get(STATE_META) if state is not None else None
             if isinstance(back, dict):
                 apply_state(state, back)
