@@ -8,6 +8,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,7 @@ async def _exercise(config: ToolsetConfig) -> dict:
             out.setdefault("errors", []).append(str(err.value))
         out["pid"] = int(await tools.call("probe_pid", {}, ctx))
     out["calls"] = state.calls
-    out["recorded"] = [e["tool"] for e in trace.info["tool_errors"]]
+    out["recorded"] = [(e["tool"], e["type"]) for e in trace.info["tool_errors"]]
     return out
 
 
@@ -103,7 +105,8 @@ def test_in_process_results_errors_and_timeouts():
     assert out["errors"][0] == "probe_boom failed: RuntimeError: kaboom"
     assert out["errors"][1] == "probe_slow timed out after 0.3s"
     assert "unexpected arguments ['txt']" in out["errors"][2]
-    assert out["recorded"] == ["probe_boom", "probe_slow", "probe_echo"]
+    assert out["recorded"] == [("probe_boom", "RuntimeError"), ("probe_slow", "ToolTimeout"),
+                               ("probe_echo", "BadArguments")]
     assert out["pid"] == os.getpid()
 
 
@@ -176,8 +179,10 @@ def test_harness_episode_shows_tool_errors_and_images_and_goes_on():
 def test_served_toolset_matches_in_process_and_dies_with_its_rollout():
     before = children()
     local, served = run(_exercise(ToolsetConfig())), run(_exercise(SERVED))
-    for key in ("echo", "echo2", "image", "calls", "recorded"):
+    for key in ("echo", "echo2", "image", "calls"):
         assert served[key] == local[key], key
+    assert [t for t, _ in served["recorded"]] == [t for t, _ in local["recorded"]]
+    assert served["recorded"][0][1] == "ToolServerError"  # the exception ran in the server process
     assert served["errors"][0] == local["errors"][0]  # the server's error text reaches the model
     assert served["errors"][1] == local["errors"][1]
     assert served["pid"] != os.getpid()
@@ -201,7 +206,7 @@ def test_served_server_that_crashes_or_hangs_is_recorded_and_the_rollout_goes_on
     errors, recorded = run(go())
     assert errors[0] == "probe_hang timed out after 1s"
     assert errors[1].startswith("probe_crash failed") and errors[2].startswith("probe_echo failed")
-    assert len(recorded) == 3
+    assert [e["type"] for e in recorded][0] == "ToolTimeout" and len(recorded) == 3
     assert children() == before
 
 
@@ -231,13 +236,32 @@ def test_standalone_run_is_reached_by_url_without_state():
         proc.wait(timeout=10)
 
 
-def test_unreachable_url_is_a_toolset_error():
+class _Garbage(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{not json-rpc at all")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("garbage", [False, True])
+def test_unreachable_or_garbage_server_is_a_toolset_error(garbage):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/mcp" if garbage else "http://127.0.0.1:9/mcp"
+
     async def go():
-        async with open_tools([Probe(ToolsetConfig(url="http://127.0.0.1:9/mcp"))], CountState()):
+        async with open_tools([Probe(ToolsetConfig(url=url))], CountState()):
             pass
 
-    with pytest.raises(vf.toolset.ToolsetError, match="did not answer"):
-        run(go())
+    try:
+        with pytest.raises(vf.toolset.ToolsetError, match="did not answer"):
+            run(go())
+    finally:
+        httpd.shutdown()
 
 
 @pytest.mark.slow

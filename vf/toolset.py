@@ -212,7 +212,11 @@ _call_state: contextvars.ContextVar[State | None] = contextvars.ContextVar("vf_t
 
 class ToolError(Exception):
     """A tool call that failed (unknown tool, bad arguments, the tool raised or timed out);
-    its message is shown to the model."""
+    its message is shown to the model, its `kind` recorded on the trace."""
+
+    def __init__(self, message: str, kind: str = "BadToolCall"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class ToolsetError(VfError):
@@ -344,14 +348,14 @@ class _LocalTool:
     async def __call__(self, name: str, arguments: dict[str, Any], context: dict[str, Any]) -> Any:
         unknown = [k for k in arguments if k not in self.params or k in INJECTED]
         if unknown:
-            raise ToolError(f"{name} got unexpected arguments {unknown}")
+            raise ToolError(f"{name} got unexpected arguments {unknown}", "BadArguments")
         kwargs = {k: v for k, v in context.items() if k in self.params}
         kwargs.update(arguments)
         with _bound_state(self.state_cls, context.get("state")):
             try:
                 result = self.fn(**kwargs)
             except TypeError as e:
-                raise ToolError(f"bad call to {name}: {e}") from None
+                raise ToolError(f"bad call to {name}: {e}", "BadArguments") from None
             return await result if inspect.isawaitable(result) else result
 
 
@@ -383,20 +387,20 @@ class ToolRunner:
         try:
             return tool_content(await self._call(name, arguments, context))
         except ToolError as e:
-            _record(context, name, "ToolError", str(e))
+            _record(context, name, e.kind, str(e))
             raise
 
     async def _call(self, name: str, arguments: str | dict, context: dict[str, Any]) -> Any:
         fn = self.functions.get(name)
         if fn is None:
-            raise ToolError(f"unknown tool {name!r}; available: {sorted(self.functions)}")
+            raise ToolError(f"unknown tool {name!r}; available: {sorted(self.functions)}", "UnknownTool")
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments or "{}")
             except json.JSONDecodeError as e:
-                raise ToolError(f"arguments for {name} are not valid JSON: {e.msg}") from None
+                raise ToolError(f"arguments for {name} are not valid JSON: {e.msg}", "BadArguments") from None
         if not isinstance(arguments, dict):
-            raise ToolError(f"arguments for {name} must be a JSON object")
+            raise ToolError(f"arguments for {name} must be a JSON object", "BadArguments")
         timeout = self.timeouts.get(name, self.timeout)
         try:
             async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for
@@ -404,9 +408,9 @@ class ToolRunner:
         except ToolError:
             raise
         except asyncio.TimeoutError:
-            raise ToolError(f"{name} timed out after {timeout:g}s") from None
+            raise ToolError(f"{name} timed out after {timeout:g}s", "ToolTimeout") from None
         except Exception as e:  # noqa: BLE001 - tool code is user code; the model sees the error
-            raise ToolError(f"{name} failed: {type(e).__name__}: {e}") from None
+            raise ToolError(f"{name} failed: {type(e).__name__}: {e}", type(e).__name__) from None
 
 
 def _record(context: dict[str, Any], name: str, kind: str, message: str) -> None:

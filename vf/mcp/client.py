@@ -143,7 +143,7 @@ class RemoteTools:
     async def _request(self, raw: str, arguments: dict[str, Any], meta: dict | None) -> Any:
         """One call, abandoned if the session dies while it waits."""
         if self._owner.done():
-            raise ToolError(f"tool server {self.name!r} is gone")
+            raise ToolError(f"tool server {self.name!r} is gone", "ToolServerGone")
         call = asyncio.ensure_future(self.client.call_tool(raw, arguments, meta=meta))
         try:
             await asyncio.wait({call, self._owner}, return_when=asyncio.FIRST_COMPLETED)
@@ -151,20 +151,25 @@ class RemoteTools:
             if not call.done():
                 call.cancel()
         if not call.done() or call.cancelled():
-            raise ToolError(f"tool server {self.name!r} closed the connection")
+            raise ToolError(f"tool server {self.name!r} closed the connection", "ToolServerGone")
         return call.result()
 
     def _caller(self, raw: str) -> Callable:
         async def call(name: str, arguments: dict[str, Any], context: dict[str, Any]) -> Any:
             state = context.get("state") if self.send_state else None
-            meta = {STATE_META: state.model_dump(mode="json")} if state is not None else None
+            meta = None
+            if state is not None:
+                try:
+                    meta = {STATE_META: state.model_dump(mode="json")}
+                except Exception:  # noqa: BLE001 - a state that is not JSON stays on this side
+                    state = None
             result = await self._request(raw, arguments, meta)
             back = (result.meta or {}).get(STATE_META) if state is not None else None
             if isinstance(back, dict):
                 apply_state(state, back)
             if result.is_error:
                 text = " ".join(getattr(b, "text", "") for b in result.content).strip()
-                raise ToolError(f"{name} failed: {text or 'the server reported an error'}")
+                raise ToolError(f"{name} failed: {text or 'the server reported an error'}", "ToolServerError")
             return list(result.content)
 
         return call

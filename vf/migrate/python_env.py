@@ -296,10 +296,11 @@ def _migrate_environment(path: Path, source: str) -> Report:
         for b in classes[env_name].bases:
             bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
             kind = ENV_KINDS.get(bname, kind)
+    plan = _Plan()
     if kind is None:
         kind = "multi"
-        add(env_call, "ENV900", MANUAL, f"unknown environment class {env_name!r}: migrated as a multi-turn env; check it")
-    plan = _Plan()
+        plan.manual.append((line(env_call), f"unknown environment class {env_name!r}: migrated as a multi-turn env; "
+                            "check it"))
     plan.stateful = env_name == "StatefulToolEnv" or (v0_class is not None and any(
         _code(b.value).split(".")[-1] == "StatefulToolEnv" for b in classes[v0_class].bases))
     class_tools: list[str] = []
@@ -323,7 +324,7 @@ def _migrate_environment(path: Path, source: str) -> Report:
     kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
     positional = [a for a in env_call.args if a.keyword is None and not a.star]
     if positional:
-        add(env_call, "ENV900", MANUAL, "positional arguments to the environment constructor: pass them by name")
+        plan.manual.append((line(env_call), "positional arguments to the environment constructor: pass them by name"))
     for k in kwargs:
         if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns"):
             add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
