@@ -18,7 +18,7 @@ import vf
 from vf.toolset import SharedToolsetConfig, ToolError, ToolsetConfig, open_shared_tools, open_tools
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mcp_tools import PNG, AsyncSetup, CountState, Probe  # noqa: E402
+from mcp_tools import PNG, AsyncSetup, CountState, Probe
 
 SERVED = ToolsetConfig(runtime={"type": "subprocess"})
 
@@ -237,7 +237,7 @@ def test_standalone_run_is_reached_by_url_without_state():
 
 
 class _Garbage(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()

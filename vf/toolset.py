@@ -407,7 +407,7 @@ class ToolRunner:
                 return await fn(name, arguments, context)
         except ToolError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ToolError(f"{name} timed out after {timeout:g}s", "ToolTimeout") from None
         except Exception as e:  # noqa: BLE001 - tool code is user code; the model sees the error
             raise ToolError(f"{name} failed: {type(e).__name__}: {e}", type(e).__name__) from None

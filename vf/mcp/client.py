@@ -60,7 +60,7 @@ async def start_server(ts: Toolset) -> AsyncIterator[str]:
 async def _read_port(proc: asyncio.subprocess.Process, name: str, log_path) -> int:
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), STARTUP_TIMEOUT)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         line = b""
     text = line.decode(errors="replace").strip()
     if text.startswith("vf-mcp-port "):
@@ -123,7 +123,7 @@ class RemoteTools:
             if not self._ready.done():
                 self._ready.set_exception(e if isinstance(e, Exception) else ConnectionError(str(e)))
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self._closing.set()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._owner, 10)

@@ -28,9 +28,8 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from vf.trace import content_text
-
 from vf.env import Env
+from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
 
