@@ -122,6 +122,7 @@ def test_trace_views():
 
 
 class Calc(vf.Toolset):
+    TOOL_PREFIX = None
     @vf.tool
     def add(self, a: int, b: int, state=None) -> int:
         """Add two integers.

@@ -16,13 +16,13 @@ from vf.taskset import (
     reward,
     stop,
 )
-from vf.toolset import Toolset, tool
+from vf.toolset import SharedToolsetConfig, Toolset, ToolsetConfig, tool
 from vf.trace import Episode, MessageNode, ModelCall, Trace
 from vf.version import TRACE_VERSION, __version__
 
 __all__ = [
     "Env", "Episode", "MessageNode", "ModelCall", "State", "Task", "TaskConfig", "TaskData", "Taskset",
-    "TasksetConfig", "Toolset", "Trace", "TRACE_VERSION", "__version__", "metric", "reward", "stop", "tool",
+    "TasksetConfig", "Toolset", "ToolsetConfig", "SharedToolsetConfig", "Trace", "TRACE_VERSION", "__version__", "metric", "reward", "stop", "tool",
     "load_taskset",
 ]
 

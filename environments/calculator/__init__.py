@@ -52,6 +52,7 @@ def _num(x: float) -> int | float:
 
 
 class Calculator(vf.Toolset):
+    TOOL_PREFIX = None  # bare names (add, subtract, ...), as the system prompt calls them
     @vf.tool
     def add(self, a: float, b: float) -> int | float:
         """Add two numbers: a + b."""

@@ -6,6 +6,10 @@ no scoring, no file).
 
 `vs_bare` = harness episodes/s ÷ bare calls/s (1.0 would be a free harness; the rest is
 overhead). Both sides share the engine class and the server, so the ratio isolates the harness.
+
+Peer cases (`vf.bench.harness_peer`): the same v1 taskset run by verifiers 0.4.0's `vf-eval` and by
+ours at `-r 10 -c 32`, plain and with an MCP toolset; `vs_verifiers` = verifiers' per-episode wall
+time ÷ ours (target ≥ 100). Skipped, saying why, without `VF_VERIFIERS_PYTHON`.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from typing import Any
 from vf.bench.common import Case, Ratio, ratio, run_child, suite_result
 
 SIZES = {
-    "full": {"episodes": 512, "concurrency": [1, 32], "repeats": 3, "taskset": "reverse-text"},
-    "quick": {"episodes": 128, "concurrency": [1, 32], "repeats": 1, "taskset": "reverse-text"},
-    "tiny": {"episodes": 8, "concurrency": [4], "repeats": 1, "taskset": "reverse-text"},
+    "full": {"episodes": 512, "concurrency": [1, 32], "repeats": 3, "taskset": "reverse-text",
+             "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 2, "peer_timeout": 1800}},
+    "quick": {"episodes": 128, "concurrency": [1, 32], "repeats": 1, "taskset": "reverse-text",
+              "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 1, "peer_timeout": 900}},
+    "tiny": {"episodes": 8, "concurrency": [4], "repeats": 1, "taskset": "reverse-text",
+             "peer": {"tasks": 2, "rollouts": 2, "concurrency": 4, "repeats": 0, "peer_timeout": 600}},
 }
+PEER_TARGET = 100.0  # the issue's target: ours at least 100x faster per episode
 
 
 def measure(taskset: str, episodes: int, concurrency: list[int], repeats: int) -> dict[str, Any]:
@@ -122,4 +130,21 @@ def run(size: str = "full", **_: Any) -> dict[str, Any]:
                           ratios={"vs_bare": Ratio(ratio(h["episodes_per_s"], b["calls_per_s"]), "higher")}))
     notes = [(f"{cfg['episodes']} single-turn {cfg['taskset']} episodes against a zero-latency stdlib server; the "
               "harness side includes taskset load, run-dir writes and scoring")]
+    peer = run_child("vf.bench.harness_peer:measure", cfg["peer"], timeout=4 * cfg["peer"]["peer_timeout"])
+    p = cfg["peer"]
+    for case, title in (("plain", "vs verifiers 0.4.0"), ("mcp", "vs verifiers 0.4.0, MCP tools")):
+        r = peer[case]
+        ref = r.get("peer") or {"skipped": r.get("skipped")}
+        value = ratio(ref.get("ms_per_episode"), r["ours"]["ms_per_episode"])
+        target = PEER_TARGET if value is not None else None  # a skipped peer is not a missed target
+        cases.append(Case(name=f"{title} (-r {p['rollouts']} -c {p['concurrency']})", ours=r["ours"], ref=ref,
+                          ours_label="vf-eval", ref_label="verifiers 0.4.0 vf-eval",
+                          ratios={"vs_verifiers": Ratio(round(value, 1) if value else None, "higher", target)},
+                          note=f"skipped: {r['skipped']}" if r.get("skipped") else ""))
+        if r.get("skipped"):
+            notes.append(f"{title}: reference skipped: {r['skipped']}")
+    notes.append(f"peer cases: {p['tasks']} tasks x {p['rollouts']} rollouts at concurrency {p['concurrency']}; "
+                 "ms_per_episode = (last episode end - first start) / episodes from each side's traces; "
+                 "verifiers runs its null harness with the subprocess runtime, its MCP toolset as a server per "
+                 "rollout; vf calls the toolset in-process")
     return suite_result("harness", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))

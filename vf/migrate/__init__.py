@@ -26,19 +26,19 @@ def _migrate_file(path: Path) -> Report:
         source = path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError):
         return Report()
-    if path.suffix == ".py":
-        if python_env.is_v0_environment(source):
-            try:
+    try:
+        if path.suffix == ".py":
+            if python_env.is_v0_environment(source):
                 return python_env.migrate_environment(path, source)
-            except python_env.MigrationError as e:
-                r = Report()
-                r.add(path, 1, "ENV900", "manual", str(e))
-                return r
-        return scripts.migrate_python_subprocess(path, source)
-    if path.suffix == ".toml":
-        return configs.migrate_toml(path, source)
-    if path.suffix in SCRIPT_SUFFIXES or path.name in SCRIPT_NAMES:
-        return scripts.migrate_text_file(path, source)
+            return scripts.migrate_python_subprocess(path, source)
+        if path.suffix == ".toml":
+            return configs.migrate_toml(path, source)
+        if path.suffix in SCRIPT_SUFFIXES or path.name in SCRIPT_NAMES:
+            return scripts.migrate_text_file(path, source)
+    except Exception as e:  # noqa: BLE001 - one odd file must not stop the migration of the rest
+        r = Report()
+        r.add(path, 1, "ENV900", "manual", f"not migrated: {type(e).__name__}: {e}")
+        return r
     return Report()
 
 

@@ -28,9 +28,8 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from vf.trace import content_text
-
 from vf.env import Env
+from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
 
@@ -179,6 +178,57 @@ class Rubric:
         self.class_objects[name] = obj
 
 
+JUDGE_PROMPT = """Given a ground truth answer \
+and a response, determine if the response is correct.
+
+Question:
+```
+{question}
+```
+
+Ground truth answer:
+```
+{answer}
+```
+
+Response:
+```
+{response}
+```
+
+Respond either "yes" or "no" only."""
+"""v0 JudgeRubric's default judge prompt (placeholders {question}, {answer}, {response})."""
+
+
+class JudgeRubric(Rubric):
+    """v0 `JudgeRubric`: records the judge settings; the migrated Task builds a `vf.Judge` from
+    them and hands its reward functions a v0-style `judge(prompt, completion, answer, state)`."""
+
+    def __init__(self, judge_client: Any = None, judge_model: str = "gpt-4.1-nano", judge_prompt: str = JUDGE_PROMPT,
+                 parser: Parser | None = None, **kwargs: Any):
+        super().__init__(parser=parser, **{k: v for k, v in kwargs.items() if k in ("funcs", "weights")})
+        self.judge_client, self.judge_model, self.judge_prompt = judge_client, judge_model, judge_prompt
+
+
+class JudgeCall:
+    """v0's `judge(prompt, completion, answer, state)` on top of a v1 `vf.Judge`: returns the
+    judge's reply text, and records the call on the trace."""
+
+    def __init__(self, judge: Any, trace: Any, parser: Parser | None = None):
+        self.judge, self.trace, self.parser = judge, trace, parser
+
+    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None, **kwargs: Any) -> str:
+        question = prompt if isinstance(prompt, str) else next(
+            (content_text(m.get("content")) for m in reversed(prompt or []) if m.get("role") == "user"), "")
+        if self.parser is not None:
+            response = self.parser.parse_answer(completion)
+        else:
+            response = completion if isinstance(completion, str) else next(
+                (content_text(m.get("content")) for m in reversed(completion or []) if m.get("role") == "assistant"), "")
+        result = await self.judge.evaluate(trace=self.trace, question=question, answer=answer, response=response)
+        return result.text
+
+
 class Environment:
     """Records what a v0 environment was built with; the dataset lives in the taskset's load()."""
 
@@ -193,12 +243,19 @@ class Environment:
         for key, value in kwargs.items():
             setattr(self, key, value)
 
-    def score(self, index: int, task: Any, trace: Any, state: Any) -> Any:
+    def score(self, index: int, task: Any, trace: Any, state: Any, **extra: Any) -> Any:
         """Call the rubric's `index`-th function the v0 way (async functions return a coroutine,
-        which the v1 hook runner awaits)."""
+        which the v1 hook runner awaits). `extra` adds arguments (e.g. a JudgeRubric's `judge`)."""
         fn = self.rubric.funcs[index]
         parser = self.rubric.parser if self.rubric.parser is not None else self.parser
-        return fn(**pick(fn, v0_args(task, trace, state, parser=parser, **self.rubric.class_objects)))
+        return fn(**pick(fn, v0_args(task, trace, state, parser=parser, **self.rubric.class_objects, **extra)))
+
+    async def setup_state(self, state: dict, **kwargs: Any) -> dict:
+        return state
+
+    def update_tool_args(self, tool_name: str, tool_args: dict, messages: Messages, state: dict,
+                         **kwargs: Any) -> dict:
+        return tool_args
 
 
 class SingleTurnEnv(Environment):
@@ -220,6 +277,64 @@ class MultiTurnEnv(Environment):
 
 class ToolEnv(MultiTurnEnv):
     DEFAULT_MAX_TURNS = 10
+
+
+class StatefulToolEnv(ToolEnv):
+    """v0 `StatefulToolEnv`: `add_tool(fn, args_to_skip=[...])` and `update_tool_args` fill the
+    hidden arguments of a tool call from the state; the migrated Toolset calls `tool_args`."""
+
+    def add_tool(self, tool: Callable, args_to_skip: list[str] | None = None) -> None:
+        self.tools.append(tool)
+
+
+async def setup_state(env: Environment, task: Any, trace: Any, state: Any) -> None:
+    """Run a v0 env's `setup_state` on this episode's v0 state dict (v1: `Task.setup`)."""
+    st = v0_state(task, trace, state)
+    out = env.setup_state(st)
+    if inspect.isawaitable(out):
+        out = await out
+    if isinstance(out, dict) and out is not st:
+        st.update(out)
+
+
+def tool_args(env: Environment, tool_name: str, arguments: dict[str, Any], state: Any,
+              trace: Any = None) -> dict[str, Any]:
+    """The arguments a v0 StatefulToolEnv would call `tool_name` with: the model's, plus what
+    `update_tool_args` adds from the rollout's v0 state."""
+    st = getattr(state, "v0_state", None)
+    if st is None:
+        st = {}
+        try:
+            state.v0_state = st
+        except (AttributeError, ValueError):
+            pass
+    messages = trace.messages if trace is not None else []
+    out = env.update_tool_args(tool_name, dict(arguments), messages, st)
+    return dict(out) if isinstance(out, dict) else dict(arguments)
+
+
+async def group_score(env: Environment, index: int, name: str, weight: float, task: Any, episode: Any) -> None:
+    """A v0 group reward (plural arguments: `completions`, `answers`, `states`, ...) over the
+    traces of one episode; each trace gets its score as reward `name` (v1: `Env.finalize`)."""
+    traces = list(episode.traces)
+    states = [getattr(t, "state", None) for t in traces]
+    singles = [v0_args(task.data if hasattr(task, "data") else task, t, s) for t, s in zip(traces, states)]
+    plural = {"prompts": [a["prompt"] for a in singles], "completions": [a["completion"] for a in singles],
+              "answers": [a["answer"] for a in singles], "infos": [a["info"] for a in singles],
+              "states": [a["state"] for a in singles], "tasks": [a["task"] for a in singles]}
+    fn = env.rubric.funcs[index]
+    parser = env.rubric.parser if env.rubric.parser is not None else env.parser
+    scores = fn(**pick(fn, {**plural, "parser": parser, **env.rubric.class_objects}))
+    if inspect.isawaitable(scores):
+        scores = await scores
+    for trace, score in zip(traces, scores):
+        record = getattr(trace, "record_reward", None)
+        if record is not None:
+            record(name, float(score), weight=weight)
+        else:
+            from vf.trace import RewardValue
+
+            trace.rewards[name] = RewardValue(score=float(score), weight=weight)
 
 
 # ---- v0 arguments from a v1 trace --------------------------------------------------------------
@@ -358,6 +473,6 @@ State = dict[str, Any]
 Info = dict[str, Any]
 SamplingArgs = dict[str, Any]
 
-SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "Rubric", "Environment", "SingleTurnEnv", "MultiTurnEnv",
-             "ToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs"}
+SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "Rubric", "JudgeRubric", "Environment", "SingleTurnEnv",
+             "MultiTurnEnv", "ToolEnv", "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs"}
 """The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

@@ -9,10 +9,10 @@ is none of these (ruff.toml, a package's pyproject) is left alone; a pyproject's
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import yaml
 
 from vf.migrate.report import INFO, MANUAL, MIGRATED, Report

@@ -149,12 +149,17 @@ class _Func:
     weight: str
     metric: bool
     line: int
+    group: bool = False  # plural arguments: scored over a group of traces, in Env.finalize
 
 
 @dataclass
 class _Plan:
     funcs: list[_Func] = field(default_factory=list)
     manual: list[tuple[int, str]] = field(default_factory=list)
+    judge: dict[str, str] | None = None  # JudgeRubric settings: model / prompt expressions
+    setup_state: bool = False  # the v0 env class defines setup_state
+    stateful: bool = False  # StatefulToolEnv: tool calls get arguments from the state
+    skip: dict[str, list[str]] = field(default_factory=dict)  # tool → args_to_skip
 
 
 def is_v0_environment(source: str) -> bool:
@@ -163,8 +168,48 @@ def is_v0_environment(source: str) -> bool:
                 and re.search(r"^\s*(import verifiers|from verifiers)", source, re.MULTILINE))
 
 
+UNMIGRATED = f"# {TODO}: vf-migrate could not migrate this module"
+
+
 def migrate_environment(path: Path, source: str) -> Report:
-    """Rewrite one v0 environment module; the Report holds the change and its entries."""
+    """Rewrite one v0 environment module; the Report holds the change and its entries.
+
+    Never raises on a file Python can parse, and never writes code that does not compile: a
+    module the codemod cannot handle is kept as it is under a `TODO(vf-migrate)` header that
+    says why (rule ENV900), which a later run recognises and leaves alone."""
+    if UNMIGRATED in source:
+        report = Report()
+        report.add(path, 1, "ENV900", MANUAL, "marked earlier as not migratable; port it by hand")
+        return report
+    try:
+        report = _migrate_environment(path, source)
+        new = report.changes[-1].new if report.changes else None
+        if new is not None:
+            compile(new, str(path), "exec")
+        return report
+    except MigrationError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+    except SyntaxError as e:
+        reason = f"the generated code would not compile ({e.msg}, line {e.lineno})"
+    except Exception as e:  # noqa: BLE001 - any codemod failure: keep the module, flag it
+        reason = f"the codemod failed ({type(e).__name__}: {e})"
+    return _unmigrated(path, source, reason)
+
+
+def _unmigrated(path: Path, source: str, reason: str) -> Report:
+    lines = source.splitlines(keepends=True)
+    head = 1 if lines and lines[0].startswith("#!") else 0
+    if len(lines) > head and re.match(r"^#.*coding[:=]", lines[head]):
+        head += 1
+    reason = " ".join(reason.split())
+    header = f"{UNMIGRATED}: {reason}\n"
+    report = Report()
+    report.add(path, 1, "ENV900", MANUAL, f"not migrated: {reason}")
+    report.change(path, source, "".join(lines[:head]) + header + "".join(lines[head:]))
+    return report
+
+
+def _migrate_environment(path: Path, source: str) -> Report:
     report = Report()
     module = cst.parse_module(source)
     wrapper = MetadataWrapper(module)
@@ -251,19 +296,40 @@ def migrate_environment(path: Path, source: str) -> Report:
         for b in classes[env_name].bases:
             bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
             kind = ENV_KINDS.get(bname, kind)
+    plan = _Plan()
     if kind is None:
         kind = "multi"
-        add(env_call, "ENV900", MANUAL, f"unknown environment class {env_name!r}: migrated as a multi-turn env; check it")
+        plan.manual.append((line(env_call), f"unknown environment class {env_name!r}: migrated as a multi-turn env; "
+                            "check it"))
+    plan.stateful = env_name == "StatefulToolEnv" or (v0_class is not None and any(
+        _code(b.value).split(".")[-1] == "StatefulToolEnv" for b in classes[v0_class].bases))
+    class_tools: list[str] = []
+    if v0_class is not None:
+        for item in classes[v0_class].body.body:
+            if isinstance(item, cst.FunctionDef) and item.name.value == "setup_state":
+                plan.setup_state = True
+                add(item, "ENV009", MIGRATED, f"{v0_class}.setup_state → {N['Task']}.setup")
+        for call in _calls(classes[v0_class], "add_tool"):
+            fn = call.args[0].value if call.args else None
+            if isinstance(fn, cst.Name) and fn.value in functions:
+                class_tools.append(fn.value)
+                skip = next((a.value for a in call.args[1:] if a.keyword is not None
+                             and a.keyword.value == "args_to_skip"), None)
+                if isinstance(skip, (cst.List, cst.Tuple)):
+                    plan.skip[fn.value] = [e.value.evaluated_value for e in skip.elements
+                                           if isinstance(e.value, cst.SimpleString)]
+            elif call.args:
+                plan.manual.append((line(call), "add_tool() of something that is not a module-level function: "
+                                    "add it to the Toolset by hand"))
     kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
     positional = [a for a in env_call.args if a.keyword is None and not a.star]
     if positional:
-        add(env_call, "ENV900", MANUAL, "positional arguments to the environment constructor: pass them by name")
+        plan.manual.append((line(env_call), "positional arguments to the environment constructor: pass them by name"))
     for k in kwargs:
         if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns"):
             add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
 
     # ---- rubric ------------------------------------------------------------------------------
-    plan = _Plan()
     rubric_arg = kwargs.get("rubric")
     rubric_call, rubric_var = None, None
     if rubric_arg is not None:
@@ -276,10 +342,14 @@ def migrate_environment(path: Path, source: str) -> Report:
                         rubric_var in defined_names(s) and isinstance(s.body[0].value, cst.Call):
                     rubric_call = s.body[0].value
     if rubric_call is None:
-        add(load_env, "ENV900", MANUAL, "no Rubric(...) found for rubric=: the migrated task has no rewards")
+        plan.manual.append((line(load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
     else:
         rname = rubric_call.func.attr.value if isinstance(rubric_call.func, cst.Attribute) else _code(rubric_call.func)
-        if rname != "Rubric":
+        if rname == "JudgeRubric":
+            plan.judge = _judge_settings(rubric_call, load_env)
+            add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {base}Judge (a vf.Judge) on the task config; check its "
+                "prompt placeholders and how the rewards read the verdict")
+        elif rname != "Rubric":
             plan.manual.append((line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
                                 "methods (a judge call inside a reward, or vf's math helpers)"))
         rargs = {a.keyword.value: a.value for a in rubric_call.args if a.keyword is not None}
@@ -310,13 +380,12 @@ def migrate_environment(path: Path, source: str) -> Report:
                         items.append((fn, w, metric))
         used = set(TASK_ATTRS)
         for i, (fn, w, metric) in enumerate(items):
+            group = False
             if isinstance(fn, cst.Name):
                 name = fn.value
                 if name in functions:
                     params = {p.name.value for p in functions[name].params.params}
-                    if params & PLURAL:
-                        plan.manual.append((line(fn), f"{name} is a group reward (plural arguments); port it "
-                                            "to Env.finalize or a per-trace @vf.reward"))
+                    group = bool(params & PLURAL)
             elif isinstance(fn, cst.Call) and isinstance(fn.func, cst.Attribute) and fn.func.attr.value == "get_format_reward_func":
                 name = "format_reward_func"
             else:
@@ -332,8 +401,13 @@ def migrate_environment(path: Path, source: str) -> Report:
                 if not re.fullmatch(r"-?[\d.eE+-]+", w):
                     plan.manual.append((line(fn), f"weight of {name} is not a literal ({w}); set it by hand"))
                     w = "1.0"
-            plan.funcs.append(_Func(i, name, w, metric or is_zero, line(fn)))
-            add(fn, "ENV003", MIGRATED, f"reward function {name} (weight {w}) → @vf.{'metric' if metric or is_zero else 'reward'}")
+            plan.funcs.append(_Func(i, name, w, metric or is_zero, line(fn), group))
+            if group:
+                add(fn, "ENV012", MANUAL, f"group reward {name} → Env.finalize over the episode's traces; v0 scored "
+                    "the rollouts of one prompt together: check the grouping (e.g. --env.id best-of-n)")
+            else:
+                add(fn, "ENV003", MIGRATED,
+                    f"reward function {name} (weight {w}) → @vf.{'metric' if metric or is_zero else 'reward'}")
 
     # ---- slice of load_environment for _v0_env() -----------------------------------------------
     env_expr = env_call.with_changes(args=[a for a in env_call.args
@@ -352,12 +426,12 @@ def migrate_environment(path: Path, source: str) -> Report:
 
     # ---- module-level statements: imports, renames, flags --------------------------------------
     new_body = []
-    tool_names: list[str] = []
+    tool_names: list[str] = list(class_tools)
     tools_arg = kwargs.get("tools")
     if tools_arg is not None:
         if isinstance(tools_arg.value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in functions
                                                         for e in tools_arg.value.elements):
-            tool_names = [e.value.value for e in tools_arg.value.elements]
+            tool_names += [e.value.value for e in tools_arg.value.elements if e.value.value not in tool_names]
             add(tools_arg, "ENV007", MIGRATED, f"tools {', '.join(tool_names)} → @vf.tool methods of {base}Tools")
         else:
             plan.manual.append((line(tools_arg), "tools are not a list of module-level functions: write a "
@@ -386,7 +460,8 @@ def migrate_environment(path: Path, source: str) -> Report:
             elif marker == "__VF_ENV_EXPR__":
                 out.append(cst.SimpleStatementLine([cst.Return(ren(env_expr))]))
             elif marker and marker.startswith("__VF_TOOL_"):
-                out.append(_tool_method(functions[marker[len("__VF_TOOL_"):-2]]))
+                name = marker[len("__VF_TOOL_"):-2]
+                out.append(_tool_method(functions[name], plan.skip.get(name, ()), plan.stateful))
             elif isinstance(s, (cst.FunctionDef, cst.ClassDef)):
                 out.append(s.with_changes(body=s.body.with_changes(body=fill(list(s.body.body)))))
             else:
@@ -410,7 +485,7 @@ def migrate_environment(path: Path, source: str) -> Report:
         if renamer.unknown:
             new = _flag(new, f"verifiers {', '.join(sorted(renamer.unknown))} has no vf equivalent; port it")
             add(stmt, "ENV900", MANUAL, f"uses verifiers {', '.join(sorted(renamer.unknown))}")
-        if isinstance(stmt, cst.ClassDef) and stmt.name.value == v0_class:
+        if isinstance(stmt, cst.ClassDef) and stmt.name.value == v0_class and kind == "multi":
             add(stmt, "ENV006", MIGRATED, f"{v0_class}.env_response runs through {N['Task'][:-4]}Env (compat.MultiTurnAdapter)")
         new_body.append(new)
     if not any(isinstance(s, cst.SimpleStatementLine) and "__all__" in _code(s) for s in new_body):
@@ -459,25 +534,72 @@ def _rewrite_imports(stmt, add, line, imported_vf):
         else:
             out.append(cst.SimpleStatementLine([small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]))
     if out:
-        out[0] = out[0].with_changes(leading_lines=stmt.leading_lines)
+        out[0] = out[0].with_changes(leading_lines=[*stmt.leading_lines, *out[0].leading_lines])
     return out
 
 
-def _tool_method(fn: cst.FunctionDef) -> cst.FunctionDef:
-    """`def add(a: int, b: int) -> int` → `@vf.tool def add(self, a: int, b: int) -> int: return add(a=a, b=b)`."""
+def _tool_method(fn: cst.FunctionDef, skip=(), stateful: bool = False) -> cst.FunctionDef:
+    """`def add(a: int, b: int) -> int` → `@vf.tool def add(self, a: int, b: int) -> int: return add(a=a, b=b)`.
+
+    For a StatefulToolEnv, the `args_to_skip` parameters leave the signature (the model never
+    sees them) and the call's arguments go through the v0 env's `update_tool_args`."""
     ps = fn.params
-    call_args = [f"{p.name.value}" for p in ps.posonly_params] + \
-        [f"{p.name.value}={p.name.value}" for p in [*ps.params, *ps.kwonly_params]]
-    call = f"{fn.name.value}({', '.join(call_args)})"
+    name = fn.name.value
+    visible = [p for p in [*ps.posonly_params, *ps.params] if p.name.value not in skip]
+    kwonly = [p for p in ps.kwonly_params if p.name.value not in skip]
     stmts = []
     if fn.body.body and _is_docstring(fn.body.body[0]):
         stmts.append(fn.body.body[0])
-    stmts.append(cst.parse_statement(f"return {'await ' if fn.asynchronous else ''}{call}\n"))
+    aw = "await " if fn.asynchronous else ""
+    if stateful:
+        given = ", ".join(f"{p.name.value!r}: {p.name.value}" for p in [*visible, *kwonly])
+        stmts.append(cst.parse_statement(f"args = compat.tool_args(_v0_env(), {name!r}, {{{given}}}, self.state)\n"))
+        stmts.append(cst.parse_statement(f"return {aw}{name}(**args)\n"))
+    else:
+        call_args = [f"{p.name.value}" for p in ps.posonly_params] + \
+            [f"{p.name.value}={p.name.value}" for p in [*ps.params, *ps.kwonly_params]]
+        stmts.append(cst.parse_statement(f"return {aw}{name}({', '.join(call_args)})\n"))
     self_param = cst.Param(cst.Name("self"))
+    params = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in visible]
+    kw = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in kwonly]
+    star = ps.star_arg if kw or not isinstance(ps.star_arg, cst.ParamStar) else cst.MaybeSentinel.DEFAULT
     return fn.with_changes(
         decorators=[cst.Decorator(cst.parse_expression("vf.tool"))],
-        params=ps.with_changes(params=[self_param, *ps.params]),
+        params=ps.with_changes(params=[self_param, *params], posonly_params=[], kwonly_params=kw,
+                               posonly_ind=cst.MaybeSentinel.DEFAULT, star_arg=star),
         body=cst.IndentedBlock(body=stmts), leading_lines=[cst.EmptyLine()])
+
+
+def _calls(node: cst.CSTNode, method: str) -> list[cst.Call]:
+    """Calls `self.<method>(...)` anywhere under `node`."""
+    found: list[cst.Call] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            f = call.func
+            if isinstance(f, cst.Attribute) and f.attr.value == method and _code(f.value) == "self":
+                found.append(call)
+
+    node.visit(V())
+    return found
+
+
+def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]:
+    """The judge model and prompt as class-level expressions: literals and module names stay,
+    a load_environment parameter becomes its default."""
+    defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
+    out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
+    for a in call.args:
+        if a.keyword is None or a.keyword.value not in ("judge_model", "judge_prompt"):
+            continue
+        value = a.value
+        if isinstance(value, cst.Name) and value.value in defaults:
+            value = defaults[value.value]
+        if value is None:
+            continue
+        if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.Name, cst.Attribute)):
+            out["model" if a.keyword.value == "judge_model" else "prompt"] = _code(value)
+    return out
 
 
 def _field_type(p: cst.Param) -> str:
@@ -507,6 +629,17 @@ def _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, t
         L += ["import typing", ""]
     L += [f"class {N['Data']}(vf.TaskData):", '    """One row of the v0 dataset."""', "",
           '    answer: str = ""', "    info: dict = {}", "", ""]
+    task_config = "vf.TaskConfig"
+    if plan.judge is not None:
+        judge_cls, task_config = fresh(base + "Judge"), fresh(base + "TaskConfig")
+        L += [f"# {TODO}: JudgeRubric → {judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
+              "# {response}) and how the rewards read the verdict",
+              f"class {judge_cls}(vf.Judge[str]):",
+              '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
+              f"    prompt = {plan.judge['prompt']}", "",
+              "    def parse(self, response) -> str:", "        return response.text", "", "",
+              f"class {task_config}(vf.TaskConfig):", f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={plan.judge['model']})",
+              "", ""]
     L += [f"class {N['Config']}(vf.TasksetConfig):",
           '    """The keyword arguments of the v0 load_environment()."""', ""]
     fields = []
@@ -520,6 +653,8 @@ def _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, t
         split_field = "split" if "split" not in {p.name.value for p in params} else "dataset_split"
         fields.append(f'    {split_field}: str = "eval"')
         fields.append('    """Which v0 dataset load() yields: "eval" (eval_dataset) or "train" (dataset)."""')
+    if plan.judge is not None:
+        fields.append(f"    task: {task_config} = {task_config}()")
     L += (fields or ["    pass"]) + ["", ""]
     add(load_env, "ENV001", MIGRATED, f"load_environment() → {N['Taskset']} (config {N['Config']}: "
         f"{', '.join(p.name.value for p in params) or 'no fields'})")
@@ -537,34 +672,65 @@ def _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, t
             f"{_code(p.default) if p.default is not None else 'None'}; a different --taskset.{name} does not reach them")
     L += ["    __VF_PARTS_BODY__()", "    __VF_ENV_EXPR__()", "", ""]
 
+    state_cls = "vf.State"
+    if plan.stateful or plan.setup_state:
+        state_cls = fresh(base + "State")
+        L += [f"class {state_cls}(vf.State):", '    """Per-rollout state: the v0 state dict, kept whole."""', "",
+              "    v0_state: dict = {}", "", ""]
     tools_cls = None
     if tool_names:
         tools_cls = fresh(base + "Tools")
-        L += [f"class {tools_cls}(vf.Toolset):", '    """The v0 ToolEnv tools, called unchanged."""', ""]
+        generic = f"[vf.ToolsetConfig, {state_cls}]" if plan.stateful else ""
+        L += [f"class {tools_cls}(vf.Toolset{generic}):", '    """The v0 ToolEnv tools, called unchanged."""', "",
+              "    TOOL_PREFIX = None  # v0 tool names, unprefixed", ""]
         for t in tool_names:
             L += [f"    __VF_TOOL_{t}__()", ""]
         L += [""]
+        if plan.stateful:
+            add(load_env, "ENV011", MIGRATED, f"StatefulToolEnv → {tools_cls} (a Toolset with typed state "
+                f"{state_cls}); update_tool_args fills {', '.join(sorted({a for v in plan.skip.values() for a in v})) or 'its'} "
+                "hidden arguments")
+    group = [f for f in plan.funcs if f.group]
     env_cls = None
-    if kind == "multi":
+    if kind == "multi" or group:
         env_cls = fresh(base + "Env")
-        L += [f"class {env_cls}(compat.MultiTurnAdapter):",
-              f'    """Runs the v0 {v0_class or "environment"}\'s is_completed/env_response after each model reply."""', "",
-              "    v0_env = staticmethod(_v0_env)", "", ""]
-        if v0_class is None:
-            plan.manual.append((0, "a multi-turn env without a subclass: it has no env_response; check the Env"))
-    L += [f"class {N['Task']}(vf.Task[{N['Data']}, vf.State, vf.TaskConfig]):", ""]
+        if kind == "multi":
+            L += [f"class {env_cls}(compat.MultiTurnAdapter):",
+                  f'    """Runs the v0 {v0_class or "environment"}\'s is_completed/env_response after each model reply."""', "",
+                  "    v0_env = staticmethod(_v0_env)", ""]
+            if v0_class is None:
+                plan.manual.append((0, "a multi-turn env without a subclass: it has no env_response; check the Env"))
+        else:
+            L += [f"class {env_cls}(vf.Env):", '    """Scores the v0 group rewards over the episode\'s traces."""', ""]
+        if group:
+            L += ["    async def finalize(self, task, episode):",
+                  f"        # {TODO}: v0 scored these over the rollouts of one prompt; here they score the traces",
+                  "        # of one episode (one trace unless the env runs several, e.g. --env.id best-of-n)"]
+            for f in group:
+                L += [f"        await compat.group_score(_v0_env(), {f.index}, {f.name!r}, {f.weight}, task, episode)"]
+            L += [""]
+        L += [""]
+    L += [f"class {N['Task']}(vf.Task[{N['Data']}, {state_cls}, {task_config}]):", ""]
     if tools_cls:
         L += [f"    toolsets = [{tools_cls}]", ""]
+    if plan.setup_state:
+        L += ["    async def setup(self, trace, state):", f'        """The v0 {v0_class}.setup_state."""',
+              "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]
     if kind == "single":
         L += ["    @vf.stop", "    def single_turn(self, trace) -> bool:", "        return trace.num_turns >= 1", ""]
         add(load_env, "ENV005", MIGRATED, "SingleTurnEnv → @vf.stop single_turn")
     else:
         L += ["    @vf.stop", "    def max_turns(self, trace) -> bool:",
               "        limit = _v0_env().max_turns", "        return limit > 0 and trace.num_turns >= limit", ""]
+    judge_arg = ""
+    if plan.judge is not None:
+        judge_arg = ", judge=compat.JudgeCall(" + judge_cls + "(self.config.judge), trace, _v0_env().rubric.parser)"
     for f in plan.funcs:
+        if f.group:
+            continue
         deco = "@vf.metric" if f.metric and float(f.weight or 0) == 0 else f"@vf.reward(weight={f.weight})"
         L += [f"    {deco}", f"    def {f.name}(self, task, trace, state):",
-              f"        return _v0_env().score({f.index}, task, trace, state)", ""]
+              f"        return _v0_env().score({f.index}, task, trace, state{judge_arg})", ""]
     L += ["", f"class {N['Taskset']}(vf.Taskset[{N['Task']}, {N['Config']}]):"]
     if docstring is not None:
         L += ["    " + _code(docstring.body[0].value), ""]

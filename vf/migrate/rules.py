@@ -73,13 +73,43 @@ RULES: list[Rule] = [
       "`import verifiers as vf` becomes `import vf` plus `from vf.migrate import compat`; "
       "`from verifiers import X` becomes `from vf.migrate.compat import X`.",
       "import verifiers as vf", "import vf\nfrom vf.migrate import compat"),
-    R("ENV900", "environment", "not translatable: kept and flagged",
-      "Anything without a mechanical v1 form (JudgeRubric, RubricGroup, EnvGroup, group rewards with "
-      "plural arguments, non-literal weights, tools defined inside load_environment, unknown env "
-      "classes or constructor options) is kept and marked `# TODO(vf-migrate): ...`.",
+    R("ENV009", "environment", "setup_state → Task.setup",
+      "A v0 env class's `setup_state(state)` runs from the generated `Task.setup` on the rollout's v0 "
+      "state dict (kept whole on the typed State as `v0_state`), so env_response, tools and rewards see "
+      "what it wrote.",
+      "async def setup_state(self, state, **kwargs):\n    state['secret'] = 7\n    return state",
+      "async def setup(self, trace, state):\n    await compat.setup_state(_v0_env(), self.data, trace, state)"),
+    R("ENV010", "environment", "JudgeRubric → vf.Judge",
+      "A `JudgeRubric` becomes a generated `vf.Judge[str]` (the v0 `judge_prompt`, default v0's prompt) "
+      "and a TaskConfig field `judge: vf.JudgeConfig(model=...)`; reward functions that name `judge` get "
+      "a v0-style `judge(prompt, completion, answer, state)` that calls it (recorded in "
+      "`trace.info[\"judge_calls\"]`). Flagged for review: check the prompt placeholders and verdicts.",
       "rubric = vf.JudgeRubric(judge_model='gpt-4.1-mini')",
-      "# TODO(vf-migrate): JudgeRubric has no compat equivalent; port it to a @vf.reward that calls a judge\n"
-      "rubric = compat.JudgeRubric(judge_model='gpt-4.1-mini')"),
+      "class MyEnvJudge(vf.Judge[str]):\n    prompt = compat.JUDGE_PROMPT\n\n"
+      "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini')"),
+    R("ENV011", "environment", "StatefulToolEnv → Toolset with typed state",
+      "The tools of a `StatefulToolEnv` (from `tools=` and `self.add_tool(fn, args_to_skip=[...])`) become "
+      "`@vf.tool` methods of a `vf.Toolset[vf.ToolsetConfig, MyEnvState]`; the skipped arguments leave the "
+      "signature the model sees and are filled from the state by the v0 `update_tool_args`.",
+      "self.add_tool(run, args_to_skip=['session'])",
+      "class MyEnvTools(vf.Toolset[vf.ToolsetConfig, MyEnvState]):\n    @vf.tool\n    def run(self, code: str):\n"
+      "        args = compat.tool_args(_v0_env(), 'run', {'code': code}, self.state)\n        return run(**args)"),
+    R("ENV012", "environment", "group rewards → Env.finalize",
+      "A reward function with plural arguments (`completions`, `answers`, `states`, ...) is scored in a "
+      "generated `Env.finalize(task, episode)` over the episode's traces (`compat.group_score`). v0 "
+      "grouped the rollouts of one prompt; flagged for review (run with a multi-trace env such as "
+      "`--env.id best-of-n` to keep groups).",
+      "def relative(completions, answers, **kwargs) -> list[float]: ...",
+      "async def finalize(self, task, episode):\n"
+      "    await compat.group_score(_v0_env(), 0, 'relative', 1.0, task, episode)"),
+    R("ENV900", "environment", "not translatable: kept and flagged",
+      "Anything without a mechanical v1 form (RubricGroup, EnvGroup, non-literal weights, tools defined "
+      "inside load_environment, unknown env classes or constructor options) is kept and marked "
+      "`# TODO(vf-migrate): ...`; a module the codemod cannot handle at all is kept unchanged under a "
+      "`# TODO(vf-migrate)` header. The output always compiles.",
+      "rubric = vf.RubricGroup(rubrics=[a, b])",
+      "# TODO(vf-migrate): verifiers RubricGroup has no vf equivalent; port it\n"
+      "rubric = compat.RubricGroup(rubrics=[a, b])"),
     # ---- scripts and CI files ------------------------------------------------------------------
     R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
       "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "

@@ -15,10 +15,10 @@ and `config.yaml` is derived from the old config. Old files with other names are
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import yaml
 
 from vf.migrate.report import INFO, MANUAL, MIGRATED, Report

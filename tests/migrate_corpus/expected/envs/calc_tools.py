@@ -46,6 +46,8 @@ def _v0_env():
 
 class CalcToolsTools(vf.Toolset):
     """The v0 ToolEnv tools, called unchanged."""
+
+    TOOL_PREFIX = None  # v0 tool names, unprefixed
     
     @vf.tool
     def add(self, a: int, b: int) -> int:

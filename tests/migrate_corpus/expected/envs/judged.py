@@ -2,9 +2,12 @@ import vf
 from vf.migrate import compat
 
 
-# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
+async def judged_correct(judge, prompt, completion, answer, state) -> float:
+    verdict = await judge(prompt, completion, answer, state)
+    return 1.0 if "yes" in verdict.lower() else 0.0
 
-# TODO(vf-migrate): JudgeRubric has no compat equivalent; port it to @vf.reward methods (a judge call inside a reward, or vf's math helpers) (line 6 of the v0 module)
+
+# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 class JudgedData(vf.TaskData):
     """One row of the v0 dataset."""
@@ -13,10 +16,26 @@ class JudgedData(vf.TaskData):
     info: dict = {}
 
 
+# TODO(vf-migrate): JudgeRubric → JudgedJudge: check the prompt's placeholders ({question}, {answer},
+# {response}) and how the rewards read the verdict
+class JudgedJudge(vf.Judge[str]):
+    """The v0 JudgeRubric's judge: its reply text is what v0's `judge(...)` returned."""
+
+    prompt = compat.JUDGE_PROMPT
+
+    def parse(self, response) -> str:
+        return response.text
+
+
+class JudgedTaskConfig(vf.TaskConfig):
+    judge: vf.JudgeConfig = vf.JudgeConfig(model="gpt-4.1-mini")
+
+
 class JudgedConfig(vf.TasksetConfig):
     """The keyword arguments of the v0 load_environment()."""
 
     judge_model: str = "gpt-4.1-mini"
+    task: JudgedTaskConfig = JudgedTaskConfig()
 
 
 @compat.cache
@@ -24,24 +43,28 @@ def _v0_env():
     """The v0 environment without its dataset: the parser, rubric, tools and max_turns the rewards
     and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""
     judge_model = "gpt-4.1-mini"  # default of load_environment(judge_model=...)
-    # TODO(vf-migrate): verifiers JudgeRubric has no vf equivalent; port it
     rubric = compat.JudgeRubric(judge_model=judge_model)
+    rubric.add_reward_func(judged_correct)
     return compat.SingleTurnEnv(rubric=rubric)
 
 
-class JudgedTask(vf.Task[JudgedData, vf.State, vf.TaskConfig]):
+class JudgedTask(vf.Task[JudgedData, vf.State, JudgedTaskConfig]):
 
     @vf.stop
     def single_turn(self, trace) -> bool:
         return trace.num_turns >= 1
+
+    @vf.reward(weight=1.0)
+    def judged_correct(self, task, trace, state):
+        return _v0_env().score(0, task, trace, state, judge=compat.JudgeCall(JudgedJudge(self.config.judge), trace, _v0_env().rubric.parser))
 
 
 class JudgedTaskset(vf.Taskset[JudgedTask, JudgedConfig]):
     def load(self):
         judge_model = self.config.judge_model
         rows = [{"question": "Write a haiku about rain.", "answer": ""}]
-        # TODO(vf-migrate): verifiers JudgeRubric has no vf equivalent; port it
         rubric = compat.JudgeRubric(judge_model=judge_model)
+        rubric.add_reward_func(judged_correct)
         yield from compat.rows(rows, JudgedData)
 
 
