@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from vf.types import content_text, parse_message  # noqa: F401 - content_text re-exported
 from vf.version import TRACE_VERSION, __version__
 
 
@@ -127,7 +128,7 @@ class Trace(_Record):
     # Runtime-only state shared with tools and hooks; never serialised.
     _state: Any = PrivateAttr(default=None)
 
-    # ---- derived views used by reward hooks -------------------------------------------------
+    # ---- derived views used by reward hooks (verifiers v1's trace API) -------------------------
     def branch(self, leaf: int | None = None) -> list[int]:
         """Node indices from the root to `leaf` (default: the last node)."""
         if not self.nodes:
@@ -139,21 +140,31 @@ class Trace(_Record):
             i = self.nodes[i].parent
         return path[::-1]
 
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        """The conversation as the model last saw it plus its last reply (latest branch)."""
+    def wire_messages(self) -> list[dict[str, Any]]:
+        """The latest branch as provider dicts (what the model is sent next)."""
         return [self.nodes[i].message for i in self.branch()]
 
     @property
-    def assistant_messages(self) -> list[dict[str, Any]]:
-        return [n.message for n in self.nodes if n.message.get("role") == "assistant"]
+    def messages(self) -> list[Any]:
+        """The conversation on the latest branch, typed (`vf.UserMessage`, ...; dict access works)."""
+        return [parse_message(m) for m in self.wire_messages()]
+
+    @property
+    def assistant_messages(self) -> list[Any]:
+        """Every model reply, in order (prompt-supplied assistant messages excluded)."""
+        return [parse_message(n.message) for n in self.nodes
+                if n.sampled and n.message.get("role") == "assistant"]
+
+    @property
+    def tool_messages(self) -> list[Any]:
+        return [parse_message(n.message) for n in self.nodes if n.message.get("role") == "tool"]
 
     @property
     def last_reply(self) -> str:
-        """Text of the last assistant message ('' when there is none)."""
+        """Text of the last model reply, stripped ('' when there is none)."""
         for n in reversed(self.nodes):
-            if n.message.get("role") == "assistant":
-                return content_text(n.message.get("content"))
+            if n.sampled and n.message.get("role") == "assistant":
+                return content_text(n.message.get("content")).strip()
         return ""
 
     @property
@@ -161,12 +172,25 @@ class Trace(_Record):
         return sum(1 for n in self.nodes if n.sampled)
 
     @property
+    def has_error(self) -> bool:
+        return not self.ok or bool(self.errors)
+
+    @property
     def reward(self) -> float:
         return sum(r.score * r.weight for r in self.rewards.values() if r is not None)
 
     @property
+    def trainable(self) -> bool:
+        return bool(self.agent.get("trainable", True))
+
+    @property
     def state(self) -> Any:
+        """The rollout's typed State (never serialised)."""
         return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
 
     def record_reward(self, name: str, score: float, weight: float = 1.0) -> None:
         self.rewards[name] = RewardValue(score=float(score), weight=float(weight))
@@ -199,12 +223,25 @@ class Episode(_Record):
     num_total_tokens: int = 0
 
     @property
+    def scored_traces(self) -> list[Trace]:
+        """The traces whose rewards count: the trainable seats' (all seats when none is)."""
+        return [t for t in self.traces if t.trainable] or list(self.traces)
+
+    @property
     def reward(self) -> float:
-        return sum(t.reward for t in self.traces) / len(self.traces) if self.traces else 0.0
+        """Mean reward over the trainable seats' traces (verifiers' headline reward)."""
+        scored = self.scored_traces
+        return sum(t.reward for t in scored) / len(scored) if scored else 0.0
 
     @property
     def trace(self) -> Trace:
         return self.traces[0]
+
+    def by_agent(self) -> dict[str, list[Trace]]:
+        out: dict[str, list[Trace]] = {}
+        for t in self.traces:
+            out.setdefault(str(t.agent.get("name", "agent")), []).append(t)
+        return out
 
     def finish(self) -> Episode:
         for t in self.traces:
@@ -217,15 +254,6 @@ class Episode(_Record):
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
-
-
-def content_text(content: Any) -> str:
-    """Text of an OpenAI message content (a string, None, or a list of parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
 def task_hash(data: dict[str, Any]) -> str:
