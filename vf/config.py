@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from vf.errors import ConfigError, UsageError
 
@@ -83,6 +83,14 @@ class EvalConfig(_Config):
     max_turns: int = Field(8, gt=0)
     episode_timeout: float | None = Field(None, gt=0)
     command: Literal["eval", "rollout"] = "eval"
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_env(self, handler):
+        # Runs that set nothing under `env` save (and resume) exactly as before it existed.
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("env"):
+            out.pop("env", None)
+        return out
 
     @model_validator(mode="before")
     @classmethod

@@ -34,6 +34,7 @@ before rewards, judges (`--env.taskset.task.judges`) after them.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -115,6 +116,16 @@ class TaskData(BaseModel):
         if isinstance(self.prompt, str):
             return self.prompt
         return "\n\n".join(t for t in (content_text(m.content) for m in self.prompt or []) if t)
+
+
+@functools.cache
+def _row_defaults() -> dict[str, Any]:
+    return TaskData().model_dump(mode="json", exclude_none=True)
+
+
+def row_defaults() -> dict[str, Any]:
+    """The JSON of TaskData's framework fields at their defaults (None fields left out)."""
+    return dict(_row_defaults())
 
 
 class FunctionConfig(BaseModel):

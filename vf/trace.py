@@ -257,8 +257,12 @@ class Episode(_Record):
 
 
 def task_hash(data: dict[str, Any]) -> str:
-    """sha256 of the row's JSON (sorted keys, None dropped): a task's content identity."""
-    clean = {k: v for k, v in data.items() if v is not None}
+    """sha256 of the row's JSON (sorted keys, None dropped): a task's content identity. Fields the
+    row leaves out take TaskData's defaults, so a plain dict hashes like the TaskData it dumps
+    to (as verifiers hashes rows)."""
+    from vf.taskset import row_defaults
+
+    clean = {k: v for k, v in {**row_defaults(), **data}.items() if v is not None}
     return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
 
 
