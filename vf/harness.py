@@ -261,6 +261,10 @@ class Rollout:
         replies until one is not a tool call. Errors end the rollout and are recorded."""
         if self.done:
             return
+        cap = self._cap_reached()
+        if cap:  # checked before the message is taken: a capped rollout leaves it unconsumed
+            self.finish(cap)
+            return
         if message is not None:
             items = message if isinstance(message, list) else [message]
             for m in items:

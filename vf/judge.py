@@ -12,8 +12,8 @@ A task's rewards may call a judge directly, or a run plugs judges into every tas
 `--env.taskset.task.judges '[{id: "my_pkg.judges:YesNoJudge", weight: 0.5, model: m,
 base_url: http://...}]'` (built-in ids: `reference`). A plugged judge runs after the task's
 rewards and adds the reward `name` (default: the class name in snake case, less `Judge`).
-Every call is recorded in `trace.info["judge_calls"]` (request, reply, usage); its tokens are
-added to `trace.info["judge_usage"]`. A judge that errors is an error on the trace (the
+Every call is recorded in `trace.info["judge_calls"]` (request, reply, usage) and its usage in
+`trace.extra_usage`, as verifiers records them. A judge that errors is an error on the trace (the
 episode is redone by `--resume`).
 """
 
@@ -101,13 +101,12 @@ class Judge:
         text = resp.choices[0].message.content or ""
         usage = {"prompt_tokens": getattr(resp.usage, "prompt_tokens", 0) or 0,
                  "completion_tokens": getattr(resp.usage, "completion_tokens", 0) or 0} if resp.usage else {}
-        if trace is not None:
+        if trace is not None:  # the record verifiers writes: request, response message, usage
             trace.info.setdefault("judge_calls", []).append({
-                "name": self.reward_name, "model": self.config.model, "request": {"messages": wire, **kwargs},
-                "response": {"text": text}, "usage": usage, "time": {"start": start, "end": time.time()}})
-            total = trace.info.setdefault("judge_usage", {"prompt_tokens": 0, "completion_tokens": 0})
-            for k, v in usage.items():
-                total[k] = total.get(k, 0) + v
+                "name": self.reward_name, "request": {"model": self.config.model, "messages": wire, **kwargs},
+                "response": {"message": {"role": "assistant", "content": text}, "usage": usage},
+                "time": {"start": start, "end": time.time()}})
+            trace.extra_usage.append(usage)
         return JudgeResponse(text=text, usage=usage)
 
     async def score(self, task, trace) -> float | dict[str, float]:

@@ -96,6 +96,27 @@ class ModelCall(_Record):
     error: ErrorInfo | None = None
 
 
+class AgentInfo(_Record):
+    """Which seat produced a trace: `name` (`agent` for single-agent envs), `trainable` (False =
+    trainers never learn from it), plus the seat's resolved config, engine and runtime.
+    Readable as attributes (`trace.agent.name`, as in verifiers) or as a dict."""
+
+    name: str = "agent"
+    trainable: bool = True
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
 class RewardValue(_Record):
     score: float
     weight: float = 1.0
@@ -106,13 +127,15 @@ class Trace(_Record):
     producer: dict[str, str] = Field(default_factory=producer)
     id: str = Field(default_factory=new_id)
     task: TraceTask = Field(default_factory=TraceTask)
-    agent: dict[str, Any] = Field(default_factory=lambda: {"name": "agent", "trainable": True})
+    agent: AgentInfo = Field(default_factory=AgentInfo)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     nodes: list[MessageNode] = Field(default_factory=list)
     calls: list[ModelCall] = Field(default_factory=list)
     rewards: dict[str, RewardValue | None] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
+    extra_usage: list[dict[str, Any]] = Field(default_factory=list)
+    """Token usage of calls that are not the seat's own turns (judges)."""
     is_completed: bool = False
     ok: bool = True
     stop_condition: str | None = None
@@ -181,7 +204,7 @@ class Trace(_Record):
 
     @property
     def trainable(self) -> bool:
-        return bool(self.agent.get("trainable", True))
+        return bool(self.agent.trainable)
 
     @property
     def state(self) -> Any:
@@ -240,7 +263,7 @@ class Episode(_Record):
     def by_agent(self) -> dict[str, list[Trace]]:
         out: dict[str, list[Trace]] = {}
         for t in self.traces:
-            out.setdefault(str(t.agent.get("name", "agent")), []).append(t)
+            out.setdefault(t.agent.name, []).append(t)
         return out
 
     def finish(self) -> Episode:

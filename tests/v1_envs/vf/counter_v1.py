@@ -28,7 +28,7 @@ class CountTask(vf.Task[CountData, CountState, CountTaskConfig]):
         trace.state.target = self.data.a + self.data.b
 
     @vf.stop
-    async def answered(self, trace) -> bool:
+    async def answered(self, trace: vf.Trace) -> bool:
         return trace.num_turns >= 1
 
     @vf.reward
