@@ -81,26 +81,31 @@ class Judge:
         pattern = re.compile(r"\{(" + "|".join(map(re.escape, fields)) + r")\}")
         return pattern.sub(lambda m: str(fields[m.group(1)]), self.prompt)
 
-    def client(self):
+    def engine(self):
+        """The judge's client: vf's OpenAI-compatible engine (retries, timeouts) on its endpoint."""
         if self._client is None:
-            from openai import AsyncOpenAI
+            from vf.engines.openai_client import OpenAIEngine
 
-            self._client = AsyncOpenAI(base_url=self.config.base_url or os.environ.get("OPENAI_BASE_URL"),
-                                       api_key=os.environ.get(self.config.api_key_var) or "none",
-                                       timeout=self.config.timeout, max_retries=1)
+            base_url = self.config.base_url or os.environ.get("OPENAI_BASE_URL")
+            if not base_url:
+                raise ConfigError([f"judge {self.reward_name!r}: no base_url"],
+                                  hint="set base_url in its JudgeConfig, or OPENAI_BASE_URL")
+            self._client = OpenAIEngine(base_url, self.config.model, api_key_var=self.config.api_key_var,
+                                        timeout=self.config.timeout, max_retries=1, max_connections=8)
         return self._client
 
     async def complete(self, messages: str | list, *, trace=None, **sampling: Any) -> JudgeResponse:
         """One judge call; recorded on `trace` (with its usage) even when the reply is unusable."""
+        from vf.engines.base import GenerateRequest, Sampling
         from vf.types import to_wire
 
         wire = [{"role": "user", "content": messages}] if isinstance(messages, str) else [to_wire(m) for m in messages]
         kwargs = {**self.config.sampling, **sampling}
         start = time.time()
-        resp = await self.client().chat.completions.create(model=self.config.model, messages=wire, **kwargs)
-        text = resp.choices[0].message.content or ""
-        usage = {"prompt_tokens": getattr(resp.usage, "prompt_tokens", 0) or 0,
-                 "completion_tokens": getattr(resp.usage, "completion_tokens", 0) or 0} if resp.usage else {}
+        result = await self.engine().generate(GenerateRequest(
+            messages=wire, sampling=Sampling(**{"logprobs": False, **kwargs}), model=self.config.model))
+        text = result.message.get("content") or ""
+        usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens}
         if trace is not None:  # the record verifiers writes: request, response message, usage
             trace.info.setdefault("judge_calls", []).append({
                 "name": self.reward_name, "request": {"model": self.config.model, "messages": wire, **kwargs},

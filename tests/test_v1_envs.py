@@ -1,0 +1,224 @@
+"""verifiers v1 environments run on vf with only their import changed.
+
+tests/v1_envs/verifiers/ holds environments written for verifiers 0.4.0 (`import verifiers.v1 as
+vf`); tests/v1_envs/vf/ is the same code with the import changed (tests/v1_envs/sync.py). Each
+test runs OUR vf-eval path on one of them against the scripted OpenAI-compatible stub and asserts
+the mean reward verifiers 0.4.0's own `vf-eval` produced on the same stub:
+
+    vf-eval ENV -n N -m MODEL --client.base-url http://127.0.0.1:PORT/v1 --client.api-key-var KEY
+            --no-push --no-rich --env.agent.runtime.type subprocess --env.agent.harness.id null
+
+(run with PYTHONPATH=tests/v1_envs/verifiers[:.../duel_v1]; the multi-seat env takes
+`--env.player.*`/`--env.critic.*` instead of `--env.agent.*`). Set VF_VERIFIERS_PYTHON to a python
+with verifiers==0.4.0 to re-run the peer side too (`test_peer_agrees`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+PEER_ENVS = HERE / "v1_envs" / "verifiers"
+ENVS = HERE / "v1_envs" / "vf"
+
+# Mean rewards (and error counts) from verifiers 0.4.0's vf-eval on these envs, same stub.
+PEER = {
+    "echo": {"mean": 1.25, "errors": 0},
+    "counter": {"mean": 1.25, "errors": 0},
+    "duel": {"mean": 7 / 6, "errors": 0},
+    "vision": {"mean": 1.5, "errors": 0},
+    "flaky": {"mean": 0.5, "errors": 1},
+}
+# verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
+PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
+
+COUNTER_FLAGS = {"rewards": {"bonus": {"fn": f"{ENVS}/bonus.py:bonus", "weight": 0.25},
+                             "formatted": {"weight": 0.5}}}
+CASES = {
+    "echo": ("echo_v1.py", "echo", 4, {}),
+    "counter": ("counter_v1.py", "boxed", 6, {"env": {"taskset": {"task": COUNTER_FLAGS}}}),
+    "duel": ("duel_v1", "echo", None, {}),
+    "vision": ("vision_v1.py", "vision", None, {}),
+    "flaky": ("flaky_v1.py", "echo", None, {}),
+}
+
+
+def evaluate(env: str, model: str, url: str, tmp_path: Path, n: int | None = None, extra: dict | None = None,
+             resume: bool = False):
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = deep_merge({"taskset": {"id": str(ENVS / env)}, "model": model,
+                       "engine": {"base_url": url, "api_key_var": "FAKE_KEY"}, "select": {"limit": n}},
+                      extra or {})
+    out = tmp_path / f"run-{Path(env).stem}"
+    if resume:
+        config, run, kept, _ = open_run(None, {}, None, str(out))
+    else:
+        config, run, kept, _ = open_run(resolve_config({"command": "eval"}, over), over, str(out), None)
+    return execute(config, run, kept), out
+
+
+@pytest.fixture(autouse=True)
+def keys(stub, monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+    monkeypatch.setenv("JUDGE_KEY", "sk-test")
+    monkeypatch.setenv("JUDGE_BASE_URL", stub.url)  # vision_v1's judge reads it
+
+
+def test_vf_copies_differ_only_in_the_import():
+    sys.path.insert(0, str(HERE / "v1_envs"))
+    try:
+        from sync import port
+    finally:
+        sys.path.pop(0)
+    peer_files = sorted(p.relative_to(PEER_ENVS) for p in PEER_ENVS.rglob("*.py"))
+    assert peer_files and peer_files == sorted(p.relative_to(ENVS) for p in ENVS.rglob("*.py"))
+    for rel in peer_files:
+        assert (ENVS / rel).read_text() == port((PEER_ENVS / rel).read_text()), rel
+        assert "verifiers" not in (ENVS / rel).read_text().replace("verifiers 0.4", "")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_mean_reward_as_verifiers(case, stub, tmp_path):
+    env, model, n, extra = CASES[case]
+    summary, _ = evaluate(env, model, stub.url, tmp_path, n, extra)
+    assert summary["mean_reward"] == pytest.approx(PEER[case]["mean"])
+    assert summary["num_errors"] == PEER[case]["errors"]
+
+
+def test_rows_hash_like_verifiers(stub, tmp_path):
+    _, out = evaluate("flaky_v1.py", "echo", stub.url, tmp_path)
+    from vf.trace import read_episodes
+
+    hashes = {e.task.data["idx"]: e.task.hash[:16] for e in read_episodes(out / "traces.jsonl")}
+    assert [hashes[i] for i in range(3)] == PEER_HASHES
+
+
+def test_failed_env_run_is_recorded_and_resume_redoes_exactly_it(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    summary, out = evaluate("flaky_v1.py", "echo", stub.url, tmp_path)
+    failed = [e for e in read_episodes(out / "traces.jsonl") if not e.ok]
+    assert [(e.task.data["id"], e.errors[0].type, e.errors[0].message) for e in failed] == [
+        ("boom", "RuntimeError", "the env broke on purpose")]
+    before = len(stub.requests)
+    summary, _ = evaluate("flaky_v1.py", "echo", stub.url, tmp_path, resume=True)
+    assert summary["num_owed"] == 1 and summary["num_resumed"] == 2
+    assert len(stub.requests) == before  # the env raises again before any model call
+    assert summary["num_errors"] == 1 and summary["mean_reward"] == pytest.approx(0.5)
+
+
+def test_multi_seat_episode_line(stub, tmp_path, monkeypatch):
+    from vf.trace import read_episodes
+
+    _, out = evaluate("duel_v1", "echo", stub.url, tmp_path)
+    episodes = read_episodes(out / "traces.jsonl")
+    assert len(episodes) == 3
+    for ep in episodes:
+        assert [(t.agent.name, t.agent.trainable) for t in ep.traces] == [("player", True), ("critic", False)]
+        critic = ep.traces[1]
+        # two answered turns, the third hit max_turns=2 and was left unconsumed (as in verifiers)
+        assert [n.message["content"] for n in critic.nodes][1:] == [critic.nodes[0].message["content"],
+                                                                    "again", "again"]
+        assert critic.stop_condition == "max_turns" and critic.info["segments"][2] is True
+        assert ep.reward == ep.traces[0].reward  # the critic's zero never dilutes the mean
+    # vf-train's batches take samples from trainable seats only
+    import vf.trainer.orchestrator as orch
+
+    seen = []
+    monkeypatch.setattr(orch, "trace_samples", lambda trace, adv, info: seen.append(trace.agent.name) or [])
+    orch.build_batch(0, [episodes], std_norm=False, max_off_policy_steps=8)
+    assert seen == ["player"] * 3
+
+
+def test_judge_calls_recorded_with_usage(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    before = len(stub.requests)
+    _, out = evaluate("vision_v1.py", "vision", stub.url, tmp_path)
+    for ep in read_episodes(out / "traces.jsonl"):
+        trace = ep.traces[0]
+        (call,) = trace.info["judge_calls"]
+        assert call["name"] == "yes" and call["request"]["model"] == "yes"
+        assert call["response"]["message"]["content"] == "yes"
+        assert trace.extra_usage == [call["response"]["usage"]] and call["response"]["usage"]["completion_tokens"] == 3
+    # the image parts reached the provider as given (data URLs), and stay inline in the trace
+    sent = [r for r in stub.requests[before:] if r.get("model") == "vision"]
+    parts = [p for r in sent for m in r["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    assert sum(p["type"] == "image_url" for p in parts) == 3
+    assert all(p["image_url"]["url"].startswith("data:image/png;base64,") for p in parts if p["type"] == "image_url")
+
+
+def test_load_by_path_project_and_id(tmp_path, monkeypatch):
+    import vf
+    from vf.loading import load_taskset, normalize_id
+
+    assert normalize_id("someone/Echo-V1@0.2.0") == "echo_v1"
+    echo = load_taskset(str(ENVS / "echo_v1.py"))  # its sibling `echo_helpers` imports
+    assert type(echo.taskset).__name__ == "EchoTaskset" and isinstance(echo.env, vf.SingleAgentEnv)
+    duel = load_taskset(str(ENVS / "duel_v1"))  # a project folder: pyproject.toml + package
+    assert type(duel.env).__name__ == "DuelEnv" and sorted(duel.env.seats()) == ["critic", "player"]
+    monkeypatch.syspath_prepend(str(ENVS))
+    by_id = load_taskset("someone/Counter-V1@1.0", {"seed": 3})
+    assert type(by_id.taskset).__name__ == "CountTaskset" and by_id.taskset.config.seed == 3
+
+
+def test_infinite_taskset_needs_n(stub, tmp_path):
+    from vf.errors import UsageError
+
+    with pytest.raises(UsageError, match="endless"):
+        evaluate("counter_v1.py", "boxed", stub.url, tmp_path)
+
+
+def test_generics_default_like_verifiers():
+    import vf
+
+    class Data(vf.TaskData):
+        answer: str = ""
+
+    class MyState(vf.State):
+        n: int = 0
+
+    class One(vf.Task[Data]):
+        pass
+
+    class Two(vf.Task[Data, MyState]):
+        pass
+
+    class Set(vf.Taskset[One]):
+        def load(self):
+            yield One(Data(prompt="x"))
+
+    assert (One.data_class(), One.state_class(), One.config_class()) == (Data, vf.State, vf.TaskConfig)
+    assert Two.state_class() is MyState and Set.config_class() is vf.TasksetConfig and Set.task_class() is One
+    row = Data(prompt=[vf.UserMessage(content=[vf.TextContentPart(text="hi"),
+                                               vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url="data:x"))])],
+               timeout=vf.TaskTimeout(agent=5), resources=vf.TaskResources(gpu="A100:2"), workdir="/w", image="img")
+    assert One(row).messages() == [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:x"}}]}]
+    assert vf.types.content_text(row.prompt[0].content) == "hi"
+
+
+@pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
+                    reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
+@pytest.mark.slow
+def test_peer_agrees(stub, tmp_path):
+    """verifiers 0.4.0's vf-eval on the original echo_v1 gives the mean reward hard-coded above."""
+    peer = Path(os.environ["VF_VERIFIERS_PYTHON"]).parent / "vf-eval"
+    env = {**os.environ, "PYTHONPATH": str(PEER_ENVS), "FAKE_KEY": "sk-test",
+           "PATH": f"{peer.parent}:{os.environ['PATH']}"}
+    subprocess.run([str(peer), "echo_v1", "-n", "4", "-m", "echo", "--client.base-url", stub.url,
+                    "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich", "--env.agent.runtime.type",
+                    "subprocess", "--env.agent.harness.id", "null"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=300)
+    (traces,) = list((tmp_path / "outputs").glob("*/traces.jsonl"))
+    rewards = [sum(r["score"] * r["weight"] for r in t["rewards"].values() if r)
+               for line in traces.read_text().splitlines() for t in json.loads(line)["traces"]]
+    assert sum(rewards) / len(rewards) == pytest.approx(PEER["echo"]["mean"])
