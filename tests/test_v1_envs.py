@@ -222,3 +222,23 @@ def test_peer_agrees(stub, tmp_path):
     rewards = [sum(r["score"] * r["weight"] for r in t["rewards"].values() if r)
                for line in traces.read_text().splitlines() for t in json.loads(line)["traces"]]
     assert sum(rewards) / len(rewards) == pytest.approx(PEER["echo"]["mean"])
+
+
+@pytest.mark.slow
+def test_text_only_local_engine_refuses_images(tmp_path):
+    """The embedded engine's model reads text only: an image prompt stops vf-eval with exit 2 and
+    a message that says why, instead of the image being dropped."""
+    from conftest import run_cli
+
+    r = run_cli("vf-eval", str(ENVS / "vision_v1.py"), "-n", "2", "-o", str(tmp_path / "run"), timeout=240)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "reads text only" in r.stderr and "image_url" in r.stderr
+
+
+def test_image_parts_reach_the_chat_template_never(tmp_path):
+    from vf.engines.chat import normalize_messages
+    from vf.errors import EngineError
+
+    assert normalize_messages([{"role": "user", "content": [{"type": "text", "text": "a"}]}])[0]["content"] == "a"
+    with pytest.raises(EngineError, match="image_url"):
+        normalize_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}])

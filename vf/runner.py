@@ -206,6 +206,20 @@ def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, 
     )
 
 
+def run_stopper(episode: Episode, spec: EpisodeSpec) -> UsageError | None:
+    """An episode error that every other episode would repeat, so the run stops (exit 2):
+    the engine gives no token ids to a rollout run, or cannot read the content it was sent."""
+    errors = [err for t in episode.traces for err in t.errors]
+    if spec.require_tokens and any(err.type == "MissingTokens" for err in errors):
+        return UsageError(f"the engine ({spec.engine.name}) does not return token ids and log-probs, which "
+                          "vf-rollout needs for training",
+                          hint="use the embedded engine, vf-serve, or a vLLM server (which return them)")
+    unsupported = next((err for err in errors if err.type == "UnsupportedContent"), None)
+    if unsupported is not None:
+        return UsageError(f"the {spec.engine.name} engine refused task {episode.task.key}: {unsupported.message}")
+    return None
+
+
 async def run_plan(owed: Sequence[tuple[Task, int]], spec: EpisodeSpec, max_concurrent: int,
                    on_episode: Observer | Sequence[Observer] = (),
                    spec_for: Callable[[int, Task, int], EpisodeSpec] | None = None) -> list[Episode]:
@@ -227,12 +241,9 @@ async def run_plan(owed: Sequence[tuple[Task, int]], spec: EpisodeSpec, max_conc
             except asyncio.QueueEmpty:
                 return
             episode = await run_episode(task, spec_for(i, task, rollout) if spec_for else spec, rollout)
-            errors = [err for t in episode.traces for err in t.errors]
-            if spec.require_tokens and any(err.type == "MissingTokens" for err in errors):
-                fatal.append(UsageError(
-                    f"the engine ({spec.engine.name}) does not return token ids and log-probs, which "
-                    "vf-rollout needs for training",
-                    hint="use the embedded engine, vf-serve, or a vLLM server (which return them)"))
+            problem = run_stopper(episode, spec)
+            if problem is not None:
+                fatal.append(problem)
                 return
             results[i] = episode
             for observe in observers:
