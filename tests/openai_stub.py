@@ -13,6 +13,7 @@ It stands for a remote provider in tests. The reply depends on the requested mod
     notokens         like reverse, but rejects the token-id extensions with HTTP 400
     vision           "images: N", N = the image_url content parts in the request
     yes              always "yes" (a judge that agrees)
+    bash:CMD         first call: a tool call bash(command=CMD); after a tool result: that result
 
 `"stream": true` is answered as server-sent events (role, content and tool-call deltas, a
 finish chunk, a usage chunk when `stream_options.include_usage` is set, then `[DONE]`), as
@@ -111,6 +112,12 @@ class Handler(BaseHTTPRequestHandler):
             text = f"images: {n}"
         elif model == "yes":
             text = "yes"
+        elif model.startswith("bash:"):
+            tool_msgs = [m for m in messages if m.get("role") == "tool"]
+            text = tool_msgs[-1]["content"] if tool_msgs else ""
+            if not tool_msgs:
+                tool_calls = [{"id": "call_1", "type": "function",
+                               "function": {"name": "bash", "arguments": json.dumps({"command": model[5:]})}}]
         elif model == "boxed":
             text = arithmetic(prompt)
         elif model == "calc":

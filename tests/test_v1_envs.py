@@ -242,3 +242,46 @@ def test_image_parts_reach_the_chat_template_never(tmp_path):
     assert normalize_messages([{"role": "user", "content": [{"type": "text", "text": "a"}]}])[0]["content"] == "a"
     with pytest.raises(EngineError, match="image_url"):
         normalize_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}])
+
+
+BASH_ENV = '''
+import vf
+
+
+class ShellTask(vf.Task[vf.TaskData]):
+    async def setup(self, runtime):
+        await runtime.write("seed.txt", "41")
+
+    @vf.reward
+    async def wrote(self, trace, runtime) -> float:
+        trace.info["workdir"] = str(runtime.workdir)
+        result = await runtime.run("cat out.txt")
+        return float(result.stdout.strip() == "42")
+
+
+class ShellTaskset(vf.Taskset[ShellTask]):
+    def load(self):
+        yield ShellTask(vf.TaskData(prompt="add one to seed.txt into out.txt"))
+'''
+
+
+@pytest.mark.parametrize("command,reward,timed_out", [
+    ("echo $(( $(cat seed.txt) + 1 )) > out.txt; cat out.txt", 1.0, False),
+    ("sleep 5; echo 42 > out.txt", 0.0, True),
+])
+def test_bash_harness_runs_in_the_rollout_runtime(stub, tmp_path, command, reward, timed_out):
+    from vf.trace import read_episodes
+
+    env = tmp_path / "shell_env.py"
+    env.write_text(BASH_ENV)
+    summary, out = evaluate(str(env), f"bash:{command}", stub.url, tmp_path, extra={"env": {"agent": {
+        "harness": {"id": "bash", "tool_timeout": 1.0}, "runtime": {"type": "subprocess"}}}})
+    (ep,) = read_episodes(out / "traces.jsonl")
+    trace = ep.traces[0]
+    assert ep.ok and trace.reward == reward
+    assert [t["function"]["name"] for t in trace.tools] == ["bash"]
+    tool = trace.tool_messages[0]
+    assert ("timed out" in tool.content) == timed_out and ("exit code 0" in tool.content) != timed_out
+    assert (trace.info.get("tool_errors") == [{"tool": "bash", "type": "Timeout"}]) == timed_out
+    assert trace.agent.runtime["type"] == "subprocess"
+    assert not Path(trace.info["workdir"]).exists()  # the rollout's runtime was closed
