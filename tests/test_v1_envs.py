@@ -285,3 +285,46 @@ def test_bash_harness_runs_in_the_rollout_runtime(stub, tmp_path, command, rewar
     assert (trace.info.get("tool_errors") == [{"tool": "bash", "type": "Timeout"}]) == timed_out
     assert trace.agent.runtime["type"] == "subprocess"
     assert not Path(trace.info["workdir"]).exists()  # the rollout's runtime was closed
+
+
+JUDGED_ENV = '''
+import vf
+
+
+class QA(vf.TaskData):
+    answer: str
+
+
+class QATask(vf.Task[QA]):
+    @vf.reward
+    async def exact(self, task, trace) -> float:
+        return float(trace.last_reply == task.answer)
+
+
+class QATaskset(vf.Taskset[QATask]):
+    def load(self):
+        yield QATask(QA(prompt="hi", answer="hi"), self.config.task)
+        yield QATask(QA(prompt="yo", answer="no"), self.config.task)
+'''
+
+
+@pytest.mark.parametrize("judge_model,mean,errors", [("yes", 1.0, 0), ("fail500", None, 2)])
+def test_plugged_judge_and_a_judge_that_errors(stub, tmp_path, judge_model, mean, errors):
+    """`--env.taskset.task.judges` adds the judge's weighted reward to every task; a judge whose
+    endpoint fails is an error on the trace (the run goes on; --resume redoes those episodes)."""
+    from vf.trace import read_episodes
+
+    env = tmp_path / "judged_env.py"
+    env.write_text(JUDGED_ENV)
+    judges = [{"id": "reference", "weight": 0.5, "model": judge_model, "base_url": stub.url,
+               "api_key_var": "FAKE_KEY"}]
+    summary, out = evaluate(str(env), "echo", stub.url, tmp_path,
+                            extra={"env": {"taskset": {"task": {"judges": judges}}}})
+    assert summary["num_errors"] == errors
+    episodes = read_episodes(out / "traces.jsonl")
+    if mean is None:
+        assert all(e.traces[0].errors[0].message.startswith("judge 'reference'") for e in episodes)
+        assert all(e.traces[0].errors[0].status_code == 500 for e in episodes)
+    else:  # exact 1 + 0.5 judge on "hi"; exact 0 + 0.5 judge on "yo"
+        assert summary["mean_reward"] == pytest.approx(mean) and summary["rewards"]["reference"] == 1.0
+        assert all(len(e.traces[0].info["judge_calls"]) == 1 for e in episodes)
