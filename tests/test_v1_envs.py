@@ -328,3 +328,30 @@ def test_plugged_judge_and_a_judge_that_errors(stub, tmp_path, judge_model, mean
     else:  # exact 1 + 0.5 judge on "hi"; exact 0 + 0.5 judge on "yo"
         assert summary["mean_reward"] == pytest.approx(mean) and summary["rewards"]["reference"] == 1.0
         assert all(len(e.traces[0].info["judge_calls"]) == 1 for e in episodes)
+
+
+def test_validate_hook_gets_a_runtime_when_it_names_one():
+    import asyncio
+
+    import vf
+    from vf.validate import validate_task
+
+    class Gold(vf.TaskData):
+        answer: str
+
+    class RuntimeCheck(vf.Task[Gold]):
+        async def validate(self, runtime) -> bool:
+            result = await runtime.run("echo $((40 + 2))")
+            return result.stdout.strip() == self.data.answer
+
+    class Plain(vf.Task[Gold]):
+        @vf.reward
+        async def exact(self, task, trace) -> float:
+            return float(trace.last_reply == task.answer)
+
+        def validate(self):
+            return self.data.answer
+
+    assert asyncio.run(validate_task(RuntimeCheck(Gold(prompt="p", answer="42"))))[0] is True
+    assert asyncio.run(validate_task(RuntimeCheck(Gold(prompt="p", answer="41"))))[0] is False
+    assert asyncio.run(validate_task(Plain(Gold(prompt="p", answer="42"))))[:2] == (True, 1.0)

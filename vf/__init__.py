@@ -16,6 +16,7 @@ from vf.env import (
     Segment,
     SingleAgentEnv,
     SingleAgentEnvConfig,
+    SubprocessConfig,
 )
 from vf.harness import HarnessConfig
 from vf.judge import Judge, JudgeConfig
@@ -52,7 +53,6 @@ from vf.types import (
 from vf.version import TRACE_VERSION, __version__
 
 Error = ErrorInfo
-SubprocessConfig = RuntimeConfig  # verifiers' name for `RuntimeConfig(type="subprocess")`
 
 __all__ = [
     "Agent", "AgentConfig", "Agents", "AssistantMessage", "Env", "EnvConfig", "Episode", "Error", "ErrorInfo",

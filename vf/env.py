@@ -43,6 +43,12 @@ from vf.runtime import RuntimeConfig
 from vf.taskset import Task, concrete_type
 
 
+class SubprocessConfig(RuntimeConfig):
+    """verifiers' name for a host-process runtime: `RuntimeConfig(type="subprocess")`."""
+
+    type: str = "subprocess"
+
+
 class EnvTimeout(BaseModel):
     model_config = ConfigDict(extra="forbid")
     episode: float | None = Field(None, gt=0)

@@ -114,6 +114,9 @@ class SeatSpec:
     require_tokens: bool = False
     name: str = "agent"
     trainable: bool = True
+    shared_toolsets: list = field(default_factory=list)
+    """Toolset instances shared by every rollout (the taskset's); tools that name `state` get
+    the calling rollout's."""
 
 
 class Rollout:
@@ -157,8 +160,9 @@ class Rollout:
                 ts.setup()
             self._extra = {n: t for n, t in self.spec.harness.extra_tools(self).items()
                            if n not in self.spec.harness.config.disabled_tools}
-            if self._toolsets or self._extra:
-                self.tools = ToolRunner(self._toolsets)
+            toolsets = [*self.spec.shared_toolsets, *self._toolsets]
+            if toolsets or self._extra:
+                self.tools = ToolRunner(toolsets)
                 self.trace.tools = [s for s in self.tools.schemas
                                     if s["function"]["name"] not in self.spec.harness.config.disabled_tools]
                 self.trace.tools += [schema for schema, _ in self._extra.values()]

@@ -47,6 +47,8 @@ class EpisodeSpec:
     env_id: str = ""
     run: dict[str, Any] = field(default_factory=lambda: {"type": "eval"})
     require_tokens: bool = False
+    shared_toolsets: list = field(default_factory=list)
+    """The taskset's `toolsets(config)`: made once per run, offered in every rollout."""
 
 
 def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
@@ -64,7 +66,7 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
                     max_turns=cfg.max_turns or spec.max_turns, max_output_tokens=cfg.max_output_tokens,
                     max_total_tokens=cfg.max_total_tokens, harness=make_harness(cfg.harness),
                     runtime=cfg.runtime, require_tokens=spec.require_tokens and agent.trainable,
-                    name=agent.name, trainable=agent.trainable)
+                    name=agent.name, trainable=agent.trainable, shared_toolsets=spec.shared_toolsets)
 
 
 def trace_task(task: Task) -> TraceTask:
@@ -203,6 +205,7 @@ def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, 
         max_turns=config.max_turns, episode_timeout=config.episode_timeout,
         env=loaded.env, env_id=loaded.id, run=run,
         require_tokens=config.command == "rollout",
+        shared_toolsets=list(type(loaded.taskset).toolsets(loaded.taskset.config)),
     )
 
 

@@ -435,6 +435,22 @@ class Taskset(Generic[T, TC]):
         return out
 
 
+async def call_validate(task: Task) -> str | bool | None:
+    """`task.validate` with the arguments it names (`runtime`: a fresh subprocess runtime,
+    closed afterwards; `task`, `config`)."""
+    available: dict[str, Any] = {"task": task.data, "config": task.config}
+    runtime = None
+    if needs_runtime(task.validate):
+        from vf.runtime import make_runtime
+
+        runtime = available["runtime"] = make_runtime()
+    try:
+        return await call_hook(task.validate, available)
+    finally:
+        if runtime is not None:
+            await runtime.close()
+
+
 def task_toolsets(task: Task) -> list:
     """The toolsets of one rollout of `task`: `toolsets(config)` (a classmethod, as in verifiers),
     or a class-level list of Toolset classes (the older form), instantiated here."""
