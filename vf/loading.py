@@ -223,7 +223,12 @@ def build_env(env_cls: type[Env], fields: dict[str, Any] | None) -> Env:
     except Exception as e:  # pydantic.ValidationError
         raise ConfigError(config_errors(e, "env"),
                           hint=f"fields of {config_cls.__name__}: {', '.join(sorted(config_cls.model_fields))}") from None
-    return env_cls(config)
+    env = env_cls(config)
+    if not env.seats():
+        raise ConfigError([f"{env_cls.__name__} declares no agents"],
+                          hint="declare each seat as an AgentConfig field of its EnvConfig "
+                               "(`player: vf.AgentConfig = vf.AgentConfig()`); one seat is vf.SingleAgentEnv")
+    return env
 
 
 def load_taskset(taskset_id: str, fields: dict[str, Any] | None = None,
