@@ -11,6 +11,13 @@ the mean reward verifiers 0.4.0's own `vf-eval` produced on the same stub:
 (run with PYTHONPATH=tests/v1_envs/verifiers[:.../duel_v1]; the multi-seat env takes
 `--env.player.*`/`--env.critic.*` instead of `--env.agent.*`). Set VF_VERIFIERS_PYTHON to a python
 with verifiers==0.4.0 to re-run the peer side too (`test_peer_agrees`).
+
+What verifiers 0.4.0 itself demands of a portable environment (found running it; vf accepts
+these and the looser forms): rewards, metrics, stops and config-plugged functions are `async def`;
+a stop names its trace with the annotation `trace: vf.Trace`; `load()` yields Task objects (a task
+keeps the config it was built with, so pass `self.config.task` for `--env.taskset.task.*` to
+reach it); the module lists its Taskset (and Env) in `__all__`. Metrics run before rewards, and
+`trace.has_error` is true while a trace is being scored there (vf: false).
 """
 
 from __future__ import annotations
