@@ -362,3 +362,45 @@ def test_validate_hook_gets_a_runtime_when_it_names_one():
     assert asyncio.run(validate_task(RuntimeCheck(Gold(prompt="p", answer="42"))))[0] is True
     assert asyncio.run(validate_task(RuntimeCheck(Gold(prompt="p", answer="41"))))[0] is False
     assert asyncio.run(validate_task(Plain(Gold(prompt="p", answer="42"))))[:2] == (True, 1.0)
+
+
+@pytest.mark.parametrize("limit,expected", [(1, 1), (2, 2)])
+def test_max_concurrent_agents_bounds_gathered_seats(limit, expected):
+    """Seats an env runs with asyncio.gather take turns unless --env.max-concurrent-agents allows
+    more; each seat's own model and sampling override the run's."""
+    import asyncio
+
+    import vf
+    from vf.engines.base import GenerateResult, Sampling
+    from vf.runner import EpisodeSpec, run_episode
+
+    class Engine:
+        name, supports_tokens = "counting", False
+
+        def __init__(self):
+            self.active = self.peak = 0
+            self.seen = []
+
+        async def generate(self, request):
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            self.seen.append((request.model, request.sampling.temperature))
+            await asyncio.sleep(0.05)
+            self.active -= 1
+            return GenerateResult(message={"role": "assistant", "content": "ok"})
+
+    class PairConfig(vf.EnvConfig):
+        a: vf.AgentConfig = vf.AgentConfig()
+        b: vf.AgentConfig = vf.AgentConfig(model="other", sampling={"temperature": 0.25})
+
+    class PairEnv(vf.Env[PairConfig]):
+        async def run(self, task, agents):
+            await asyncio.gather(agents.a.run(task), agents.b.run(task))
+
+    engine = Engine()
+    env = PairEnv(PairConfig(max_concurrent_agents=limit))
+    spec = EpisodeSpec(engine=engine, model="run-model", sampling=Sampling(temperature=1.0), env=env)
+    episode = asyncio.run(run_episode(vf.Task(vf.TaskData(prompt="hi", idx=0)), spec))
+    assert episode.ok and sorted(t.agent.name for t in episode.traces) == ["a", "b"]
+    assert engine.peak == expected
+    assert sorted(engine.seen) == [("other", 0.25), ("run-model", 1.0)]

@@ -30,6 +30,7 @@ the default `run` then alternates model turns and `respond` until it returns Non
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class EnvConfig(BaseModel):
     id: str = ""
     timeout: EnvTimeout = Field(default_factory=EnvTimeout)
     max_concurrent_agents: int = Field(1, gt=0)
+    """Seats of one episode running at once (an env's `asyncio.gather` is bounded by it)."""
 
 
 class SingleAgentEnvConfig(EnvConfig):
@@ -113,8 +115,9 @@ class Interaction:
     first (take its opening reply with a bare `turn()`); a prompt-less task is opened by the
     first `turn(message)`. Leaving the `interaction()` block finishes the rollout (scored)."""
 
-    def __init__(self, rollout: Rollout):
+    def __init__(self, rollout: Rollout, gate: asyncio.Semaphore | None = None):
         self._rollout = rollout
+        self._gate = gate
         self._started = False
 
     @property
@@ -137,7 +140,8 @@ class Interaction:
             return Segment(terminated=True)
         start = len(r.trace.nodes)
         turns = r.trace.num_turns
-        await r.turn(message)
+        async with self._gate or contextlib.nullcontext():  # between turns the seat holds no permit
+            await r.turn(message)
         if r.trace.num_turns > turns:
             return Segment(messages=segment_since(r.trace, start))
         return Segment(terminated=True)
@@ -156,26 +160,29 @@ class Agent:
 
     async def run(self, task: Task):
         """One segment on the task's prompt (tool calls included), then finalize and score."""
-        rollout = await self._episode.open(self, task)
-        try:
-            if not rollout.done:
-                await rollout.turn()
-                rollout.finish("agent_completed")
-        except BaseException:  # cancelled (episode timeout): the runner records it, unscored
-            await rollout.cleanup()
-            raise
-        return await self._episode.close(rollout)
+        async with self._episode.gate:
+            rollout = await self._episode.open(self, task)
+            try:
+                if not rollout.done:
+                    await rollout.turn()
+                    rollout.finish("agent_completed")
+            except BaseException:  # cancelled (episode timeout): the runner records it, unscored
+                await rollout.cleanup()
+                raise
+            return await self._episode.close(rollout)
 
     @contextlib.asynccontextmanager
     async def interaction(self, task: Task):
-        rollout = await self._episode.open(self, task)
+        async with self._episode.gate:
+            rollout = await self._episode.open(self, task)
         try:
-            yield Interaction(rollout)
+            yield Interaction(rollout, self._episode.gate)
         except BaseException:
             await rollout.cleanup()
             raise
         rollout.finish("user_closed")
-        await self._episode.close(rollout)
+        async with self._episode.gate:
+            await self._episode.close(rollout)
 
 
 class Agents:
@@ -198,8 +205,11 @@ class Agents:
 
 
 class EpisodeContext:
-    """What the runner gives an episode's agents: how to open a seat's rollout and where its
-    finished trace goes. Implemented by `vf.runner`."""
+    """What the runner gives an episode's agents: how to open a seat's rollout, where its
+    finished trace goes, and `gate`, the permits (`max_concurrent_agents`) a seat holds while it
+    sets up, runs a segment, or closes. Implemented by `vf.runner`."""
+
+    gate: asyncio.Semaphore
 
     async def open(self, agent: Agent, task: Task) -> Rollout:  # pragma: no cover - interface
         raise NotImplementedError

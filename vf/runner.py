@@ -77,10 +77,11 @@ def trace_task(task: Task) -> TraceTask:
 class _EpisodeRun(EpisodeContext):
     """One episode's seats: opens their rollouts, collects their finished traces."""
 
-    def __init__(self, spec: EpisodeSpec):
+    def __init__(self, spec: EpisodeSpec, max_concurrent_agents: int = 1):
         self.spec = spec
         self.rollouts: list[Rollout] = []
         self.completed: list[Trace] = []
+        self.gate = asyncio.Semaphore(max_concurrent_agents)
 
     async def open(self, agent: Agent, task: Task) -> Rollout:
         seat = seat_spec(self.spec, agent)
@@ -105,7 +106,7 @@ async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episod
     ttask = trace_task(task)
     episode = Episode(env={"id": spec.env_id, "name": spec.env_id}, task=ttask, run=dict(spec.run),
                       rollout=rollout, group={"id": f"{ttask.hash[:16]}"}, traces=[])
-    run = _EpisodeRun(spec)
+    run = _EpisodeRun(spec, getattr(env.config, "max_concurrent_agents", 1))
     agents = Agents({name: Agent(name, cfg, run) for name, cfg in env.seats().items()})
     timeout = getattr(getattr(env.config, "timeout", None), "episode", None) or spec.episode_timeout
 
