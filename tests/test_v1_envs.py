@@ -404,3 +404,26 @@ def test_max_concurrent_agents_bounds_gathered_seats(limit, expected):
     assert episode.ok and sorted(t.agent.name for t in episode.traces) == ["a", "b"]
     assert engine.peak == expected
     assert sorted(engine.seen) == [("other", 0.25), ("run-model", 1.0)]
+
+
+def test_trace_api_views():
+    import vf
+    from vf.trace import MessageNode
+
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}
+    msgs = [({"role": "user", "content": "q"}, False), ({"role": "assistant", "content": None, "tool_calls": [call]}, True),
+            ({"role": "tool", "tool_call_id": "c1", "content": "2"}, False), ({"role": "assistant", "content": " 2 "}, True)]
+    t = vf.Trace(nodes=[MessageNode(parent=i - 1 if i else None, message=m, sampled=s) for i, (m, s) in enumerate(msgs)])
+    assert t.num_turns == 2 and t.last_reply == "2" and not t.has_error
+    first_call = t.assistant_messages[0].tool_calls[0]
+    assert isinstance(first_call, vf.ToolCall) and (first_call.name, first_call.arguments) == ("add", "{\"a\": 1}")
+    assert t.assistant_messages[0].wire()["tool_calls"] == [call]  # the wire form round-trips
+    assert [type(m).__name__ for m in t.messages] == ["UserMessage", "AssistantMessage", "ToolMessage",
+                                                     "AssistantMessage"]
+    assert t.tool_messages[0].content == "2" and t.tool_messages[0]["tool_call_id"] == "c1"
+    assert isinstance(t.last_message, vf.AssistantMessage)
+    t.record_reward("r", 0.5, weight=2.0)
+    t.record_metrics({"m1": 1, "m2": 2.5})
+    t.state = vf.State()
+    dumped = t.model_dump()
+    assert t.reward == 1.0 and dumped["metrics"] == {"m1": 1.0, "m2": 2.5} and "state" not in dumped

@@ -221,6 +221,21 @@ class Trace(_Record):
     def record_metric(self, name: str, value: float) -> None:
         self.metrics[name] = float(value)
 
+    def record_metrics(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.record_metric(name, value)
+
+    @property
+    def last_message(self) -> Any:
+        """The most recently stored message, typed."""
+        if not self.nodes:
+            raise ValueError("trace has no messages")
+        return parse_message(self.nodes[-1].message)
+
+    @property
+    def last_error(self) -> ErrorInfo | None:
+        return self.errors[-1] if self.errors else None
+
     def count_tokens(self) -> None:
         self.num_input_tokens = sum(int(c.usage.get("prompt_tokens", 0)) for c in self.calls)
         self.num_output_tokens = sum(int(c.usage.get("completion_tokens", 0)) for c in self.calls)
