@@ -114,6 +114,11 @@ class Judge:
             trace.extra_usage.append(usage)
         return JudgeResponse(text=text, usage=usage)
 
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
     async def score(self, task, trace) -> float | dict[str, float]:
         raise NotImplementedError(f"{type(self).__name__} implements no `score`, so it cannot be plugged "
                                   "via taskset.task.judges")
@@ -171,6 +176,8 @@ async def run_judges(task, trace, args: dict[str, Any]) -> None:
                                           traceback=tb.format_exc(limit=5)))
             trace.ok = False
             continue
+        finally:
+            await judge.close()
         values = value if isinstance(value, dict) else {judge.reward_name: value}
         if judge.reward_name not in values:
             trace.rewards.pop(judge.reward_name, None)
