@@ -11,6 +11,13 @@ It stands for a remote provider in tests. The reply depends on the requested mod
     hang             sleeps past any sane timeout
     slow-S           sleeps S seconds, then like `reverse`
     notokens         like reverse, but rejects the token-id extensions with HTTP 400
+    vision           "images: N", N = the image_url content parts in the request
+    yes              always "yes" (a judge that agrees)
+    bash:CMD         first call: a tool call bash(command=CMD); after a tool result: that result
+
+`"stream": true` is answered as server-sent events (role, content and tool-call deltas, a
+finish chunk, a usage chunk when `stream_options.include_usage` is set, then `[DONE]`), as
+OpenAI streams them: verifiers' harnesses stream.
 
 Token ids are the UTF-8 bytes of the reply (and of the prompt), log-probs a fixed −0.5.
 Run standalone: `python tests/openai_stub.py PORT`.
@@ -99,6 +106,18 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": "unknown field: return_token_ids"}})
         if model == "echo":
             text = prompt
+        elif model == "vision":
+            n = sum(1 for m in messages if isinstance(m.get("content"), list)
+                    for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+            text = f"images: {n}"
+        elif model == "yes":
+            text = "yes"
+        elif model.startswith("bash:"):
+            tool_msgs = [m for m in messages if m.get("role") == "tool"]
+            text = tool_msgs[-1]["content"] if tool_msgs else ""
+            if not tool_msgs:
+                tool_calls = [{"id": "call_1", "type": "function",
+                               "function": {"name": "bash", "arguments": json.dumps({"command": model[5:]})}}]
         elif model == "boxed":
             text = arithmetic(prompt)
         elif model == "calc":
@@ -127,7 +146,37 @@ class Handler(BaseHTTPRequestHandler):
                           "total_tokens": len(prompt_ids) + len(out_ids)}}
         if body.get("return_token_ids") and model != "notokens":
             resp["prompt_token_ids"] = prompt_ids
+        if body.get("stream"):
+            return self._stream(resp, include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
         return self._send(200, resp)
+
+    def _stream(self, resp: dict, include_usage: bool):
+        """The same reply as OpenAI streams it (SSE chunks), closing the connection at the end."""
+        choice = resp["choices"][0]
+        msg = choice["message"]
+        base = {"id": resp["id"], "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": resp["model"]}
+        chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}]}]
+        if msg.get("content"):
+            chunks.append({**base, "choices": [{"index": 0, "delta": {"content": msg["content"]},
+                                                "finish_reason": None}]})
+        for i, call in enumerate(msg.get("tool_calls") or []):
+            chunks.append({**base, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+                {"index": i, "id": call["id"], "type": "function", "function": call["function"]}]}}]})
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+        if include_usage:
+            chunks.append({**base, "choices": [], "usage": resp["usage"]})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for c in chunks:
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
 
 
 class StubServer:

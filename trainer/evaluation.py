@@ -22,10 +22,9 @@ from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import derive_seed
 
 from vf.config import EvalConfig, SamplingConfig
-from vf.harness import run_episode
 from vf.loading import load_taskset
 from vf.rundir import RunDir
-from vf.runner import make_plan, make_spec
+from vf.runner import make_plan, make_spec, run_plan
 from vf.summary import summarize
 
 
@@ -55,7 +54,7 @@ def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, 
             tokenizer.save_pretrained(str(model_dir))
     cfg = eval_config(config, str(model_dir.resolve()))
     out.save_config(cfg.model_dump(mode="json"))
-    loaded = load_taskset(cfg.taskset.get("id", ""), cfg.taskset)
+    loaded = load_taskset(cfg.taskset.get("id", ""), cfg.taskset, cfg.env)
     plan = make_plan(loaded, cfg)
     spec = make_spec(engine, loaded, cfg, {"type": "eval", "id": out.path.name, "name": out.path.name,
                                            "train_step": step})
@@ -63,19 +62,11 @@ def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, 
     episodes = []
     t0 = time.time()
 
-    async def run_all():
-        sem = asyncio.Semaphore(cfg.max_concurrent)
+    def seeded(i, task, r):
+        sampling = dataclasses.replace(spec.sampling, seed=derive_seed(config.seed, "eval", task.data.idx, r))
+        return dataclasses.replace(spec, sampling=sampling)
 
-        async def one(task, r):
-            sampling = dataclasses.replace(spec.sampling, seed=derive_seed(config.seed, "eval", task.data.idx, r))
-            async with sem:
-                ep = await run_episode(task, dataclasses.replace(spec, sampling=sampling), rollout=r)
-            out.append(ep)
-            episodes.append(ep)
-
-        await asyncio.gather(*(one(t, r) for t, r in plan.owed))
-
-    asyncio.run(run_all())
+    asyncio.run(run_plan(plan.owed, spec, cfg.max_concurrent, [out.append, episodes.append], spec_for=seeded))
     summary = summarize(episodes, cfg.num_rollouts, wall_time=time.time() - t0, taskset=loaded.id,
                         model=cfg.model, command="eval", num_owed=len(plan.owed), num_resumed=0,
                         run_dir=str(out.path), train_step=step)

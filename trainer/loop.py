@@ -244,7 +244,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         from vf.trainer.orchestrator import Orchestrator
         from vf.trainer.weights import EmbeddedPush
 
-        from vf.harness import EpisodeSpec
+        from vf.runner import EpisodeSpec
 
         if server:
             rollout_engine, pusher = engines.server(config), http_push

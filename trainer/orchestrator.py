@@ -29,7 +29,7 @@ from typing import Any
 from vf.trainer import advantages as adv_mod
 from vf.trainer.samples import Sample, trace_samples
 
-from vf.harness import EpisodeSpec, run_episode
+from vf.runner import EpisodeSpec, run_plan
 from vf.taskset import Task
 from vf.trace import Episode
 
@@ -77,17 +77,15 @@ class Batch:
 
 async def generate_groups(step: int, tasks: list[Task], spec: EpisodeSpec, group_size: int, seed: int,
                           max_concurrent: int = 256) -> list[list[Episode]]:
-    """Run group_size rollouts of each task through the harness; one seed per rollout."""
-    sem = asyncio.Semaphore(max_concurrent)
+    """Run group_size rollouts of each task through the episode runner; one seed per rollout."""
+    owed = [(t, r) for t in tasks for r in range(group_size)]
 
-    async def one(g: int, task: Task, r: int) -> Episode:
+    def seeded(i: int, task: Task, r: int) -> EpisodeSpec:
+        g = i // group_size
         sampling = dataclasses.replace(spec.sampling, seed=derive_seed(seed, "rollout", step, g, r))
-        run = {**spec.run, "step": step, "group": g}
-        async with sem:
-            return await run_episode(task, dataclasses.replace(spec, sampling=sampling, run=run), rollout=r)
+        return dataclasses.replace(spec, sampling=sampling, run={**spec.run, "step": step, "group": g})
 
-    coros = [one(g, t, r) for g, t in enumerate(tasks) for r in range(group_size)]
-    flat = await asyncio.gather(*coros)
+    flat = await run_plan(owed, spec, max_concurrent, spec_for=seeded)
     return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
 
 
@@ -118,7 +116,8 @@ def build_batch(step: int, groups: list[list[Episode]], std_norm: bool, max_off_
     for gi, advs in zip(adv.kept, adv.advantages):
         for ep, a in zip(fresh[gi], advs):
             for trace in ep.traces:
-                batch.samples.extend(trace_samples(trace, a, {"step": step, "reward": ep.reward}))
+                if trace.trainable:  # seats an env marked non-trainable are never trained on
+                    batch.samples.extend(trace_samples(trace, a, {"step": step, "reward": ep.reward}))
     n = len(rewards_all)
     mean = sum(rewards_all) / n if n else float("nan")
     batch.metrics = {

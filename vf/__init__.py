@@ -1,29 +1,67 @@
 """vf: reinforcement learning on language models.
 
-The taskset API lives at the top level (`import vf`; `class T(vf.Task[...])`). Importing vf
-never imports torch: models, engines and the trainer load it only when used.
+The v1 environment API lives at the top level with verifiers v1's names, so an environment
+written for verifiers (`import verifiers.v1 as vf`) runs here after its import says `import vf`.
+Importing vf never imports torch: models, engines and the trainer load it only when used.
 """
 
-from vf.env import Env
+from vf import types
+from vf.env import (
+    Agent,
+    AgentConfig,
+    Agents,
+    Env,
+    EnvConfig,
+    Interaction,
+    Segment,
+    SingleAgentEnv,
+    SingleAgentEnvConfig,
+    SubprocessConfig,
+)
+from vf.harness import HarnessConfig
+from vf.judge import Judge, JudgeConfig
+from vf.runtime import Runtime, RuntimeConfig
 from vf.taskset import (
+    FunctionConfig,
     State,
     Task,
     TaskConfig,
     TaskData,
+    TaskResources,
     Taskset,
     TasksetConfig,
+    TaskTimeout,
     metric,
     reward,
     stop,
 )
 from vf.toolset import SharedToolsetConfig, Toolset, ToolsetConfig, tool
-from vf.trace import Episode, MessageNode, ModelCall, Trace
+from vf.trace import Episode, ErrorInfo, MessageNode, ModelCall, Trace, TraceTask
+from vf.types import (
+    AssistantMessage,
+    ImageUrlContentPart,
+    ImageUrlSource,
+    Message,
+    Messages,
+    SystemMessage,
+    TextContentPart,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+    content_text,
+)
 from vf.version import TRACE_VERSION, __version__
 
+Error = ErrorInfo
+
 __all__ = [
-    "Env", "Episode", "MessageNode", "ModelCall", "State", "Task", "TaskConfig", "TaskData", "Taskset",
-    "TasksetConfig", "Toolset", "ToolsetConfig", "SharedToolsetConfig", "Trace", "TRACE_VERSION", "__version__", "metric", "reward", "stop", "tool",
-    "load_taskset",
+    "Agent", "AgentConfig", "Agents", "AssistantMessage", "Env", "EnvConfig", "Episode", "Error", "ErrorInfo",
+    "FunctionConfig", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction", "Judge",
+    "JudgeConfig", "Message", "MessageNode", "Messages", "ModelCall", "Runtime", "RuntimeConfig", "Segment",
+    "SingleAgentEnv", "SingleAgentEnvConfig", "State", "SubprocessConfig", "SystemMessage", "Task",
+    "TaskConfig", "TaskData", "TaskResources", "TaskTimeout", "Taskset", "TasksetConfig", "TextContentPart",
+    "SharedToolsetConfig", "Toolset", "ToolsetConfig", "ToolCall", "ToolMessage", "Trace", "TraceTask", "TRACE_VERSION", "UserMessage", "__version__",
+    "content_text", "load_taskset", "metric", "reward", "stop", "tool", "types",
 ]
 
 

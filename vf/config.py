@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from vf.errors import ConfigError, UsageError
 
@@ -70,6 +70,10 @@ class SelectConfig(_Config):
 class EvalConfig(_Config):
     taskset: dict[str, Any] = Field(default_factory=dict)
     """`id` plus the taskset's own config fields."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """The env's config (`--env.*`): `--env.agent.harness.id bash`, `--env.agent.runtime.type
+    subprocess`, one section per seat of a multi-agent env; validated against the env that the
+    taskset runs as (`vf.env`). `--env.taskset.*` is the same as `--taskset.*`."""
     model: str = "tiny"
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -79,6 +83,25 @@ class EvalConfig(_Config):
     max_turns: int = Field(8, gt=0)
     episode_timeout: float | None = Field(None, gt=0)
     command: Literal["eval", "rollout"] = "eval"
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_env(self, handler):
+        # Runs that set nothing under `env` save (and resume) exactly as before it existed.
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("env"):
+            out.pop("env", None)
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_taskset(cls, data: Any) -> Any:
+        # verifiers spells the taskset section `env.taskset`; one place holds it here.
+        if isinstance(data, dict) and isinstance(data.get("env"), dict) and "taskset" in data["env"]:
+            data = dict(data)
+            env = dict(data["env"])
+            data["taskset"] = deep_merge(data.get("taskset") or {}, env.pop("taskset") or {})
+            data["env"] = env
+        return data
 
 
 # Keys that may change on --resume without changing what the results mean.

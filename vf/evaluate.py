@@ -89,7 +89,7 @@ def save_config(run: RunDir, config: EvalConfig) -> None:
 def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None = None,
             label: str = "eval") -> dict[str, Any]:
     """Run the owed episodes; return the summary over kept + new episodes."""
-    loaded = load_taskset(config.taskset.get("id", ""), config.taskset)
+    loaded = load_taskset(config.taskset.get("id", ""), config.taskset, config.env)
     plan = make_plan(loaded, config, kept)
     if run is not None:
         run.rewrite(plan.kept)  # atomic: only complete, error-free, still-selected episodes stay
@@ -150,8 +150,10 @@ async def _run(plan, spec, config: EvalConfig, engine, on_episode) -> None:
 
 def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any]) -> tuple[list[Episode], str]:
     """Re-score saved episodes (a run dir, a traces file, or '-' for stdin) without a model."""
-    from vf.harness import score
+    from vf.taskset import score
     from vf.trace import TraceFormatError, parse_episode
+
+    env_fields: dict[str, Any] = {}
 
     if source == "-":
         lines = [(i, line) for i, line in enumerate(sys.stdin, 1)]
@@ -164,11 +166,13 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
         with open(path, encoding="utf-8") as f:
             lines = list(enumerate(f, 1))
         if taskset_id is None and p.is_dir():
-            saved = RunDir(p).load_config().get("taskset", {})
+            saved = RunDir(p).load_config()
+            env_fields = saved.get("env", {})
+            saved = saved.get("taskset", {})
             taskset_id, taskset_fields = saved.get("id"), {**saved, **taskset_fields}
     if not taskset_id:
         raise UsageError("--score needs the taskset", hint="pass TASKSET, or --score a run dir with config.yaml")
-    loaded = load_taskset(taskset_id, taskset_fields)
+    loaded = load_taskset(taskset_id, taskset_fields, env_fields)
     task_cls = loaded.taskset.task_class()
     data_cls = task_cls.data_class()
     episodes = []
@@ -183,8 +187,8 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
             task = task_cls(data_cls.model_validate(ep.task.data), loaded.taskset.config.task)
             for trace in ep.traces:
                 trace.rewards, trace.metrics = {}, {}
-                state = task.state_class()()
-                asyncio.run(score(task, trace, state))
+                trace.state = task.state_class()()
+                asyncio.run(score(task, trace))  # offline: hooks that name `runtime` get None
                 trace.ok = not trace.errors
             ep.finish()
         episodes.append(ep)

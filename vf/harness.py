@@ -1,8 +1,19 @@
-"""Run one episode of a task against an engine, and score it.
+"""One seat's rollout of one task: the chat loop against an engine, tools, hooks, scoring.
 
-A bad rollout is data, not a crash: a provider error, a timeout, a tool or hook that raises
-is recorded on the trace (`errors`, `stop_condition`, `ok: false`) and the run goes on.
-Errored episodes are not scored (their `rewards` stay empty) and are redone on `--resume`.
+A harness is the program the model runs in (`--env.agent.harness.id`):
+
+    null   the plain chat loop: the task's prompt, the model's replies, and the task's
+           toolsets offered as function calls (verifiers' `null` harness)
+    bash   the same loop plus a `bash` tool whose commands run in the rollout's runtime
+           (`--env.agent.runtime.type`, a `vf.runtime` type; one runtime per rollout)
+
+A `Rollout` is opened (runtime, toolsets, opening messages, `Task.setup`), driven by turns
+(`turn(message)` adds a user message, then gets model replies until one is not a tool call),
+and closed (`Task.finalize`, scoring, cleanup). Its runtime is closed on every path.
+
+A bad rollout is data, not a crash: a provider error, a timeout, a tool or hook that raises is
+recorded on the trace (`errors`, `stop_condition`, `ok: false`) and the run goes on. Errored
+traces are not scored (their `rewards` stay empty) and their episodes are redone on `--resume`.
 
 Token bookkeeping: each node stores its delta of the token sequence. When the engine's prompt
 for the next call extends the previous call's prompt + completion, the new message node gets
@@ -14,41 +25,215 @@ training sample (see `vf.trainer` sample building).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import traceback as tb
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
-from vf.env import Env
-from vf.errors import EngineError
-from vf.taskset import Task, call_hook
+from vf.errors import EngineError, UsageError
+from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
 from vf.toolset import ToolError, ToolRunner
-from vf.trace import Episode, ErrorInfo, MessageNode, ModelCall, RewardValue, Trace, TraceTask
+from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
+from vf.types import content_text, parse_message, to_wire
+
+
+class HarnessConfig(BaseModel):
+    """`--env.agent.harness.*`: which harness, and its knobs."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = "null"
+    tool_timeout: float = Field(600.0, gt=0)
+    """Seconds one tool call (or bash command) may take before it is stopped and reported."""
+    disabled_tools: list[str] = Field(default_factory=list)
+
+
+class NullHarness:
+    """The plain chat loop; tools are the task's toolsets."""
+
+    NEEDS_RUNTIME: ClassVar[bool] = False
+
+    def __init__(self, config: HarnessConfig):
+        self.config = config
+
+    def extra_tools(self, rollout: Rollout) -> dict[str, tuple[dict[str, Any], Any]]:
+        """name → (OpenAI function schema, async fn(arguments dict) → str) beyond the toolsets'."""
+        return {}
+
+
+class BashHarness(NullHarness):
+    """The chat loop plus a shell tool that runs in the rollout's runtime."""
+
+    NEEDS_RUNTIME = True
+    SCHEMA = {"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command in the task's working directory; "
+                                       "returns its exit code, stdout and stderr.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+    def extra_tools(self, rollout: Rollout):
+        async def bash(arguments: dict[str, Any]) -> str:
+            command = arguments.get("command")
+            if not isinstance(command, str):
+                raise ToolError("bash needs a string argument 'command'")
+            result = await rollout.runtime.run(command, timeout=self.config.tool_timeout,
+                                               env=rollout.task.runtime_env() or None)
+            if result.timed_out:  # shown to the model and recorded; the rollout goes on
+                rollout.trace.info.setdefault("tool_errors", []).append({"tool": "bash", "type": "Timeout"})
+                return f"error: command timed out after {self.config.tool_timeout:g}s\n{result.stdout}{result.stderr}"
+            return f"exit code {result.exit_code}\n{result.stdout}{result.stderr}"
+
+        return {"bash": (self.SCHEMA, bash)}
+
+
+HARNESSES: dict[str, type[NullHarness]] = {"null": NullHarness, "bash": BashHarness}
+
+
+def make_harness(config: HarnessConfig | dict | None) -> NullHarness:
+    config = config if isinstance(config, HarnessConfig) else HarnessConfig(**(config or {}))
+    if config.id not in HARNESSES:
+        raise UsageError(f"unknown harness {config.id!r}", hint=f"choose one of: {', '.join(sorted(HARNESSES))}")
+    return HARNESSES[config.id](config)
 
 
 @dataclass
-class EpisodeSpec:
-    """How to run episodes: everything that is the same for every episode of a run."""
+class SeatSpec:
+    """How one seat runs: engine, model, sampling, caps, harness and runtime."""
 
     engine: Engine
     model: str
     sampling: Sampling = field(default_factory=Sampling)
-    max_turns: int = 8
-    episode_timeout: float | None = None
-    env: Env | None = None
-    env_id: str = ""
-    run: dict[str, Any] = field(default_factory=lambda: {"type": "eval"})
+    max_turns: int | None = 8
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    harness: NullHarness = field(default_factory=lambda: NullHarness(HarnessConfig()))
+    runtime: Any = None
+    """A `vf.runtime.RuntimeConfig` (None = subprocess)."""
     require_tokens: bool = False
+    name: str = "agent"
+    trainable: bool = True
+    shared_toolsets: list = field(default_factory=list)
+    """Toolset instances shared by every rollout (the taskset's); tools that name `state` get
+    the calling rollout's."""
 
 
-class Agent:
-    """One seat: sends the conversation to the engine, runs tool calls, checks stop hooks."""
+class Rollout:
+    """One seat's conversation on one task (see module docstring)."""
 
-    def __init__(self, task: Task, trace: Trace, state: Any, spec: EpisodeSpec, tools: ToolRunner | None):
-        self.task, self.trace, self.state, self.spec, self.tools = task, trace, state, spec, tools
+    def __init__(self, task: Task, trace: Trace, spec: SeatSpec):
+        self.task, self.trace, self.spec = task, trace, spec
+        self.state = task.state_class()()
+        trace.state = self.state
         self.done = False
+        self.closed = False
+        self.runtime = None
+        self.tools: ToolRunner | None = None
+        self._toolsets: list = []
+        self._extra: dict[str, Any] = {}
         self._seq: list[int] | None = None  # tokens of the current branch (prompt + completions)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def hook_args(self) -> dict[str, Any]:
+        return {"task": self.task.data, "trace": self.trace, "state": self.state, "config": self.task.config,
+                "runtime": self.runtime}
+
+    def _wants_runtime(self) -> bool:
+        if self.spec.harness.NEEDS_RUNTIME:
+            return True
+        cls = type(self.task)
+        hooks = [h for h in (cls.setup, cls.finalize) if h not in (Task.setup, Task.finalize)]
+        hooks += [fn for kind in ("reward", "metric", "stop") for _, fn, _ in self.task.hooks(kind)]
+        return any(needs_runtime(h) for h in hooks)
+
+    async def open(self) -> bool:
+        """Runtime, toolsets, opening messages, `Task.setup`. False (recorded) if any failed."""
+        t0 = self.trace.timing.setdefault("start", time.time())
+        try:
+            if self._wants_runtime():
+                from vf.runtime import make_runtime
+
+                self.runtime = make_runtime(self.spec.runtime)
+            self._toolsets = bind_toolsets(task_toolsets(self.task), self.state)
+            for ts in self._toolsets:
+                ts.setup()
+            self._extra = {n: t for n, t in self.spec.harness.extra_tools(self).items()
+                           if n not in self.spec.harness.config.disabled_tools}
+            toolsets = [*self.spec.shared_toolsets, *self._toolsets]
+            if toolsets or self._extra:
+                self.tools = ToolRunner(toolsets)
+                self.trace.tools = [s for s in self.tools.schemas
+                                    if s["function"]["name"] not in self.spec.harness.config.disabled_tools]
+                self.trace.tools += [schema for schema, _ in self._extra.values()]
+            for message in self.task.messages():
+                self.add(message)
+            await call_hook(self.task.setup, self.hook_args())
+        except Exception as e:  # noqa: BLE001 - task/toolset code is user code
+            self.fail(e, "error")
+            return False
+        self.trace.timing["setup"] = {"start": t0, "end": time.time()}
+        self.trace.timing["agent"] = {"start": time.time()}
+        return True
+
+    async def close(self, scored: bool = True) -> Trace:
+        """`Task.finalize`, scoring (error-free traces only), cleanup. Idempotent."""
+        if self.closed:
+            return self.trace
+        self.closed = True
+        trace = self.trace
+        if self.runtime is not None:
+            trace.agent["runtime"] = {"type": self.runtime.type, "workdir": str(self.runtime.workdir)}
+        try:
+            agent = trace.timing.setdefault("agent", {"start": time.time()})
+            agent["end"] = time.time()
+            agent["model"] = {"duration": sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)}
+            if not trace.errors:
+                t = time.time()
+                try:
+                    await call_hook(self.task.finalize, self.hook_args())
+                except Exception as e:  # noqa: BLE001
+                    self.fail(e, "error")
+                trace.timing["finalize"] = {"start": t, "end": time.time()}
+            if scored and not trace.errors:
+                t = time.time()
+                await score(self.task, trace, self.runtime)
+                trace.timing["scoring"] = {"start": t, "end": time.time()}
+        finally:
+            await self.cleanup()
+        trace.ok = not trace.errors
+        trace.is_completed = trace.ok
+        return trace
+
+    async def cleanup(self) -> None:
+        """Stop toolsets and close the runtime (idempotent; runs on every path)."""
+        toolsets, self._toolsets = self._toolsets, []
+        for ts in toolsets:
+            teardown = getattr(ts, "teardown", None) or getattr(ts, "close", None)
+            if teardown is not None:
+                try:
+                    result = teardown()
+                    if asyncio.iscoroutine(result):
+                        await result
+                except Exception:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
+                    pass
+        runtime, self.runtime = self.runtime, None
+        if runtime is not None:
+            await runtime.close()
+
+    def fail(self, exc: BaseException, condition: str) -> None:
+        """Record an error on the trace and end the rollout."""
+        if isinstance(exc, asyncio.TimeoutError):
+            self.trace.is_timeout = True
+            self.trace.errors.append(ErrorInfo(type="Timeout", message=str(exc) or "timed out"))
+        elif isinstance(exc, EngineError):
+            self.trace.errors.append(ErrorInfo.from_exception(exc))
+        else:
+            self.trace.errors.append(ErrorInfo(type=type(exc).__name__, message=str(exc),
+                                               traceback=tb.format_exc(limit=8)))
+        self.trace.ok = False
+        self.done = True
+        self.trace.stop_condition = condition
 
     def finish(self, condition: str) -> None:
         if not self.done:
@@ -61,52 +246,96 @@ class Agent:
                                             timestamp=time.time(), **fields))
         return len(self.trace.nodes) - 1
 
-    async def turn(self, message: str | dict[str, Any] | None = None) -> None:
-        """Add `message` (a user turn) if given, then get replies until one is not a tool call."""
+    # ---- the chat loop -----------------------------------------------------------------------------
+    def _cap_reached(self) -> str | None:
+        s, t = self.spec, self.trace
+        if s.max_turns is not None and t.num_turns >= s.max_turns:
+            return "max_turns"
+        out = sum(int(c.usage.get("completion_tokens", 0)) for c in t.calls)
+        if s.max_output_tokens is not None and out >= s.max_output_tokens:
+            return "max_output_tokens"
+        if s.max_total_tokens is not None:
+            total = out + sum(int(c.usage.get("prompt_tokens", 0)) for c in t.calls)
+            if total >= s.max_total_tokens:
+                return "max_total_tokens"
+        return None
+
+    async def turn(self, message: str | dict[str, Any] | list | None = None) -> None:
+        """Add `message` (a user turn: text, a message, or a list of messages) if given, then get
+        replies until one is not a tool call. Errors end the rollout and are recorded."""
         if self.done:
             return
-        if message is not None:
-            self.add({"role": "user", "content": message} if isinstance(message, str) else dict(message))
-        while not self.done:
-            if self.trace.num_turns >= self.spec.max_turns:
-                self.finish("max_turns")
-                return
-            result = await self._call()
-            tool_calls = result.message.get("tool_calls") or []
-            if tool_calls and self.tools is not None:
-                await self._run_tools(tool_calls)
-                await self._check_stops()
-                continue
-            await self._check_stops()
+        cap = self._cap_reached()
+        if cap:  # checked before the message is taken: a capped rollout leaves it unconsumed
+            self.finish(cap)
             return
+        if message is not None:
+            items = message if isinstance(message, list) else [message]
+            for m in items:
+                self.add({"role": "user", "content": m} if isinstance(m, str) else to_wire(m))
+        try:
+            while not self.done:
+                cap = self._cap_reached()
+                if cap:
+                    self.finish(cap)
+                    return
+                result = await self._call()
+                tool_calls = result.message.get("tool_calls") or []
+                if tool_calls and (self.tools is not None or self._extra):
+                    await self._run_tools(tool_calls)
+                    await self._check_stops()
+                    continue
+                await self._check_stops()
+                return
+        except EngineError as e:
+            self.fail(e, "provider_error")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - hook/tool code is user code
+            self.fail(e, "error")
 
     async def _check_stops(self) -> None:
         for name, fn, _ in self.task.hooks("stop"):
-            if await call_hook(fn.__get__(self.task), self._hook_args()):
+            if await call_hook(fn, self.hook_args()):
                 self.finish(name)
                 return
 
-    def _hook_args(self) -> dict[str, Any]:
-        return {"task": self.task.data, "trace": self.trace, "state": self.state, "config": self.task.config}
-
     async def _run_tools(self, tool_calls: list[dict[str, Any]]) -> None:
+        timeout = self.spec.harness.config.tool_timeout
         for call in tool_calls:
             fn = call.get("function") or {}
+            name = fn.get("name", "")
             try:
-                content = await self.tools.call(fn.get("name", ""), fn.get("arguments", "{}"), self._hook_args())
-            except ToolError as e:
+                if name in self._extra:
+                    args = json.loads(fn.get("arguments") or "{}")
+                    content = await asyncio.wait_for(self._extra[name][1](args), timeout)
+                elif self.tools is not None and name not in self.spec.harness.config.disabled_tools:
+                    content = await asyncio.wait_for(
+                        self.tools.call(name, fn.get("arguments", "{}"), self.hook_args()), timeout)
+                else:
+                    raise ToolError(f"unknown tool {name!r}")
+            except (ToolError, json.JSONDecodeError) as e:
                 content = f"error: {e}"
-            self.add({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": content})
+            except asyncio.TimeoutError:
+                self.trace.info.setdefault("tool_errors", []).append({"tool": name, "type": "Timeout"})
+                content = f"error: tool {name} timed out after {timeout:g}s"
+            except Exception as e:  # noqa: BLE001 - a tool that raises is shown to the model
+                self.trace.info.setdefault("tool_errors", []).append(
+                    {"tool": name, "type": type(e).__name__, "message": str(e)})
+                content = f"error: {type(e).__name__}: {e}"
+            if not isinstance(content, (str, list)):
+                content = json.dumps(content)
+            self.add({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": content})
 
     async def _call(self) -> GenerateResult:
-        trace = self.trace
-        request = GenerateRequest(messages=trace.messages, sampling=self.spec.sampling,
-                                  tools=self.tools.schemas if self.tools else None, model=self.spec.model)
-        record = ModelCall(model=self.spec.model, engine=self.spec.engine.name,
-                           sampling=self.spec.sampling.to_dict(), time={"start": time.time()})
+        trace, spec = self.trace, self.spec
+        request = GenerateRequest(messages=trace.wire_messages(), sampling=spec.sampling,
+                                  tools=trace.tools or None, model=spec.model)
+        record = ModelCall(model=spec.model, engine=spec.engine.name,
+                           sampling=spec.sampling.to_dict(), time={"start": time.time()})
         trace.calls.append(record)
         try:
-            result = await self.spec.engine.generate(request)
+            result = await spec.engine.generate(request)
         except EngineError as e:
             record.time["end"] = time.time()
             record.error = ErrorInfo.from_exception(e)
@@ -118,8 +347,8 @@ class Agent:
                         "completion_tokens": result.usage.completion_tokens}
         record.policy_version = result.policy_version
         record.attempts = getattr(result, "attempts", 1)
-        if self.spec.require_tokens and (result.token_ids is None or result.logprobs is None):
-            raise EngineError(f"engine {self.spec.engine.name!r} returned no token ids/log-probs",
+        if spec.require_tokens and (result.token_ids is None or result.logprobs is None):
+            raise EngineError(f"engine {spec.engine.name!r} returned no token ids/log-probs",
                               type="MissingTokens")
         self._attach_prompt_tokens(result.prompt_token_ids)
         fields: dict[str, Any] = {}
@@ -154,96 +383,42 @@ class Agent:
         self._seq = list(prompt_ids)
 
 
-async def score(task: Task, trace: Trace, state: Any) -> None:
-    """Run rewards then metrics; seed every expected name with None first so a trace shows which
-    signals should have run. A hook that raises records the error and leaves its value None."""
-    args = {"task": task.data, "trace": trace, "state": state, "config": task.config}
-    for kind in ("reward", "metric"):
-        hooks = task.hooks(kind)
-        target = trace.rewards if kind == "reward" else trace.metrics
-        for name, _, _ in hooks:
-            target.setdefault(name, None)
-        for name, fn, meta in hooks:
-            try:
-                value = await call_hook(fn.__get__(task), args)
-            except Exception as e:  # noqa: BLE001 - hook code is user code
-                trace.errors.append(ErrorInfo(type=type(e).__name__, message=f"{kind} {name!r}: {e}",
-                                              traceback=tb.format_exc(limit=5)))
-                trace.ok = False
-                continue
-            values = value if isinstance(value, dict) else {name: value}
-            if name not in values:  # a hook that reports several signals replaces its own name
-                target.pop(name, None)
-            for k, v in values.items():
-                if kind == "reward":
-                    target[k] = RewardValue(score=float(v), weight=meta.get("weight", 1.0))
-                else:
-                    target[k] = None if v is None else float(v)
-
-
-def new_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> tuple[Episode, Trace]:
-    data = task.data.model_dump(mode="json")
-    ttask = TraceTask(type=type(task).__name__, data=data, key=task.data.key, hash=task.data.hash)
-    trace = Trace(task=ttask, agent={"name": "agent", "trainable": True, "engine": spec.engine.name,
-                                     "config": {"model": spec.model, "sampling": spec.sampling.to_dict(),
-                                                "max_turns": spec.max_turns}})
-    episode = Episode(env={"id": spec.env_id, "name": spec.env_id}, task=ttask, run=dict(spec.run),
-                      rollout=rollout, group={"id": f"{ttask.hash[:16]}"}, traces=[trace])
-    return episode, trace
-
-
-async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
-    episode, trace = new_episode(task, spec, rollout)
-    state = task.state_class()()
-    trace._state = state
-    t0 = time.time()
-    trace.timing["start"] = t0
-    span = lambda start: {"start": start, "end": time.time()}  # noqa: E731 - verifiers' TimeSpan shape
-    try:
-        toolsets = [cls(state) for cls in task.toolsets]
-        for ts in toolsets:
-            ts.setup()
-        tools = ToolRunner(toolsets) if toolsets else None
-        if tools:
-            trace.tools = tools.schemas
-        agent = Agent(task, trace, state, spec, tools)
-
-        for message in task.messages():
-            agent.add(message)
-
-        async def body():
-            await call_hook(task.setup, agent._hook_args())
-            trace.timing["setup"] = span(t0)
-            t_agent = time.time()
-            if spec.env is not None:
-                await spec.env.run(task, agent)
-            else:
-                await agent.turn()
-            agent.finish("agent_completed")
-            model_time = sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)
-            trace.timing["agent"] = {**span(t_agent), "model": {"duration": model_time}}
-            t_final = time.time()
-            await call_hook(task.finalize, agent._hook_args())
-            trace.timing["finalize"] = span(t_final)
-
-        if spec.episode_timeout:
-            await asyncio.wait_for(body(), timeout=spec.episode_timeout)
+def bind_toolsets(items: list, state: Any) -> list:
+    """Toolset instances for one rollout: classes are built with the rollout's state; instances
+    (from `toolsets(config)`) get it assigned."""
+    out = []
+    for item in items:
+        if isinstance(item, type):
+            out.append(item(state))
         else:
-            await body()
-    except asyncio.TimeoutError:
-        trace.is_timeout = episode.is_timeout = True
-        trace.stop_condition = "episode_timeout"
-        trace.errors.append(ErrorInfo(type="Timeout", message=f"episode exceeded {spec.episode_timeout}s"))
-    except EngineError as e:
-        trace.stop_condition = "provider_error"
-        trace.errors.append(ErrorInfo.from_exception(e))
-    except Exception as e:  # noqa: BLE001 - task/env code is user code
-        trace.stop_condition = "error"
-        trace.errors.append(ErrorInfo(type=type(e).__name__, message=str(e), traceback=tb.format_exc(limit=8)))
-    if not trace.errors:
-        t1 = time.time()
-        await score(task, trace, state)
-        trace.timing["scoring"] = span(t1)
-    trace.ok = not trace.errors
-    trace.is_completed = trace.ok
-    return episode.finish()
+            item.state = state
+            out.append(item)
+    return out
+
+
+def segment_since(trace: Trace, start: int) -> list[Any]:
+    """Typed model replies and tool results added to `trace` from node `start` on."""
+    out, seen_reply = [], False
+    for node in trace.nodes[start:]:
+        if node.sampled:
+            out.append(parse_message(node.message))
+            seen_reply = True
+        elif seen_reply and node.message.get("role") == "tool":
+            out.append(parse_message(node.message))
+    return out
+
+
+def reply_text(messages: list[Any]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            return content_text(m.get("content")).strip()
+    return ""
+
+
+def __getattr__(name: str):
+    # Older imports (`from vf.harness import EpisodeSpec, run_episode`) keep working.
+    if name in ("EpisodeSpec", "run_episode"):
+        import vf.runner
+
+        return getattr(vf.runner, name)
+    raise AttributeError(name)

@@ -1,25 +1,161 @@
-"""Run many episodes with bounded concurrency, saving each one the moment it finishes.
+"""The one episode runner: `vf-eval`, `vf-rollout`, `vf-validate`, the trainer's orchestrator and
+evaluator, and `vf-bench harness` all run episodes through `run_episode` / `run_plan`.
 
-`run_plan` is what `vf-eval`, `vf-rollout` and the trainer's evaluation share: given the
-(task, rollout index) pairs still owed, it runs them on one engine with at most
-`max_concurrent` in flight and hands every finished episode to `on_episode` (which appends it
-to the run dir or stdout) before starting the bookkeeping for the next.
+`run_episode(task, spec)` plays one task through the env (`SingleAgentEnv` for plain tasksets):
+`Env.setup(agents)`, `Env.run(task, agents)`, then `Env.finalize(task, episode)`. Every seat's
+finished trace joins the episode in completion order, stamped with its seat name and
+`trainable`. An env `run()` that raises, or an episode past its timeout, is recorded on the
+episode (`errors`: type, message) and the run goes on; `--resume` redoes such episodes.
+
+`run_plan` runs many (task, rollout) pairs with at most `max_concurrent` in flight and tells
+each observer about every finished episode the moment it finishes (progress displays, run-dir
+appends, collectors); it knows nothing about how they are shown.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import dataclasses
+import traceback as tb
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vf.config import EvalConfig
-from vf.errors import UsageError
-from vf.harness import EpisodeSpec, run_episode
+from vf.engines.base import Engine, Sampling
+from vf.env import Agent, AgentConfig, Agents, Env, EpisodeContext, SingleAgentEnv, runs_legacy
+from vf.errors import ConfigError, UsageError
+from vf.harness import Rollout, SeatSpec, make_harness
 from vf.loading import LoadedTaskset
 from vf.selection import select_tasks
 from vf.taskset import Task
-from vf.trace import Episode
+from vf.trace import Episode, ErrorInfo, Trace, TraceTask
+
+Observer = Callable[[Episode], None]
+
+
+@dataclass
+class EpisodeSpec:
+    """How to run episodes: everything that is the same for every episode of a run."""
+
+    engine: Engine
+    model: str
+    sampling: Sampling = field(default_factory=Sampling)
+    max_turns: int = 8
+    episode_timeout: float | None = None
+    env: Env | None = None
+    env_id: str = ""
+    run: dict[str, Any] = field(default_factory=lambda: {"type": "eval"})
+    require_tokens: bool = False
+    shared_toolsets: list = field(default_factory=list)
+    """The taskset's `toolsets(config)`: made once per run, offered in every rollout."""
+
+
+def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
+    """A seat's run settings: its AgentConfig over the run's."""
+    cfg: AgentConfig = agent.config
+    sampling = spec.sampling
+    if cfg.sampling:
+        known = {f.name for f in dataclasses.fields(Sampling)}
+        unknown = sorted(set(cfg.sampling) - known)
+        if unknown:
+            raise ConfigError([f"env.{agent.name}.sampling: unknown keys {unknown}"],
+                              hint=f"sampling keys: {', '.join(sorted(known))}")
+        sampling = dataclasses.replace(sampling, **cfg.sampling)
+    return SeatSpec(engine=spec.engine, model=cfg.model or spec.model, sampling=sampling,
+                    max_turns=cfg.max_turns or spec.max_turns, max_output_tokens=cfg.max_output_tokens,
+                    max_total_tokens=cfg.max_total_tokens, harness=make_harness(cfg.harness),
+                    runtime=cfg.runtime, require_tokens=spec.require_tokens and agent.trainable,
+                    name=agent.name, trainable=agent.trainable, shared_toolsets=spec.shared_toolsets)
+
+
+def trace_task(task: Task) -> TraceTask:
+    data = task.data.model_dump(mode="json")
+    return TraceTask(type=type(task).__name__, data=data, key=task.data.key, hash=task.data.hash)
+
+
+class _EpisodeRun(EpisodeContext):
+    """One episode's seats: opens their rollouts, collects their finished traces."""
+
+    def __init__(self, spec: EpisodeSpec, max_concurrent_agents: int = 1):
+        self.spec = spec
+        self.rollouts: list[Rollout] = []
+        self.completed: list[Trace] = []
+        self.gate = asyncio.Semaphore(max_concurrent_agents)
+
+    async def open(self, agent: Agent, task: Task) -> Rollout:
+        seat = seat_spec(self.spec, agent)
+        trace = Trace(task=trace_task(task), agent={
+            "name": agent.name, "trainable": agent.trainable, "engine": self.spec.engine.name,
+            "config": {"model": seat.model, "sampling": seat.sampling.to_dict(), "max_turns": seat.max_turns,
+                       "harness": {"id": seat.harness.config.id}}})
+        rollout = Rollout(task, trace, seat)
+        self.rollouts.append(rollout)
+        await rollout.open()
+        return rollout
+
+    async def close(self, rollout: Rollout) -> Trace:
+        trace = await rollout.close()
+        trace.agent["trainable"] = rollout.spec.trainable
+        self.completed.append(trace)
+        return trace
+
+
+async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
+    env = spec.env if spec.env is not None else SingleAgentEnv()
+    ttask = trace_task(task)
+    episode = Episode(env={"id": spec.env_id, "name": spec.env_id}, task=ttask, run=dict(spec.run),
+                      rollout=rollout, group={"id": f"{ttask.hash[:16]}"}, traces=[])
+    run = _EpisodeRun(spec, getattr(env.config, "max_concurrent_agents", 1))
+    agents = Agents({name: Agent(name, cfg, run) for name, cfg in env.seats().items()})
+    timeout = getattr(getattr(env.config, "timeout", None), "episode", None) or spec.episode_timeout
+
+    async def body() -> None:
+        if runs_legacy(env):  # older `run(task, agent)`: drives the single seat's rollout itself
+            r = await run.open(next(iter(agents)), task)
+            try:
+                if not r.done:
+                    await env.run(task, r)
+                    r.finish("agent_completed")
+            except BaseException:
+                await r.cleanup()
+                raise
+            await run.close(r)
+            return
+        await env.setup(agents)
+        await env.run(task, agents)
+
+    try:
+        if timeout:
+            await asyncio.wait_for(body(), timeout=timeout)
+        else:
+            await body()
+    except asyncio.TimeoutError:
+        episode.is_timeout = True
+        unfinished = [r for r in run.rollouts if r.trace not in run.completed]
+        for r in unfinished:
+            r.fail(asyncio.TimeoutError(f"episode exceeded {timeout}s"), "episode_timeout")
+        if not unfinished:
+            episode.errors.append(ErrorInfo(type="Timeout", message=f"episode exceeded {timeout}s"))
+    except Exception as e:  # noqa: BLE001 - env code is user code: the episode failed, the run goes on
+        episode.errors.append(ErrorInfo(type=type(e).__name__, message=str(e) or type(e).__name__,
+                                        traceback=tb.format_exc(limit=8)))
+    for r in run.rollouts:  # rollouts the env left open (it raised, or timed out): closed unscored
+        if r.trace not in run.completed:
+            await r.close(scored=False)
+            r.trace.agent["trainable"] = r.spec.trainable
+            run.completed.append(r.trace)
+    episode.traces = run.completed
+    if not episode.errors and all(t.ok for t in episode.traces):
+        try:
+            await env.finalize(task, episode)
+        except Exception as e:  # noqa: BLE001
+            episode.errors.append(ErrorInfo(type=type(e).__name__, message=f"finalize: {e}",
+                                            traceback=tb.format_exc(limit=8)))
+    return episode.finish()
+
+
+# ---- many episodes -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -70,32 +206,52 @@ def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, 
         max_turns=config.max_turns, episode_timeout=config.episode_timeout,
         env=loaded.env, env_id=loaded.id, run=run,
         require_tokens=config.command == "rollout",
+        shared_toolsets=list(type(loaded.taskset).toolsets(loaded.taskset.config)),
     )
 
 
-async def run_plan(owed: list[tuple[Task, int]], spec: EpisodeSpec, max_concurrent: int,
-                   on_episode: Callable[[Episode], None]) -> None:
-    """Run every owed pair; stop early (UsageError) if the engine cannot give required tokens."""
+def run_stopper(episode: Episode, spec: EpisodeSpec) -> UsageError | None:
+    """An episode error that every other episode would repeat, so the run stops (exit 2):
+    the engine gives no token ids to a rollout run, or cannot read the content it was sent."""
+    errors = [err for t in episode.traces for err in t.errors]
+    if spec.require_tokens and any(err.type == "MissingTokens" for err in errors):
+        return UsageError(f"the engine ({spec.engine.name}) does not return token ids and log-probs, which "
+                          "vf-rollout needs for training",
+                          hint="use the embedded engine, vf-serve, or a vLLM server (which return them)")
+    unsupported = next((err for err in errors if err.type == "UnsupportedContent"), None)
+    if unsupported is not None:
+        return UsageError(f"the {spec.engine.name} engine refused task {episode.task.key}: {unsupported.message}")
+    return None
+
+
+async def run_plan(owed: Sequence[tuple[Task, int]], spec: EpisodeSpec, max_concurrent: int,
+                   on_episode: Observer | Sequence[Observer] = (),
+                   spec_for: Callable[[int, Task, int], EpisodeSpec] | None = None) -> list[Episode]:
+    """Run every owed pair, at most `max_concurrent` at once; each observer sees every finished
+    episode. `spec_for(i, task, rollout)` gives pair i its own spec (per-rollout seeds).
+    Returns the episodes in `owed` order. Stops early (UsageError) if the engine cannot give
+    the token ids a rollout run requires."""
+    observers = [on_episode] if callable(on_episode) else list(on_episode)
+    results: list[Episode | None] = [None] * len(owed)
     queue: asyncio.Queue = asyncio.Queue()
-    for pair in owed:
-        queue.put_nowait(pair)
+    for i, pair in enumerate(owed):
+        queue.put_nowait((i, *pair))
     fatal: list[BaseException] = []
 
     async def worker():
         while not fatal:
             try:
-                task, rollout = queue.get_nowait()
+                i, task, rollout = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            episode = await run_episode(task, spec, rollout)
-            errors = [err for t in episode.traces for err in t.errors]
-            if spec.require_tokens and any(err.type == "MissingTokens" for err in errors):
-                fatal.append(UsageError(
-                    f"the engine ({spec.engine.name}) does not return token ids and log-probs, which "
-                    "vf-rollout needs for training",
-                    hint="use the embedded engine, vf-serve, or a vLLM server (which return them)"))
+            episode = await run_episode(task, spec_for(i, task, rollout) if spec_for else spec, rollout)
+            problem = run_stopper(episode, spec)
+            if problem is not None:
+                fatal.append(problem)
                 return
-            on_episode(episode)
+            results[i] = episode
+            for observe in observers:
+                observe(episode)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(max_concurrent, len(owed))))]
     try:
@@ -105,3 +261,4 @@ async def run_plan(owed: list[tuple[Task, int]], spec: EpisodeSpec, max_concurre
             w.cancel()
     if fatal:
         raise fatal[0]
+    return [e for e in results if e is not None]

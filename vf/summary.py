@@ -1,6 +1,7 @@
 """Aggregates over a run's episodes: what `summary.json` and `vf-eval --json` hold.
 
-    mean_reward   mean total reward over scored (error-free) episodes
+    mean_reward   mean total reward over scored (error-free) episodes; an episode's reward is the
+                  mean over its trainable seats' traces (all seats when none is trainable)
     rewards       name → mean score; metrics: name → mean value (None values skipped)
     pass_at_k     k → unbiased pass@k over tasks with ≥ k scored rollouts (k = 1, 2, 4, … ≤ R),
                   where a rollout passes when its reward ≥ pass_threshold
@@ -37,7 +38,7 @@ def summarize(episodes: list[Episode], num_rollouts: int = 1, wall_time: float |
     per_task: dict[str, list[float]] = defaultdict(list)
     for ep in scored:
         per_task[ep.task.hash].append(ep.reward)
-        for t in ep.traces:
+        for t in ep.scored_traces:  # multi-seat episodes: the trainable seats' signals
             for name, r in t.rewards.items():
                 if r is not None:
                     rewards[name].append(r.score)

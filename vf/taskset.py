@@ -20,58 +20,138 @@ Names follow verifiers v1 so an environment written for it ports by changing its
         def load(self):
             yield ReverseData(prompt="...", answer="...")
 
+Generic parameters default as in verifiers: `Task[Data]` = `Task[Data, vf.State, vf.TaskConfig]`,
+`Taskset[Task]` = `Taskset[Task, vf.TasksetConfig]`.
+
 Hooks (`@reward`, `@metric`, `@stop`, `setup`, `finalize`) may be sync or async and receive
-the arguments they name: `task` (the TaskData row), `trace`, `state`, `config` (TaskConfig).
-A reward returns a float or a mapping name → float; the total reward is Σ score × weight.
+the arguments they name: `task` (the TaskData row), `trace`, `runtime` (the rollout's
+`vf.runtime.Runtime`, made only when some hook or harness names it), `state` (= `trace.state`),
+`config` (TaskConfig). A reward or metric returns a float or a mapping name → float; the total
+reward is Σ score × weight. Hooks run by `priority` (higher first), ties by name; metrics run
+before rewards, judges (`--env.taskset.task.judges`) after them.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Generic
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
 
+from vf.errors import ConfigError
 from vf.trace import task_hash
+from vf.types import Message, content_text, to_wire
 
 # ---- data and config ---------------------------------------------------------------------------
+
+MAX_ARTIFACT_BYTES = 32 * 1024 * 1024
+
+
+class TaskTimeout(BaseModel):
+    """Per-task timeout overrides in seconds (None = the run's)."""
+
+    model_config = ConfigDict(frozen=True)
+    setup: float | None = None
+    agent: float | None = None
+    finalize: float | None = None
+    scoring: float | None = None
+
+
+class TaskResources(BaseModel):
+    """Resource requests (cpu cores, memory GB, gpu "A100:2", disk GB), honoured where a runtime can."""
+
+    model_config = ConfigDict(frozen=True)
+    cpu: float | None = None
+    memory: float | None = None
+    gpu: str | None = None
+    disk: float | None = None
 
 
 class TaskData(BaseModel):
     """One task row: the only part of a task that is serialised onto traces.
 
-    Authors subclass it to add fields (`answer`, `info`, ...)."""
+    Authors subclass it to add fields (`answer`, `info`, ...). The fields and their defaults
+    are verifiers v1's, so a row hashes the same in both."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True)
 
-    idx: int = 0
+    idx: int | None = None
     """Position in the taskset's `load()` stream (set by the loader)."""
     id: str | None = None
     """Durable id from the source, if it has one."""
     name: str | None = None
-    prompt: str | list[dict[str, Any]] | None = None
-    """A user message (str) or a list of chat messages."""
+    description: str | None = None
+    prompt: str | list[Message] | None = None
+    """A user message (str), a list of chat messages (content may hold image parts), or None
+    when the env's first `turn(message)` opens the conversation."""
     system_prompt: str | None = None
+    image: str | None = None
+    """Container image for runtimes that use one (docker)."""
+    workdir: str | None = None
+    agent_user: str | None = None
+    skills: list[Any] = Field(default_factory=list)
+    network_allow: list[str] = Field(default_factory=lambda: ["*"])
+    network_block: list[str] = Field(default_factory=list)
+    artifacts: list[Any] = Field(default_factory=list)
+    artifact_max_bytes: int = Field(MAX_ARTIFACT_BYTES, gt=0)
+    timeout: TaskTimeout = TaskTimeout()
+    resources: TaskResources = TaskResources()
 
     @property
     def hash(self) -> str:
-        return task_hash(self.model_dump(mode="json"))
+        return task_hash(self.model_dump(mode="json", exclude_none=True))
 
     @property
     def key(self) -> str:
         return self.id or self.hash
 
+    @property
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return "\n\n".join(t for t in (content_text(m.content) for m in self.prompt or []) if t)
+
+
+@functools.cache
+def _row_defaults() -> dict[str, Any]:
+    return TaskData().model_dump(mode="json", exclude_none=True)
+
+
+def row_defaults() -> dict[str, Any]:
+    """The JSON of TaskData's framework fields at their defaults (None fields left out)."""
+    return dict(_row_defaults())
+
+
+class FunctionConfig(BaseModel):
+    """A config-plugged reward/metric/stop: `fn` = "pkg.mod:func" or "path/file.py:func".
+    Without `fn` it only overrides the metadata of the task's decorated method of that name."""
+
+    model_config = ConfigDict(extra="forbid")
+    fn: str | None = None
+    priority: int | None = None
+    weight: float | None = None
+
 
 class TaskConfig(BaseModel):
-    """Run-time knobs for tasks (`--taskset.task.FIELD`). Authors subclass to add fields."""
+    """Run-time knobs for tasks (`--env.taskset.task.FIELD`). Authors subclass to add fields."""
 
     model_config = ConfigDict(extra="forbid")
 
+    judges: list[dict[str, Any]] = Field(default_factory=list)
+    """Judges run after the task's rewards (see `vf.judge.JudgeConfig`); each adds a reward."""
+    rewards: dict[str, FunctionConfig] = Field(default_factory=dict)
+    metrics: dict[str, FunctionConfig] = Field(default_factory=dict)
+    stops: dict[str, FunctionConfig] = Field(default_factory=dict)
+
 
 class TasksetConfig(BaseModel):
-    """Load-time knobs (`--taskset.FIELD`). Authors subclass to add fields (size, seed, ...)."""
+    """Load-time knobs (`--env.taskset.FIELD`). Authors subclass to add fields (size, seed, ...)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,9 +162,11 @@ class TasksetConfig(BaseModel):
 
 
 class State(BaseModel):
-    """Typed mutable per-episode state shared by hooks and tools; never serialised."""
+    """Typed mutable per-rollout state shared by hooks and tools; never serialised."""
 
     model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+    artifacts: dict[str, Any] = Field(default_factory=dict)
 
 
 # ---- decorators --------------------------------------------------------------------------------
@@ -119,13 +201,15 @@ def stop(fn: Callable | None = None, *, priority: int = 0, name: str | None = No
 
 
 async def call_hook(fn: Callable, available: dict[str, Any]) -> Any:
-    """Call `fn` with the arguments it names (sync or async)."""
+    """Call `fn` with the arguments it names (sync or async). A parameter with a default that is
+    not available keeps its default; one without is an error naming what hooks may ask for."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         kwargs = dict(available)
     else:
         missing = [n for n, p in params.items()
-                   if n not in available and p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
+                   if n not in available and p.default is p.empty
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if missing:
             raise TypeError(
                 f"hook {fn.__qualname__} asks for {missing}; hooks may name: {sorted(available)}")
@@ -136,29 +220,57 @@ async def call_hook(fn: Callable, available: dict[str, Any]) -> Any:
     return result
 
 
+def needs_runtime(fn: Callable) -> bool:
+    """Whether a hook names `runtime` (so the rollout must provide one)."""
+    try:
+        return "runtime" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def import_function(spec: str) -> Callable:
+    """`pkg.mod:func`, `pkg.mod.func` or `path/file.py:func` → the function."""
+    import importlib
+
+    target, sep, attr = spec.rpartition(":")
+    if not sep:
+        target, _, attr = spec.rpartition(".")
+    if target.endswith(".py"):
+        from vf.loading import import_path
+
+        module = import_path(Path(target))
+    else:
+        module = importlib.import_module(target)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError([f"{spec}: {module.__name__} has no {attr!r}"]) from None
+
+
 # ---- Task and Taskset --------------------------------------------------------------------------
 
 D = TypeVar("D", bound=TaskData)
-S = TypeVar("S", bound=State)
-C = TypeVar("C", bound=TaskConfig)
+S = TypeVar("S", bound=State, default=State)
+C = TypeVar("C", bound=TaskConfig, default=TaskConfig)
 
 
-def _generic_arg(cls: type, base: type, position: int, default: Any) -> Any:
-    """The class given at `position` in `base[...]` somewhere in cls's MRO."""
+def concrete_type(cls: type, base: type, default: Any = None) -> Any:
+    """The class given for a `base`-bounded parameter in `cls`'s generic bases (searching the
+    MRO), e.g. `concrete_type(MyTask, State)` for `class MyTask(vf.Task[D, MyState])`.
+    Parameters left out take their defaults, as in verifiers."""
     for klass in cls.__mro__:
         for orig in getattr(klass, "__orig_bases__", ()):
-            if typing.get_origin(orig) is base:
-                args = typing.get_args(orig)
-                if len(args) > position and isinstance(args[position], type):
-                    return args[position]
+            for arg in typing.get_args(orig):
+                if isinstance(arg, type) and issubclass(arg, base):
+                    return arg
     return default
 
 
 class Task(Generic[D, S, C]):
-    """Behaviour around one TaskData row: rewards, metrics, stop conditions, tools, hooks."""
+    """Behaviour around one TaskData row: rewards, metrics, stop conditions, tools, hooks.
 
-    toolsets: ClassVar[list[type]] = []
-    """Toolset classes instantiated per episode; their @tool methods are offered to the model."""
+    Generic in its row, state and config: `Task[Data]` = `Task[Data, vf.State, vf.TaskConfig]`.
+    """
 
     def __init__(self, data: D, config: C | None = None):
         self.data = data
@@ -166,21 +278,49 @@ class Task(Generic[D, S, C]):
 
     @classmethod
     def data_class(cls) -> type[TaskData]:
-        return _generic_arg(cls, Task, 0, TaskData)
+        return concrete_type(cls, TaskData, TaskData)
+
+    data_type = data_class
 
     @classmethod
     def state_class(cls) -> type[State]:
-        return _generic_arg(cls, Task, 1, State)
+        return concrete_type(cls, State, State)
 
     @classmethod
     def config_class(cls) -> type[TaskConfig]:
-        return _generic_arg(cls, Task, 2, TaskConfig)
+        return concrete_type(cls, TaskConfig, TaskConfig)
 
-    # Optional hooks; override in subclasses. They receive what they name.
-    async def setup(self, trace, state) -> None:  # noqa: D401 - hook
+    config_type = config_class
+
+    @property
+    def hash(self) -> str:
+        return self.data.hash
+
+    @property
+    def key(self) -> str:
+        return self.data.key
+
+    def with_data(self, **update: Any) -> Task:
+        """A copy whose row has `update` applied (e.g. `task.with_data(prompt=None)`)."""
+        clone = copy.copy(self)
+        clone.data = self.data.model_copy(update=update)
+        return clone
+
+    @classmethod
+    def toolsets(cls, config: C) -> list:
+        """Toolsets launched per rollout (override: `return [MyTools(config.tools)]`)."""
+        return []
+
+    def runtime_env(self) -> dict[str, str]:
+        """Extra environment variables for commands this task's rollouts run (not traced)."""
+        return {}
+
+    # Optional hooks; override in subclasses. They receive what they name: task, trace,
+    # runtime, state, config.
+    async def setup(self, trace, runtime) -> None:  # noqa: D401 - hook
         """Called before the first model call."""
 
-    async def finalize(self, trace, state) -> None:
+    async def finalize(self, trace, runtime) -> None:
         """Called after the last model call, before scoring."""
 
     def validate(self) -> str | bool | None:
@@ -188,20 +328,38 @@ class Task(Generic[D, S, C]):
         a bool verdict, or None for "no check"."""
         return None
 
-    @classmethod
-    def hooks(cls, kind: str) -> list[tuple[str, Callable, dict]]:
-        """(name, unbound function, metadata) of every hook of `kind`, highest priority first."""
-        found = {}
-        for klass in reversed(cls.__mro__):
+    def hooks(self, kind: str) -> list[tuple[str, Callable, dict]]:
+        """(name, bound callable, metadata) of every `kind` hook, decorated or plugged by config,
+        highest priority first, ties by name. A plugged entry replaces the method of its name;
+        one without `fn` overrides only its priority/weight."""
+        found: dict[str, tuple[Callable, dict]] = {}
+        for klass in reversed(type(self).__mro__):
             for attr, fn in vars(klass).items():
                 meta = getattr(fn, "_vf_hook", None)
                 if meta and meta["kind"] == kind:
-                    found[meta["name"]] = (attr, meta)
-        hooks = [(name, getattr(cls, attr), meta) for name, (attr, meta) in found.items()]
+                    found[meta["name"]] = (getattr(self, attr), meta)
+        plugged = {"reward": self.config.rewards, "metric": self.config.metrics, "stop": self.config.stops}[kind]
+        for name, spec in plugged.items():
+            base = found.get(name)
+            if spec.fn:
+                fn = import_function(spec.fn)
+                meta = dict(getattr(fn, "_vf_hook", None) or {"kind": kind, "name": name})
+            elif base is not None:
+                fn, meta = base[0], dict(base[1])
+            else:
+                raise ConfigError([f"taskset.task.{kind}s.{name}: no `fn`, and the task has no "
+                                   f"@vf.{kind} named {name!r} to override"])
+            meta["name"] = name
+            if spec.priority is not None:
+                meta["priority"] = spec.priority
+            if kind == "reward":
+                meta["weight"] = float(spec.weight if spec.weight is not None else meta.get("weight", 1.0))
+            found[name] = (fn, meta)
+        hooks = [(name, fn, meta) for name, (fn, meta) in found.items()]
         return sorted(hooks, key=lambda h: (-h[2].get("priority", 0), h[0]))
 
     def messages(self) -> list[dict[str, Any]]:
-        """The opening messages: the system prompt, then the prompt."""
+        """The opening messages as provider dicts: the system prompt, then the prompt."""
         msgs: list[dict[str, Any]] = []
         if self.data.system_prompt:
             msgs.append({"role": "system", "content": self.data.system_prompt})
@@ -209,12 +367,12 @@ class Task(Generic[D, S, C]):
         if isinstance(prompt, str):
             msgs.append({"role": "user", "content": prompt})
         elif prompt:
-            msgs.extend(dict(m) for m in prompt)
+            msgs.extend(to_wire(m) for m in prompt)
         return msgs
 
 
 T = TypeVar("T", bound=Task)
-TC = TypeVar("TC", bound=TasksetConfig)
+TC = TypeVar("TC", bound=TasksetConfig, default=TasksetConfig)
 
 
 class Taskset(Generic[T, TC]):
@@ -223,18 +381,30 @@ class Taskset(Generic[T, TC]):
     INFINITE: ClassVar[bool] = False
     """True for endless procedural sets: a run must then bound them (`-n`)."""
     ENV: ClassVar[type | None] = None
-    """An `Env` subclass for multi-turn control flow; None = single agent, no scripted user."""
+    """An `Env` subclass for multi-turn control flow; None = the module's exported Env, else
+    `SingleAgentEnv`."""
 
     def __init__(self, config: TC | None = None):
         self.config = config if config is not None else self.config_class()()
 
     @classmethod
     def task_class(cls) -> type[Task]:
-        return _generic_arg(cls, Taskset, 0, Task)
+        return concrete_type(cls, Task, Task)
+
+    task_type = task_class
 
     @classmethod
     def config_class(cls) -> type[TasksetConfig]:
-        return _generic_arg(cls, Taskset, 1, TasksetConfig)
+        return concrete_type(cls, TasksetConfig, TasksetConfig)
+
+    @classmethod
+    def toolsets(cls, config: TC) -> list:
+        """Toolsets shared by every rollout of a worker (override like `Task.toolsets`)."""
+        return []
+
+    @property
+    def bounded(self) -> bool:
+        return not self.INFINITE
 
     def load(self) -> Iterable[TaskData | Task]:
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
@@ -244,8 +414,6 @@ class Taskset(Generic[T, TC]):
         task_cls = self.task_class()
         override = None
         if self.config.system_prompt:
-            from pathlib import Path
-
             override = Path(self.config.system_prompt).read_text()
         task_config = self.config.task
         for i, item in enumerate(self.load()):
@@ -256,6 +424,8 @@ class Taskset(Generic[T, TC]):
             data = data.model_copy(update=update)
             yield task_cls(data, task_config) if not isinstance(item, Task) else type(item)(data, task_config)
 
+    __iter__ = tasks
+
     def take(self, n: int) -> list[Task]:
         out = []
         for t in self.tasks():
@@ -263,3 +433,63 @@ class Taskset(Generic[T, TC]):
                 break
             out.append(t)
         return out
+
+
+async def call_validate(task: Task) -> str | bool | None:
+    """`task.validate` with the arguments it names (`runtime`: a fresh subprocess runtime,
+    closed afterwards; `task`, `config`)."""
+    available: dict[str, Any] = {"task": task.data, "config": task.config}
+    runtime = None
+    if needs_runtime(task.validate):
+        from vf.runtime import make_runtime
+
+        runtime = available["runtime"] = make_runtime()
+    try:
+        return await call_hook(task.validate, available)
+    finally:
+        if runtime is not None:
+            await runtime.close()
+
+
+def task_toolsets(task: Task) -> list:
+    """The toolsets of one rollout of `task`: `toolsets(config)` (a classmethod, as in verifiers),
+    or a class-level list of Toolset classes (the older form), instantiated here."""
+    declared = type(task).toolsets
+    items = declared(task.config) if callable(declared) else list(declared)
+    return list(items)
+
+
+async def score(task: Task, trace, runtime=None) -> None:
+    """Metrics, then rewards, then judges, as verifiers scores. Every expected name is seeded
+    with None first, so a trace shows which signals should have run; a hook that raises is
+    recorded as an error (type, message) and leaves its value None."""
+    import traceback as tb
+
+    from vf.trace import ErrorInfo, RewardValue
+
+    args = {"task": task.data, "trace": trace, "state": trace.state, "config": task.config, "runtime": runtime}
+    for kind in ("metric", "reward"):
+        hooks = task.hooks(kind)
+        target = trace.rewards if kind == "reward" else trace.metrics
+        for name, _, _ in hooks:
+            target.setdefault(name, None)
+        for name, fn, meta in hooks:
+            try:
+                value = await call_hook(fn, args)
+            except Exception as e:  # noqa: BLE001 - hook code is user code
+                trace.errors.append(ErrorInfo(type=type(e).__name__, message=f"{kind} {name!r}: {e}",
+                                              traceback=tb.format_exc(limit=5)))
+                trace.ok = False
+                continue
+            values = value if isinstance(value, Mapping) else {name: value}
+            if name not in values:  # a hook that reports several signals replaces its own name
+                target.pop(name, None)
+            for k, v in values.items():
+                if kind == "reward":
+                    target[k] = None if v is None else RewardValue(score=float(v), weight=meta.get("weight", 1.0))
+                else:
+                    target[k] = None if v is None else float(v)
+    if task.config.judges:
+        from vf.judge import run_judges
+
+        await run_judges(task, trace, args)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from vf.types import content_text, parse_message  # noqa: F401 - content_text re-exported
 from vf.version import TRACE_VERSION, __version__
 
 
@@ -95,6 +96,27 @@ class ModelCall(_Record):
     error: ErrorInfo | None = None
 
 
+class AgentInfo(_Record):
+    """Which seat produced a trace: `name` (`agent` for single-agent envs), `trainable` (False =
+    trainers never learn from it), plus the seat's resolved config, engine and runtime.
+    Readable as attributes (`trace.agent.name`, as in verifiers) or as a dict."""
+
+    name: str = "agent"
+    trainable: bool = True
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
 class RewardValue(_Record):
     score: float
     weight: float = 1.0
@@ -105,13 +127,15 @@ class Trace(_Record):
     producer: dict[str, str] = Field(default_factory=producer)
     id: str = Field(default_factory=new_id)
     task: TraceTask = Field(default_factory=TraceTask)
-    agent: dict[str, Any] = Field(default_factory=lambda: {"name": "agent", "trainable": True})
+    agent: AgentInfo = Field(default_factory=AgentInfo)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     nodes: list[MessageNode] = Field(default_factory=list)
     calls: list[ModelCall] = Field(default_factory=list)
     rewards: dict[str, RewardValue | None] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
+    extra_usage: list[dict[str, Any]] = Field(default_factory=list)
+    """Token usage of calls that are not the seat's own turns (judges)."""
     is_completed: bool = False
     ok: bool = True
     stop_condition: str | None = None
@@ -127,7 +151,7 @@ class Trace(_Record):
     # Runtime-only state shared with tools and hooks; never serialised.
     _state: Any = PrivateAttr(default=None)
 
-    # ---- derived views used by reward hooks -------------------------------------------------
+    # ---- derived views used by reward hooks (verifiers v1's trace API) -------------------------
     def branch(self, leaf: int | None = None) -> list[int]:
         """Node indices from the root to `leaf` (default: the last node)."""
         if not self.nodes:
@@ -139,21 +163,31 @@ class Trace(_Record):
             i = self.nodes[i].parent
         return path[::-1]
 
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        """The conversation as the model last saw it plus its last reply (latest branch)."""
+    def wire_messages(self) -> list[dict[str, Any]]:
+        """The latest branch as provider dicts (what the model is sent next)."""
         return [self.nodes[i].message for i in self.branch()]
 
     @property
-    def assistant_messages(self) -> list[dict[str, Any]]:
-        return [n.message for n in self.nodes if n.message.get("role") == "assistant"]
+    def messages(self) -> list[Any]:
+        """The conversation on the latest branch, typed (`vf.UserMessage`, ...; dict access works)."""
+        return [parse_message(m) for m in self.wire_messages()]
+
+    @property
+    def assistant_messages(self) -> list[Any]:
+        """Every model reply, in order (prompt-supplied assistant messages excluded)."""
+        return [parse_message(n.message) for n in self.nodes
+                if n.sampled and n.message.get("role") == "assistant"]
+
+    @property
+    def tool_messages(self) -> list[Any]:
+        return [parse_message(n.message) for n in self.nodes if n.message.get("role") == "tool"]
 
     @property
     def last_reply(self) -> str:
-        """Text of the last assistant message ('' when there is none)."""
+        """Text of the last model reply, stripped ('' when there is none)."""
         for n in reversed(self.nodes):
-            if n.message.get("role") == "assistant":
-                return content_text(n.message.get("content"))
+            if n.sampled and n.message.get("role") == "assistant":
+                return content_text(n.message.get("content")).strip()
         return ""
 
     @property
@@ -161,18 +195,46 @@ class Trace(_Record):
         return sum(1 for n in self.nodes if n.sampled)
 
     @property
+    def has_error(self) -> bool:
+        return not self.ok or bool(self.errors)
+
+    @property
     def reward(self) -> float:
         return sum(r.score * r.weight for r in self.rewards.values() if r is not None)
 
     @property
+    def trainable(self) -> bool:
+        return bool(self.agent.trainable)
+
+    @property
     def state(self) -> Any:
+        """The rollout's typed State (never serialised)."""
         return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
 
     def record_reward(self, name: str, score: float, weight: float = 1.0) -> None:
         self.rewards[name] = RewardValue(score=float(score), weight=float(weight))
 
     def record_metric(self, name: str, value: float) -> None:
         self.metrics[name] = float(value)
+
+    def record_metrics(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.record_metric(name, value)
+
+    @property
+    def last_message(self) -> Any:
+        """The most recently stored message, typed."""
+        if not self.nodes:
+            raise ValueError("trace has no messages")
+        return parse_message(self.nodes[-1].message)
+
+    @property
+    def last_error(self) -> ErrorInfo | None:
+        return self.errors[-1] if self.errors else None
 
     def count_tokens(self) -> None:
         self.num_input_tokens = sum(int(c.usage.get("prompt_tokens", 0)) for c in self.calls)
@@ -199,12 +261,25 @@ class Episode(_Record):
     num_total_tokens: int = 0
 
     @property
+    def scored_traces(self) -> list[Trace]:
+        """The traces whose rewards count: the trainable seats' (all seats when none is)."""
+        return [t for t in self.traces if t.trainable] or list(self.traces)
+
+    @property
     def reward(self) -> float:
-        return sum(t.reward for t in self.traces) / len(self.traces) if self.traces else 0.0
+        """Mean reward over the trainable seats' traces (verifiers' headline reward)."""
+        scored = self.scored_traces
+        return sum(t.reward for t in scored) / len(scored) if scored else 0.0
 
     @property
     def trace(self) -> Trace:
         return self.traces[0]
+
+    def by_agent(self) -> dict[str, list[Trace]]:
+        out: dict[str, list[Trace]] = {}
+        for t in self.traces:
+            out.setdefault(t.agent.name, []).append(t)
+        return out
 
     def finish(self) -> Episode:
         for t in self.traces:
@@ -219,18 +294,13 @@ class Episode(_Record):
         return self.model_dump_json(exclude_none=True)
 
 
-def content_text(content: Any) -> str:
-    """Text of an OpenAI message content (a string, None, or a list of parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-
-
 def task_hash(data: dict[str, Any]) -> str:
-    """sha256 of the row's JSON (sorted keys, None dropped): a task's content identity."""
-    clean = {k: v for k, v in data.items() if v is not None}
+    """sha256 of the row's JSON (sorted keys, None dropped): a task's content identity. Fields the
+    row leaves out take TaskData's defaults, so a plain dict hashes like the TaskData it dumps
+    to (as verifiers hashes rows)."""
+    from vf.taskset import row_defaults
+
+    clean = {k: v for k, v in {**row_defaults(), **data}.items() if v is not None}
     return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
 
 

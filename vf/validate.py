@@ -28,7 +28,7 @@ from vf.engines.base import GenerateRequest, GenerateResult, Usage
 from vf.env import Env
 from vf.errors import UsageError
 from vf.harness import EpisodeSpec, run_episode
-from vf.taskset import Task
+from vf.taskset import Task, call_validate
 from vf.trace import Episode
 
 FULL_REWARD = 1.0
@@ -67,7 +67,7 @@ async def score_reply(task: Task, reply: str, env: Env | None = None) -> Episode
 async def validate_task(task: Task, env: Env | None = None) -> tuple[bool, float | None, str]:
     """(ok, reward, reason). reward is None when the task's check is a bool verdict or absent."""
     try:
-        gold = task.validate()
+        gold = await call_validate(task)  # validate(runtime) as in verifiers, or validate()
     except Exception as e:  # noqa: BLE001 - validate() is task code
         return False, None, f"validate() raised {type(e).__name__}: {e}"
     if gold is None:

@@ -21,10 +21,17 @@ TOOL_OPEN = "<tool_call>"
 
 
 def _text(content: Any) -> str | None:
-    """OpenAI content parts -> plain text (text parts only); strings and None pass through."""
+    """OpenAI content parts -> plain text; strings and None pass through. A part this text-only
+    path cannot show the model (an image) is refused, never dropped silently."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
+        kinds = sorted({p.get("type", "text") for p in content if isinstance(p, dict)} - {"text"})
+        if kinds:
+            raise EngineError(
+                f"this model reads text only and the request holds {', '.join(kinds)} content parts; "
+                "send it to a provider whose model accepts them (--base-url)",
+                type="UnsupportedContent", status_code=400)
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return str(content)
 

@@ -1,0 +1,1 @@
+"""Small helpers for environment authors (`vf.utils.image`)."""
