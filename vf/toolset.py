@@ -52,7 +52,7 @@ from typing_extensions import TypeVar
 
 from vf.errors import VfError
 from vf.runtime import RuntimeConfig
-from vf.taskset import State, _generic_arg
+from vf.taskset import State, concrete_type
 
 INJECTED = ("state", "trace", "task", "self")
 TOOL_TIMEOUT = 600.0
@@ -240,11 +240,11 @@ class Toolset(Generic[ConfigT, StateT]):
 
     @classmethod
     def config_class(cls) -> type[BaseModel]:
-        return _generic_arg(cls, Toolset, 0, ToolsetConfig)
+        return concrete_type(cls, BaseModel, ToolsetConfig)
 
     @classmethod
     def state_class(cls) -> type[State]:
-        return _generic_arg(cls, Toolset, 1, State)
+        return concrete_type(cls, State, State)
 
     @property
     def state(self) -> StateT:
