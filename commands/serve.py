@@ -12,7 +12,8 @@ EPILOG = (
     "Examples: vf-serve (tiny model on 127.0.0.1:8000);  vf-serve ./my-model --port 8001 --api-key secret;  "
     "then vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny.  "
     "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /v1/load_weights "
-    "{path, version}, /v1/policy_version.  Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
+    "{path, version} (needs --api-key and a path under --weights-root), /v1/policy_version.  "
+    "Binding anything but loopback needs --api-key (set it through VF_SERVE_API_KEY, not argv).  Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
 )
 
 
@@ -30,6 +31,10 @@ def main(
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    weights_root: list[str] = typer.Option([], "--weights-root",
+                                           help="Directory /v1/load_weights may load from (repeatable; default: none)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    max_body_mb: float = typer.Option(16, "--max-body-mb", help="Largest request body; bigger ones get 413."),
 ):
     """Serve MODEL with continuous batching behind an OpenAI-compatible API."""
     import errno
@@ -39,6 +44,12 @@ def main(
 
     if max_queue < 1 or max_batch < 1:
         raise UsageError("--max-queue and --max-batch must be at least 1")
+    if not api_key and not _loopback(host):
+        if not insecure:
+            raise UsageError(f"--host {host} exposes the server beyond this machine without an API key",
+                             hint="set VF_SERVE_API_KEY (or --api-key), or bind 127.0.0.1; --insecure overrides")
+        console.print(f"vf-serve: WARNING: --insecure: anyone who can reach {host}:{port} can use this server "
+                      f"without a key", style="bold red", markup=False)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} is out of range", hint="use a port in 1..65535 (0 picks a free one)")
     with socket.socket() as s:  # fail fast, before loading the model, when the port is taken
@@ -63,7 +74,17 @@ def main(
         console.print(f"vf-serve: serving {name!r} on http://{bound[0]}:{bound[1]}/v1 "
                       f"(max batch {max_batch}, max queue {max_queue}{', API key required' if api_key else ''})")
 
-    run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue)
+    run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue,
+               weights_roots=weights_root, max_body=int(max_body_mb * 2**20))
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

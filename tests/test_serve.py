@@ -44,8 +44,11 @@ def start_server(*args: str, timeout: float = 60):
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc, base = start_server("tiny", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--threads", "1")
+def server(tmp_path_factory):
+    from vf.models.tiny import ensure_tiny_model
+
+    roots = ["--weights-root", str(tmp_path_factory.getbasetemp()), "--weights-root", str(ensure_tiny_model())]
+    proc, base = start_server("tiny", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--threads", "1", *roots)
     yield base
     proc.terminate()
     proc.wait(timeout=30)

@@ -28,10 +28,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vf.commands.serve", "tiny", "--port", str(port), "--threads", "1",
-                             "--api-key", KEY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+                             "--api-key", KEY, "--weights-root", str(tmp_path_factory.getbasetemp())], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
