@@ -82,6 +82,10 @@ def command(
     resume: str | None = typer.Option(None, "--resume", help="Continue the run in RUN_DIR from its last checkpoint."),
     data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
     num_eval: int | None = typer.Option(None, "-n", "--eval-tasks", help="Tasks per evaluation (eval.select.limit)."),
+    convert_checkpoint: str | None = typer.Option(None, "--convert-checkpoint", metavar="RUN_DIR",
+                                                  help="Rewrite RUN_DIR's old pickle checkpoints in the safe format, then exit."),
+    trust_pickle: bool = typer.Option(False, "--trust-pickle", help="With --convert-checkpoint: also unpickle "
+                                      "files outside torch's safe allow-list (runs their code; only for run dirs you made)."),
 ):
     """Train a model: RL with IPO by default (icepop, ppo, cispo, sft), on the embedded engine or a server."""
     import json
@@ -93,6 +97,12 @@ def command(
     from vf.errors import UsageError
     from vf.rundir import RunDir
 
+    if convert_checkpoint is not None:
+        from vf.trainer.checkpoint import convert
+
+        done = convert(Path(convert_checkpoint), trust_pickle=trust_pickle)
+        console.print(f"converted {len(done)} checkpoint(s) in {convert_checkpoint}", markup=False)
+        return
     extra = dotted_args()
     # `--eval.taskset ID` names the held-out taskset; its fields follow as --eval.taskset.FIELD
     extra = ["--eval.taskset.id" if a == "--eval.taskset" else
