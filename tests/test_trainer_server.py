@@ -76,6 +76,9 @@ def test_train_against_vf_serve(server, tmp_path):
     proc = train(server, run, "--warmup.steps", str(W), "--steps", str(RL))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    from test_serve import leaked
+
+    assert leaked(KEY, run, texts=[proc.stdout, proc.stderr]) == []  # no key in checkpoints, logs, traces
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(TOTAL))

@@ -69,12 +69,12 @@ class RunDir:
         self.traces.touch()
 
     def load_config(self) -> dict[str, Any]:
-        import yaml
+        from vf.config import load_yaml
 
         if not self.config_path.exists():
             raise UsageError(f"{self.path} is not a run dir (no {CONFIG_FILE})",
                              hint="pass the directory a previous vf-eval/vf-rollout wrote with -o")
-        return yaml.safe_load(self.config_path.read_text()) or {}
+        return load_yaml(self.config_path)
 
     def save_config(self, config: dict[str, Any]) -> None:
         from vf.config import save_yaml
