@@ -13,7 +13,8 @@ EPILOG = (
     "then vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny.  "
     "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /v1/load_weights "
     "{path, version} (needs --api-key and a path under --weights-root), /v1/policy_version.  "
-    "Binding anything but loopback needs --api-key (set it through VF_SERVE_API_KEY, not argv).  Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
+    "Binding anything but loopback needs --api-key (set it through VF_SERVE_API_KEY, not argv).  "
+    "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input."
 )
 
 
@@ -31,7 +32,7 @@ def main(
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
-    weights_root: list[str] = typer.Option([], "--weights-root",
+    weights_root: list[str] | None = typer.Option(None, "--weights-root",
                                            help="Directory /v1/load_weights may load from (repeatable; default: none)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
     max_body_mb: float = typer.Option(16, "--max-body-mb", help="Largest request body; bigger ones get 413."),
@@ -42,8 +43,8 @@ def main(
 
     from vf.errors import UsageError
 
-    if max_queue < 1 or max_batch < 1:
-        raise UsageError("--max-queue and --max-batch must be at least 1")
+    if max_queue < 1 or max_batch < 1 or max_body_mb <= 0:
+        raise UsageError("--max-queue and --max-batch must be at least 1, --max-body-mb above 0")
     if not api_key and not _loopback(host):
         if not insecure:
             raise UsageError(f"--host {host} exposes the server beyond this machine without an API key",
@@ -75,7 +76,7 @@ def main(
                       f"(max batch {max_batch}, max queue {max_queue}{', API key required' if api_key else ''})")
 
     run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue,
-               weights_roots=weights_root, max_body=int(max_body_mb * 2**20))
+               weights_roots=weights_root or [], max_body=int(max_body_mb * 2**20))
 
 
 def _loopback(host: str) -> bool:

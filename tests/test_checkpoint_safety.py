@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from vf.trainer import checkpoint
 
 from vf.errors import UsageError
-from vf.trainer import checkpoint
 
 ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 SMALL = ["--warmup.steps", "1", "--steps", "1", "--warmup.batch-size", "2", "--batch-size", "2", "--group-size", "2",

@@ -5,7 +5,6 @@ would fail without the sandbox), under `sandbox` it is stopped and recorded on t
 """
 
 import asyncio
-import os
 import socket
 import threading
 

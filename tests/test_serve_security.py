@@ -128,7 +128,7 @@ def test_slow_and_idle_connections_time_out(engine):
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Le")  # ... and then nothing more
         await writer.drain()
         slow = await asyncio.wait_for(reader.read(), 10)
-        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+        idle_r, _idle_w = await asyncio.open_connection("127.0.0.1", port)
         idle = await asyncio.wait_for(idle_r.read(), 10)  # sends nothing: closed without a word
         return slow, idle
 

@@ -106,7 +106,6 @@ def test_train_against_vf_serve(server, tmp_path):
     # the last pushed checkpoint is a loadable HF dir holding the final trained weights
     import torch
     from vf.models import load_model
-
     from vf.trainer import checkpoint
 
     pushed = load_model(run / "broadcasts" / f"step_{TOTAL}").state_dict()

@@ -7,7 +7,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,7 +51,7 @@ LIMITS = ("wall_time", "cpu_time", "memory", "processes", "output")
 class RuntimeLimitError(VfError):
     """A command hit one of its runtime's limits (see `CommandResult.limit`)."""
 
-    def __init__(self, result: "CommandResult"):
+    def __init__(self, result: CommandResult):
         super().__init__(f"command stopped: {result.limit} limit reached (exit code {result.exit_code})")
         self.result = result
         self.limit = result.limit
@@ -72,7 +72,7 @@ class CommandResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and self.limit is None
 
-    def raise_for_limit(self) -> "CommandResult":
+    def raise_for_limit(self) -> CommandResult:
         """Raise `RuntimeLimitError` if a limit stopped the command (for hooks that want an error)."""
         if self.limit is not None:
             raise RuntimeLimitError(self)
@@ -109,10 +109,10 @@ class Runtime(ABC):
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    async def __aenter__(self) -> "Runtime":
+    async def __aenter__(self) -> Runtime:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def _resolve(self, path: str) -> Path:

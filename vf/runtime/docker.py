@@ -24,7 +24,7 @@ def docker_available() -> bool:
     if exe is None:
         return False
     try:
-        return subprocess.run([exe, "info"], capture_output=True, timeout=10).returncode == 0
+        return subprocess.run([exe, "info"], capture_output=True, timeout=10, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -68,7 +68,7 @@ class DockerRuntime(SubprocessRuntime):
     def _kill(self, group: int) -> None:
         super()._kill(group)
         for name in list(self._containers):
-            subprocess.run(["docker", "kill", name], capture_output=True, timeout=30)
+            subprocess.run(["docker", "kill", name], capture_output=True, timeout=30, check=False)
 
     async def close(self) -> None:
         await super().close()

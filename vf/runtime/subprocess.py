@@ -79,13 +79,13 @@ class SubprocessRuntime(Runtime):
         try:
             await asyncio.wait_for(asyncio.shield(readers), timeout or self.config.timeout)
             await proc.wait()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             limit.append("wall_time")
             self._kill(proc.pid)
             await proc.wait()
         try:  # a detached grandchild can hold the pipes open; never wait on it for long
             await asyncio.wait_for(readers, 2)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             readers.cancel()
         code = proc.returncode
         found = limit[0] if limit else self._limit_hit(code, bytes(err))

@@ -76,11 +76,11 @@ async def read_request(reader: asyncio.StreamReader, max_body: int = MAX_BODY, i
     """Wait up to `idle_timeout` for a request to start, then `request_timeout` for all of it."""
     try:
         first = await asyncio.wait_for(_read_line(reader), idle_timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise EOFError from None  # an idle keep-alive connection: just close it
     try:
         return await asyncio.wait_for(_read_rest(reader, first, max_body), request_timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise BadHTTP(f"request not received within {request_timeout:g}s", 408) from None
 
 
@@ -207,14 +207,14 @@ async def serve(handler: Handler, host: str, port: int, *, max_body: int = MAX_B
                 await write_response(writer, resp, keep)
                 if not keep:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             open_connections -= 1
             try:
                 writer.close()
                 await asyncio.wait_for(writer.wait_closed(), 5)
-            except (ConnectionError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionError, OSError):
                 writer.transport.abort()  # a peer that stopped reading must not pin the connection
 
     return await asyncio.start_server(on_conn, host, port, limit=MAX_HEADER_LINE, backlog=1024)
