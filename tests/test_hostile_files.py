@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from vf.trainer import checkpoint
 
 from vf.config import load_yaml
 from vf.errors import VfError
 from vf.rundir import CORRUPT_FILE, RunDir
 from vf.trace import read_episodes
-from vf.trainer import checkpoint
 
 ENV_EXTRA = {"NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
 
