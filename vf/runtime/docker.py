@@ -1,8 +1,9 @@
 """`docker`: each command runs in a fresh container of `image` (a daemon must answer).
 
 The rollout's working directory is mounted at /workspace; no network unless `network_allow` is
-non-empty; memory, process and CPU-time limits go to `docker run`. A timeout or `close()` kills
-the container by name, not just the client process.
+non-empty; memory, process and CPU-time limits go to `docker run`. A timeout, an output overflow
+or `close()` kills this runtime's containers by name (all of them: one rollout's commands share
+its fate), not just the docker client process.
 """
 
 from __future__ import annotations
