@@ -32,7 +32,7 @@ def main(
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
-    weights_root: list[str] | None = typer.Option(None, "--weights-root",  # noqa: B008
+    weights_root: list[str] | None = typer.Option(None, "--weights-root", metavar="DIR",  # noqa: B008
                                            help="Directory /v1/load_weights may load from (repeatable; default: none)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
     max_body_mb: float = typer.Option(16, "--max-body-mb", help="Largest request body; bigger ones get 413."),
