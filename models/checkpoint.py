@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from vf.models.config import ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
@@ -31,17 +31,29 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
             f"{cfg_file} is missing", hint="an HF model directory needs config.json + safetensors"
         )
     try:
-        d = json.loads(cfg_file.read_text())
+        d = json.loads(cfg_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
+        raise ModelLoadError(f"{cfg_file}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_file} cannot be read as text: {e}") from None
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"{cfg_file} must hold a JSON object")
     return ModelConfig.from_hf_dict(d, source=str(cfg_file))
+
+
+def _damaged(f: Path, e: Exception) -> ModelLoadError:
+    return ModelLoadError(f"{f} is damaged or not a safetensors file: {e}",
+                          hint="re-download or re-save the checkpoint")
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> file holding it."""
     if (path / INDEX).is_file():
-        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
-        files = {f: path / f for f in set(weight_map.values())}
+        try:
+            weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            files = {f: path / f for f in set(weight_map.values())}
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{path / INDEX} is not a valid shard index ({type(e).__name__}: {e})") from None
         absent = sorted(f for f, p in files.items() if not p.is_file())
         if absent:
             raise ModelLoadError(
@@ -50,8 +62,11 @@ def _weight_files(path: Path) -> dict[str, Path]:
             )
         return {k: files[f] for k, f in weight_map.items()}
     if (path / SINGLE).is_file():
-        with safe_open(path / SINGLE, "pt") as f:
-            return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
+        try:
+            with safe_open(path / SINGLE, "pt") as f:
+                return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
+        except (OSError, SafetensorError) as e:
+            raise _damaged(path / SINGLE, e) from None
     raise ModelLoadError(
         f"no weights in {path}: expected {SINGLE} or {INDEX}",
         hint="only safetensors checkpoints are supported",
@@ -73,9 +88,12 @@ def load_model(
 
     def get(name: str) -> torch.Tensor:
         f = where[name]
-        if f not in handles:
-            handles[f] = safe_open(f, "pt", device="cpu")
-        return handles[f].get_tensor(name)
+        try:
+            if f not in handles:
+                handles[f] = safe_open(f, "pt", device="cpu")
+            return handles[f].get_tensor(name)
+        except (OSError, SafetensorError) as e:
+            raise _damaged(f, e) from None
 
     names = [n for n, _ in model.named_parameters()]
     state, used = hf_to_native(names, get, lambda n: n in where, config)
