@@ -73,6 +73,8 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "swiglu_limit": ("swiglu_limit", 7.0),
     },
 }
+# older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
+_ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"router_scoring": "sigmoid", "expert_bias": True},
     "deepseek_v3": {"router_scoring": "sigmoid", "expert_bias": True},
@@ -115,7 +117,7 @@ _OWNED_HF_KEYS = {
     "torch_dtype",
     "partial_rotary_factor",
     "quantization_config",
-} | {k for keys in FAMILY_KEYS.values() for k in keys}
+} | {k for a in _ALIASES.values() for k in a.values()} | {k for keys in FAMILY_KEYS.values() for k in keys}
 
 
 @dataclass
@@ -254,7 +256,9 @@ class ModelConfig:
             partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
             family = {}
             for hf_key, (name, default) in FAMILY_KEYS.get(arch, {}).items():
-                if hf_key in d and d[hf_key] is not None:
+                if d.get(hf_key) is None:
+                    hf_key = _ALIASES.get(arch, {}).get(hf_key, hf_key)
+                if d.get(hf_key) is not None:
                     family[name] = copy.deepcopy(d[hf_key])
                 elif default is _REQUIRED:
                     raise KeyError(hf_key)
