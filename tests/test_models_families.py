@@ -280,3 +280,38 @@ def test_moe_load_balance_stats_and_per_layer_impls(saved):
         model(IDS)
     s = moe_stats(model)
     assert 0 <= s["moe/max_vio"] <= 8 / 3 - 1 and 0 < s["moe/routing_confidence"] <= 1
+
+
+# ---- vf-train on each family ------------------------------------------------------------------------
+
+
+def _train(*args):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "vf.commands.train", *args], capture_output=True, text=True,
+                          timeout=240, env=env, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_vf_train_runs_rl_steps_on_family(family, saved, tmp_path):
+    run = tmp_path / "run"
+    proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",
+                  "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
+                  "--seed", "7", "--trainer.threads", "1", "--model.moe.impl", "grouped")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["num_loss_tokens"] > 0 and abs(r["loss"]) < 10 and r["grad_norm"] > 0
+        assert 0 < r["moe/routing_confidence"] <= 1 and r["moe/max_vio"] >= 0
+    assert rows[0]["mismatch_kl"] < 1e-6  # engine and trainer agree before the first update
+
+
+def test_vf_train_unknown_moe_impl_exits_2(tmp_path):
+    proc = _train("-o", str(tmp_path / "run"), "--model.moe.impl", "fast", "--steps", "1")
+    assert proc.returncode == 2
+    assert "model.moe.impl" in proc.stderr and "Traceback" not in proc.stderr
