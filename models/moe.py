@@ -138,18 +138,20 @@ class MoE(nn.Module):
         up = up.clamp(min=-self.limit, max=self.limit)
         return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:  # [n, H] -> [n, H]
-        b1 = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
-        b2 = None if self.down_proj_bias is None else self.down_proj_bias[e]
-        return F.linear(self._act(F.linear(x, self.gate_up_proj[e], b1)), self.down_proj[e], b2)
-
     def _loop(self, x, w, idx):
+        # unbind once: indexing `param[e]` per expert would make backward build a full-size [E, ...]
+        # gradient for every expert
+        none = [None] * self.num_experts
+        w1, w2 = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
+        b1 = none if self.gate_up_proj_bias is None else self.gate_up_proj_bias.unbind(0)
+        b2 = none if self.down_proj_bias is None else self.down_proj_bias.unbind(0)
         out = torch.zeros_like(x)
         for e in range(self.num_experts):
             tok, slot = torch.where(idx == e)
             if tok.numel() == 0:
                 continue
-            out.index_add_(0, tok, self._expert(e, x[tok]) * w[tok, slot, None])
+            y = F.linear(self._act(F.linear(x[tok], w1[e], b1[e])), w2[e], b2[e])
+            out.index_add_(0, tok, y * w[tok, slot, None])
         return out
 
     def _grouped(self, x, w, idx):
