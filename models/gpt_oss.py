@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from vf.models.config import ModelConfig
 from vf.models.layers import Attention
 

@@ -25,7 +25,6 @@ import math
 
 import torch
 from torch import nn
-
 from vf.models.cache import attend_masked
 from vf.models.config import ModelConfig
 from vf.models.layers import RMSNorm, apply_rope, sdpa

@@ -37,7 +37,6 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from vf.models.config import MOE_IMPLS, ModelConfig
 from vf.models.errors import ModelLoadError
 from vf.models.layers import MLP
@@ -155,7 +154,7 @@ class MoE(nn.Module):
         return out
 
     def _grouped(self, x, w, idx):
-        N, k = idx.shape
+        k = idx.shape[1]
         flat_idx = idx.reshape(-1)  # [A]
         order = torch.argsort(flat_idx, stable=True)  # assignments grouped by expert
         tok = order // k  # [A] source token of each sorted assignment

@@ -10,8 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_models_parity import hf_logits, make_hf  # noqa: E402
-from vf.models import ModelConfig, ModelLoadError, load_model, save_hf  # noqa: E402
+from test_models_parity import hf_logits, make_hf
+from vf.models import ModelConfig, ModelLoadError, load_model, save_hf
 
 V = 512  # the built-in tiny tokenizer's vocabulary, so the checkpoints also run under vf-train
 FAMILIES = {
@@ -131,6 +131,7 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
     import asyncio
 
     from transformers import AutoTokenizer
+
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
 
@@ -315,3 +316,20 @@ def test_vf_train_unknown_moe_impl_exits_2(tmp_path):
     proc = _train("-o", str(tmp_path / "run"), "--model.moe.impl", "fast", "--steps", "1")
     assert proc.returncode == 2
     assert "model.moe.impl" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_grouped_mm_on_cuda_matches_loop(dtype):
+    """The CUDA `torch._grouped_mm` path (GPT-OSS-style biased experts) against the loop."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    layer = _moe(router_bias=True, expert_bias_terms=True, expert_act="clamped_swiglu", norm_topk_prob=True)
+    layer = layer.to("cuda", dtype)
+    x = torch.randn(2, 64, 24, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)
+    outs = {}
+    for impl in ("loop", "grouped"):
+        layer.impl = impl
+        outs[impl] = layer(x).float()
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (outs["loop"] - outs["grouped"]).abs().max().item() <= tol * outs["loop"].abs().max().item()
