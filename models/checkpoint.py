@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -80,7 +81,7 @@ def load_model(
     path = Path(path)
     config = read_config(path)
     if moe_impl:
-        config.moe_impl = moe_impl
+        config.set_moe_impl(moe_impl)
     where = _weight_files(path)
     with torch.device("meta"):
         model = NativeModel(config)
@@ -103,6 +104,7 @@ def load_model(
         if k not in used
         and not IGNORED_HF.search(k)
         and not (k == "lm_head.weight" and config.tie_word_embeddings)
+        and not _is_mtp_layer(k, config)
     )
     if unexpected:
         shown = ", ".join(unexpected[:5]) + (f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else "")
@@ -120,6 +122,13 @@ def load_model(
     model.load_state_dict(state, strict=True, assign=True)
     config.torch_dtype = str(dtype).removeprefix("torch.")
     return model.eval()
+
+
+def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
+    """GLM-4.5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
+    decoder layer (`model.layers.{num_hidden_layers + j}.*`); like transformers we do not run them."""
+    m = re.match(r"model\.layers\.(\d+)\.", hf_name)
+    return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3") and int(m.group(1)) >= config.num_layers
 
 
 def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:

@@ -1,4 +1,8 @@
-"""The native decoder-only transformer (Qwen3, Qwen3-MoE, Llama share it; config flags differ).
+"""The native decoder-only transformer (every family shares it; config flags pick the parts).
+
+Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAttention`
+(DeepSeek-V3) or `gpt_oss.SinkAttention` (GPT-OSS); the MLP is `layers.MLP` or `moe.MoE`
+(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`.
 
 Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
@@ -17,22 +21,34 @@ import torch
 from torch import nn
 from vf.models.config import ModelConfig
 from vf.models.layers import MLP, Attention, RMSNorm, Rotary
-from vf.models.moe import MoE
+from vf.models.moe import MoE, check_impl
+
+
+def attention_class(config: ModelConfig):
+    if config.mla:
+        from vf.models.mla import MLAttention
+
+        return MLAttention
+    if config.attention_sinks:
+        from vf.models.gpt_oss import SinkAttention
+
+        return SinkAttention
+    return Attention
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config, layer_idx)
+        self.attn = attention_class(config)(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.is_moe_layer(layer_idx):
-            self.mlp = MoE(config)
+            self.mlp = MoE(config, config.moe_impl_for(layer_idx))
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
-    def forward(self, x, cos, sin, mask=None, cache=None):  # [B, T, H] -> [B, T, H]
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, position_ids)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -72,11 +88,19 @@ class NativeModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:  # [V, H]
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def set_moe_impl(self, impl: str) -> None:
-        """Switch every MoE layer to `impl` ("grouped" | "loop"); per layer: `model.layers[i].mlp.impl`."""
-        for layer in self.layers:
+    def set_moe_impl(self, impl: str | list[str]) -> None:
+        """Switch the MoE layers to `impl` ("grouped" | "loop", or a list with one per decoder layer)."""
+        self.config.set_moe_impl(impl)
+        for i, layer in enumerate(self.layers):
             if isinstance(layer.mlp, MoE):
-                layer.mlp.impl = impl
+                layer.mlp.impl = check_impl(self.config.moe_impl_for(i))
+
+    def kv_streams(self) -> list[tuple[int, int]]:
+        """(heads, dim) of each tensor an engine KV cache stores per token and layer (`cache.store`)."""
+        c = self.config
+        if c.mla:
+            return [(1, c.kv_lora_rank), (1, c.qk_rope_head_dim)]
+        return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim)]
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
@@ -94,10 +118,10 @@ class NativeModel(nn.Module):
             from torch.utils.checkpoint import checkpoint
 
             for layer in self.layers:
-                x = checkpoint(layer, x, cos, sin, mask, None, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, position_ids, use_reentrant=False)
         else:
             for layer in self.layers:
-                x = layer(x, cos, sin, mask, cache)
+                x = layer(x, cos, sin, mask, cache, position_ids)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.norm(x)
@@ -107,13 +131,14 @@ class NativeModel(nn.Module):
 
 
 def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02) -> NativeModel:
-    """Normal(0, std) for matrices and embeddings, zeros for biases, ones for norms (HF's init)."""
+    """Normal(0, std) for matrices, embeddings and attention sinks, zeros for biases (also expert
+    and router biases), ones for norms (HF's init)."""
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(".bias"):
+            elif name.endswith("bias"):
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std).to(p.dtype))

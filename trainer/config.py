@@ -38,12 +38,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+MoeImpl = Literal["grouped", "loop"]
+
+
+class MoeSection(_Section):
+    impl: MoeImpl | list[MoeImpl] = "grouped"
+    """MoE compute path: `grouped` (sorted batched GEMMs; `torch._grouped_mm` on CUDA) or `loop`
+    (one expert at a time, the reference); a list gives one per decoder layer."""
+
+
 class ModelSection(_Section):
     path: str = "tiny-random"
     """An HF directory (config.json + safetensors), or a built-in model: 'tiny-random' (random
     init, the default: training from it shows learning) or 'tiny' (already trained on reverse-text)."""
     dtype: str = "float32"
     device: str = "cpu"
+    moe: MoeSection = Field(default_factory=MoeSection)
 
 
 class TrainSampling(SamplingConfig):

@@ -154,7 +154,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     path = resolve_model_path(config.model.path)
     dtype = getattr(torch, config.model.dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = load_model(path, dtype=dtype, device=d.device)
+    model = load_model(path, dtype=dtype, device=d.device, moe_impl=config.model.moe.impl)
     model.activation_checkpointing = config.trainer.activation_checkpointing
     start, progress, snapshots = 0, Progress(), {}
     state = None

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from vf.models.moe import moe_stats
 from vf.trainer.logprobs import chunked_logprobs
 from vf.trainer.losses import Loss, merge_stats, stat_value
 from vf.trainer.samples import MicroBatch
@@ -73,6 +74,7 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
     t0 = time.perf_counter()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
+    moe_stats(policy.model)  # drop routing counts of forwards outside this step
     total, stats = forward_backward(policy, micro_batches, loss_fn, loss_params, num_loss_tokens,
                                     temperature, world_size)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
@@ -87,6 +89,7 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
         total = all_reduce_sum(total)
         merged = all_reduce_stats(merged)
     metrics = {k: stat_value(v) for k, v in merged.items()}
+    metrics.update(moe_stats(policy.model))  # MoE load balance of this step (this rank's tokens)
     return StepResult(loss=float(total) / max(int(num_loss_tokens), 1), metrics=metrics,
                       grad_norm=float(grad_norm), num_tokens=sum(mb.num_tokens for mb in micro_batches),
                       seconds=time.perf_counter() - t0)
