@@ -4,7 +4,8 @@ Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
   compute_logits(...) -> [B,T,V]; lm_head_weight -> [V,H] (the embedding when tied)
 Packed rows: when position_ids restart at 0 inside a row, each restart opens a new document and
-attention is block-diagonal causal (a [B,1,T,T] bool mask built from position_ids).
+attention is causal within documents: the layers get a `layers.Documents` layout as their opaque
+`mask` and `layers.sdpa` runs one causal SDPA per document (no T×T mask).
 Activation checkpointing (`model.activation_checkpointing = True`): while grad is enabled and no
 KV cache is used, each decoder layer keeps only its input and recomputes its inside during
 backward (torch.utils.checkpoint, non-reentrant). Same values and grads; about one more forward
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, RMSNorm, Rotary
+from vf.models.layers import MLP, Attention, Documents, RMSNorm, Rotary
 from vf.models.moe import MoE
 
 
@@ -34,20 +35,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, mask=None, cache=None):  # [B, T, H] -> [B, T, H]
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
         return x + self.mlp(self.mlp_norm(x))
-
-
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """position_ids [B, T] -> None when every row is one document (plain causal), else a bool mask
-    [B, 1, T, T] that is causal within documents (a document starts wherever position_ids == 0)."""
-    starts = position_ids == 0
-    starts_inside = starts[:, 1:].any()
-    if not bool(starts_inside):
-        return None
-    T = position_ids.shape[1]
-    doc = torch.cumsum(starts.to(torch.int32), dim=1)  # [B, T] document index per token
-    same_doc = doc[:, :, None] == doc[:, None, :]  # [B, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
-    return (same_doc & causal)[:, None]
 
 
 class NativeModel(nn.Module):
@@ -87,7 +74,7 @@ class NativeModel(nn.Module):
             offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
             position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
         elif cache is None:
-            mask = packed_causal_mask(position_ids)
+            mask = Documents(position_ids)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
