@@ -16,6 +16,32 @@ from torch import nn
 from vf.models.config import ModelConfig
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding whose backward can add its rows straight into `weight.grad` (`grad_in_place`).
+
+    For a weight tied to the LM head: the head's dense [V, H] gradient becomes `weight.grad` as soon
+    as the head's backward is done, and the lookup's gradient (T rows) is index-added into it in
+    place at the end of backward. Plain autograd would instead hold the head's gradient until the
+    lookup's own dense [V, H] gradient exists and sum the two: one V×H gradient less at the peak.
+    Only for one process (FSDP shards gradients) and where `weight.grad` is a plain dense tensor."""
+
+    grad_in_place = False
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not (self.grad_in_place and torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(ids)
+        w = self.weight
+        x = F.embedding(ids, w.detach()).requires_grad_()  # a leaf: its grad is d loss / d embeddings
+
+        def add_rows(g: torch.Tensor) -> None:
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
+            w.grad.index_add_(0, ids.reshape(-1), g.reshape(-1, g.shape[-1]).to(w.dtype))
+
+        x.register_hook(add_rows)
+        return x
+
+
 class RMSNorm(nn.Module):
     """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 and cast back (as transformers does)."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, Documents, RMSNorm, Rotary
+from vf.models.layers import MLP, Attention, Documents, Embedding, RMSNorm, Rotary
 from vf.models.moe import MoE
 
 
@@ -42,7 +42,7 @@ class NativeModel(nn.Module):
         super().__init__()
         self.config = config
         # _weight skips nn.Embedding's normal_ init (on the meta device its first call costs ~1.5 s)
-        self.embed_tokens = nn.Embedding(
+        self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))

@@ -43,6 +43,11 @@ class ModelSection(_Section):
     """An HF directory (config.json + safetensors), or 'tiny' for the built-in tiny model."""
     dtype: str = "float32"
     device: str = "cpu"
+    impl: Literal["auto", "native", "hf"] = "auto"
+    """auto: the native model where vf has the family, else transformers' (slower, said once);
+    native: refuse other families (exit 2); hf: always transformers' model."""
+    compile: bool = False
+    """torch.compile each decoder block (training): fused elementwise work; the first steps compile."""
 
 
 class TrainSampling(SamplingConfig):
