@@ -3,7 +3,7 @@ no native family exists for its `model_type` (`--model.impl auto|hf`).
 
     HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM
       forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
-      lm_head_weight [V, H];  config (HFConfig: the fields trainer and engine read);  save(path)
+      lm_head_weight [V, H];  config (a ModelConfig of the fields trainer and engine read);  save(path)
 
 How it plugs in: the HF model's attention modules call the attention function registered here
 under the name "vf" (transformers' `AttentionInterface`), which hands q/k/v (after the model's own
@@ -25,14 +25,14 @@ from __future__ import annotations
 import contextvars
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError
-from vf.models.layers import Documents, sdpa
+from vf.models.layers import positions_and_mask, sdpa
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
@@ -66,41 +66,19 @@ def _register() -> None:
     AttentionInterface.register(ATTN_NAME, _attention)
 
 
-@dataclass
-class HFConfig:
-    """The config fields the trainer and the embedded engine read, from an HF config."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    bos_token_id: Any = None
-    eos_token_id: Any = None
-
-    @classmethod
-    def from_hf(cls, hf_config) -> HFConfig:
-        c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-        nh = c.num_attention_heads
-        return cls(
-            architecture=hf_config.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-            num_layers=c.num_hidden_layers, num_heads=nh,
-            num_kv_heads=getattr(c, "num_key_value_heads", None) or nh,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // nh,
-            intermediate_size=getattr(c, "intermediate_size", 0) or 0,
-            max_position_embeddings=getattr(c, "max_position_embeddings", 4096),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=getattr(c, "eos_token_id", None))
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
+def hf_model_config(hf_config) -> ModelConfig:
+    """The native config fields the trainer and the embedded engine read (sizes, heads, tokens),
+    from a transformers config; `architecture` is the HF model_type (not a native family)."""
+    c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    nh = c.num_attention_heads
+    return ModelConfig(
+        architecture=hf_config.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        num_layers=c.num_hidden_layers, num_heads=nh, num_kv_heads=getattr(c, "num_key_value_heads", None) or nh,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // nh,
+        intermediate_size=getattr(c, "intermediate_size", 0) or 0,
+        max_position_embeddings=getattr(c, "max_position_embeddings", 4096),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=getattr(c, "eos_token_id", None))
 
 
 class HFModel(nn.Module):
@@ -111,7 +89,7 @@ class HFModel(nn.Module):
     def __init__(self, hf):
         super().__init__()
         self.hf = hf
-        self.config = HFConfig.from_hf(hf.config)
+        self.config = hf_model_config(hf.config)
         self.activation_checkpointing = False
 
     @classmethod
@@ -127,10 +105,18 @@ class HFModel(nn.Module):
                                  hint="this family needs a native implementation in vf.models")
         _register()
         try:
-            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=ATTN_NAME)
+            hf, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=ATTN_NAME,
+                                                            output_loading_info=True)
         except (ValueError, KeyError, OSError) as e:
             raise ModelLoadError(f"transformers cannot load {path}: {e}",
                                  hint="check config.json's model_type and the weight files") from None
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            keys = sorted(str(k) for k in info.get(kind) or [])
+            if keys:  # never a half-loaded model
+                shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+                raise ModelLoadError(f"{path}: {len(keys)} {kind.replace('_', ' ')} for model_type "
+                                     f"{hf.config.model_type!r}: {shown}",
+                                     hint="the checkpoint does not match its config.json")
         head = hf.get_output_embeddings()
         if head is None or getattr(head, "bias", None) is not None:
             raise ModelLoadError(f"{path}: the LM head has a bias (or there is none); the transformers fallback "
@@ -150,13 +136,8 @@ class HFModel(nn.Module):
         return self.hf.get_output_embeddings().weight
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        B, T = input_ids.shape
-        docs = None
-        if position_ids is None:
-            offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
-            position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
-        elif cache is None:
-            docs = Documents(position_ids)
+        T = input_ids.shape[1]
+        position_ids, docs = positions_and_mask(input_ids, position_ids, cache)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             self.hf.gradient_checkpointing_enable({"use_reentrant": False})
         token = _CONTEXT.set((docs, cache))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, Documents, Embedding, RMSNorm, Rotary
+from vf.models.layers import MLP, Attention, Embedding, RMSNorm, Rotary, positions_and_mask
 from vf.models.moe import MoE
 
 
@@ -68,13 +68,8 @@ class NativeModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
     ) -> torch.Tensor:
-        B, T = input_ids.shape
-        mask = None
-        if position_ids is None:
-            offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
-            position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
-        elif cache is None:
-            mask = Documents(position_ids)
+        T = input_ids.shape[1]
+        position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():

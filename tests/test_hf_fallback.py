@@ -9,9 +9,9 @@ import pytest
 import torch
 from vf.models.tiny import ensure_tiny_model
 
-PHI3 = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            tie_word_embeddings=False)
+PHI3 = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,12 @@ def test_native_refuses_other_families_with_exit_2(phi3_dir, cli):
 def test_packed_training_logprobs_and_engine_logprobs_agree(phi3_dir):
     import asyncio
 
-    from vf.engines.base import Sampling
-    from vf.engines.local import LocalEngine
+    from transformers import AutoTokenizer
     from vf.models import load_model
     from vf.trainer.logprobs import chunked_logprobs
-    from transformers import AutoTokenizer
+
+    from vf.engines.base import Sampling
+    from vf.engines.local import LocalEngine
 
     trainer_model = load_model(phi3_dir, impl="hf")
     engine = LocalEngine(load_model(phi3_dir), AutoTokenizer.from_pretrained(str(phi3_dir)), max_batch=4)

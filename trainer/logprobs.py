@@ -27,6 +27,12 @@ Logits are computed in the input dtype and accumulated in fp32 (fp64 for fp64 in
 padding) give logp = −logZ without error — mask them out of the loss.
 
 `naive_logprobs` is the reference: full log_softmax + gather.
+
+`fused_head_loss` is the trainer's path for per-token losses (every built-in): per block of tokens
+it builds the full-vocabulary logits row in one reused [block, V] buffer, so logZ is exact at
+once, evaluates the loss on the block's log-probs, and forms dhidden and dW right there — three
+GEMMs and no recompute; backward only hands the gradients out. Its block (FUSED_BLOCK_ELEMENTS // V
+tokens) trades buffer memory against passes over dW (one addmm_ over [V, H] per block).
 """
 
 from __future__ import annotations

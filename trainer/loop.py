@@ -134,7 +134,14 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     from vf.trainer import engine as engines
     from vf.trainer import losses
     from vf.trainer.evaluation import evaluate
-    from vf.trainer.step import PolicyLogprobs, embedding_grad_in_place, make_optimizer, make_scheduler, train_step
+    from vf.trainer.step import (
+        PolicyLogprobs,
+        compile_blocks,
+        embedding_grad_in_place,
+        make_optimizer,
+        make_scheduler,
+        train_step,
+    )
 
     from vf.rundir import RunDir
 
@@ -170,6 +177,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         else:
             say("no checkpoint yet: starting from step 0")
     embedding_grad_in_place(model, distributed=d.enabled)
+    if config.model.compile:
+        say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
     policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk), d)
     optimizer = make_optimizer(policy, config.optim.lr, config.optim.betas, config.optim.weight_decay)
     phases = [(0, config.warmup.lr or config.optim.lr), (W, config.optim.lr)] if W else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,19 @@ def embedding_grad_in_place(model, distributed: bool = False) -> bool:
     if on:
         emb.grad_in_place = True
     return on
+
+
+def compile_blocks(model) -> int:
+    """`--model.compile`: torch.compile every decoder block in place (parameter names unchanged),
+    with dynamic shapes so new row lengths do not recompile. Attention (`layers.sdpa`) is a graph
+    break, so each block compiles as its norm/projection/rotary part and its output/MLP part, with
+    their elementwise work fused. Returns the number of blocks compiled."""
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return 0
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 @dataclass
@@ -148,9 +162,12 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
     skipped = metrics.get("nonfinite_logits", 0) > 0 or not math.isfinite(float(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # torch warns when the schedule steps without the optimizer
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()
     else:
         optimizer.step()
-    scheduler.step()
+        scheduler.step()
     metrics["skipped_step"] = float(skipped)
     return StepResult(loss=float(total) / max(int(num_loss_tokens), 1), metrics=metrics,
                       grad_norm=float(grad_norm), num_tokens=sum(mb.num_tokens for mb in micro_batches),

@@ -50,8 +50,8 @@ SIZES: dict[str, list[dict[str, Any]]] = {
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
-        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 0,
-         "ckpt": True},
+        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 2,
+         "interleave": True, "ckpt": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
