@@ -91,6 +91,26 @@ class HFModel(nn.Module):
         self.hf = hf
         self.config = hf_model_config(hf.config)
         self.activation_checkpointing = False
+        if self.config.tie_word_embeddings:
+            self._tie_state_dict()
+
+    def _tie_state_dict(self) -> None:
+        """A tied LM head is one parameter (as `named_parameters` lists it), so the state dict holds
+        it once too: its head key is dropped on save and filled from the embedding on load. Weight
+        pushes between trainer and engine compare the two name sets."""
+        names = {id(m): n for n, m in self.hf.named_modules()}
+        head = "hf." + names[id(self.hf.get_output_embeddings())] + ".weight"
+        embed = "hf." + names[id(self.hf.get_input_embeddings())] + ".weight"
+
+        def drop(_module, state, prefix, _meta):
+            state.pop(prefix + head, None)
+
+        def fill(state, prefix, *_):
+            if prefix + embed in state:
+                state.setdefault(prefix + head, state[prefix + embed])
+
+        self._register_state_dict_hook(drop)
+        self._register_load_state_dict_pre_hook(fill)
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> HFModel:

@@ -11,7 +11,7 @@ from vf.models.tiny import ensure_tiny_model
 
 PHI3 = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "pad_token_id": 0,
-        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True}  # tied: the harder state-dict case
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,21 @@ def test_vf_eval_runs_on_the_fallback(phi3_dir, tmp_path, cli):
     assert summary["output_tokens"] > 0
     traces = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 3
+
+
+@pytest.mark.slow
+def test_vf_train_runs_rl_steps_on_the_fallback(phi3_dir, tmp_path):
+    import subprocess
+    import sys
+
+    run = tmp_path / "train"
+    proc = subprocess.run([sys.executable, "-m", "vf.commands.train", "-o", str(run), "--model", str(phi3_dir),
+                           "--warmup.steps", "1", "--warmup.batch-size", "8", "--batch-size", "8", "--group-size", "4",
+                           "--eval.at-start", "false", "--eval.at-end", "false", "--steps", "2",
+                           "--trainer.threads", "1"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("no native implementation") == 1  # the notice, once
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert len(rl) == 2 and all(r["skipped_step"] == 0 for r in rl)
+    assert rl[0]["mismatch_kl"] < 1e-6  # trainer and engine log-probs agree on the same weights

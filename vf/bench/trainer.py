@@ -156,7 +156,7 @@ def _step(model, loss_fn, inp, tgt) -> tuple[float, float]:
     loss.backward()
     dt = time.perf_counter() - t
     model.zero_grad(set_to_none=True)
-    return dt, float(loss)
+    return dt, float(loss.detach())
 
 
 def measure_pair(path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
