@@ -1,7 +1,7 @@
 """Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
 
     TrainConfig
-      model         path ("tiny" = the built-in tiny Qwen3), dtype, device
+      model         path ("tiny" = the built-in tiny Qwen3), dtype, device, impl (auto|native|hf), compile
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
