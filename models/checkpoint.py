@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from vf.models.config import ModelConfig
+from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError
 from vf.models.transformer import NativeModel
@@ -74,11 +75,49 @@ def _weight_files(path: Path) -> dict[str, Path]:
     )
 
 
+IMPLS = ("auto", "native", "hf")
+_NOTIFIED: set[str] = set()
+
+
+def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
+    """"native" or "hf" for the model at `path` under `--model.impl` (auto | native | hf).
+
+    auto: native where `model_type` is a native family, else the transformers fallback with a
+    one-line notice on stderr of what is slower; native on another family: ModelLoadError (exit 2)
+    naming the families we have."""
+    if impl not in IMPLS:
+        raise ModelLoadError(f"unknown model implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
+    cfg_file = Path(path) / "config.json"
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError):
+        return "native"  # read_config reports what is wrong with the directory
+    if impl == "hf" or model_type in ARCHITECTURES:
+        return impl if impl != "auto" else "native"
+    if impl == "native":
+        raise ModelLoadError(f"{cfg_file}: model_type {model_type!r} has no native implementation",
+                             hint=f"native families: {', '.join(ARCHITECTURES)}; --model.impl auto or hf runs "
+                                  "any causal LM transformers implements")
+    from vf.models.hf_fallback import SLOWER
+
+    if model_type not in _NOTIFIED:  # once per process (trainer and engines load the same model)
+        _NOTIFIED.add(model_type)
+        print(f"vf: model_type {model_type!r} has no native implementation; running it through transformers "
+              f"(slower: {SLOWER})", file=sys.stderr)
+    return "hf"
+
+
 def load_model(
-    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None,
+    impl: str = "auto",
 ) -> NativeModel:
-    """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked."""
+    """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked; or,
+    for a family we have no native model of (`impl` auto/hf, see `resolve_impl`), an `HFModel`."""
     path = Path(path)
+    if resolve_impl(path, impl) == "hf":
+        from vf.models.hf_fallback import HFModel
+
+        return HFModel.load(path, dtype, device)
     config = read_config(path)
     if moe_impl:
         config.set_moe_impl(moe_impl)
@@ -133,8 +172,10 @@ def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
 
 def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:
     """Write config.json + safetensors with HF names (sharded with an index when the tensors exceed
-    `max_shard_size` bytes). Tied embeddings write no lm_head.weight."""
+    `max_shard_size` bytes). Tied embeddings write no lm_head.weight. An `HFModel` saves itself."""
     path = Path(path)
+    if getattr(model, "is_hf_fallback", False):
+        return model.save(path, max_shard_size)
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     tensors = native_to_hf({n: p.detach().cpu() for n, p in model.named_parameters()}, config)

@@ -8,7 +8,8 @@ Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
   compute_logits(...) -> [B,T,V]; lm_head_weight -> [V,H] (the embedding when tied)
 Packed rows: when position_ids restart at 0 inside a row, each restart opens a new document and
-attention is block-diagonal causal (a [B,1,T,T] bool mask built from position_ids).
+attention is causal within documents: the layers get a `layers.Documents` layout as their opaque
+`mask` and `layers.sdpa` runs one causal SDPA per document (no T×T mask).
 Activation checkpointing (`model.activation_checkpointing = True`): while grad is enabled and no
 KV cache is used, each decoder layer keeps only its input and recomputes its inside during
 backward (torch.utils.checkpoint, non-reentrant). Same values and grads; about one more forward
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, RMSNorm, Rotary
+from vf.models.layers import MLP, Attention, Embedding, RMSNorm, Rotary, positions_and_mask
 from vf.models.moe import MoE, check_impl
 
 
@@ -52,26 +53,12 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """position_ids [B, T] -> None when every row is one document (plain causal), else a bool mask
-    [B, 1, T, T] that is causal within documents (a document starts wherever position_ids == 0)."""
-    starts = position_ids == 0
-    starts_inside = starts[:, 1:].any()
-    if not bool(starts_inside):
-        return None
-    T = position_ids.shape[1]
-    doc = torch.cumsum(starts.to(torch.int32), dim=1)  # [B, T] document index per token
-    same_doc = doc[:, :, None] == doc[:, None, :]  # [B, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
-    return (same_doc & causal)[:, None]
-
-
 class NativeModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         # _weight skips nn.Embedding's normal_ init (on the meta device its first call costs ~1.5 s)
-        self.embed_tokens = nn.Embedding(
+        self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
@@ -105,13 +92,8 @@ class NativeModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
     ) -> torch.Tensor:
-        B, T = input_ids.shape
-        mask = None
-        if position_ids is None:
-            offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
-            position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
-        elif cache is None:
-            mask = packed_causal_mask(position_ids)
+        T = input_ids.shape[1]
+        position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():

@@ -1,7 +1,8 @@
 """Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
 
     TrainConfig
-      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype, device
+      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype,
+                    device, impl (auto|native|hf), compile, moe.impl
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -54,6 +55,11 @@ class ModelSection(_Section):
     dtype: str = "float32"
     device: str = "cpu"
     moe: MoeSection = Field(default_factory=MoeSection)
+    impl: Literal["auto", "native", "hf"] = "auto"
+    """auto: the native model where vf has the family, else transformers' (slower, said once);
+    native: refuse other families (exit 2); hf: always transformers' model."""
+    compile: bool = False
+    """torch.compile each decoder block (training): fused elementwise work; the first steps compile."""
 
 
 class TrainSampling(SamplingConfig):
