@@ -90,7 +90,7 @@ def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
     cfg_file = Path(path) / "config.json"
     try:
         model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
         return "native"  # read_config reports what is wrong with the directory
     if impl == "hf" or model_type in ARCHITECTURES:
         return impl if impl != "auto" else "native"

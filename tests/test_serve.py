@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -224,7 +225,8 @@ def test_load_weights_bumps_policy_version(server, client, tmp_path):
     assert after.choices[0].message.content != before.choices[0].message.content
     r = httpx.post(server + "/update_weights", json={"path": str(tmp_path / "missing")}, headers=AUTH)
     assert r.status_code == 400 and "does not exist" in r.json()["error"]["message"]
-    r = httpx.post(server + "/v1/update_weights", json={"path": str(builtin_model_path("tiny"))}, headers=AUTH, timeout=60)
+    original = shutil.copytree(builtin_model_path("tiny"), tmp_path / "tiny")  # under the weights root
+    r = httpx.post(server + "/v1/update_weights", json={"path": str(original)}, headers=AUTH, timeout=60)
     assert r.json()["policy_version"] == 8
     again = client.chat.completions.create(model="tiny", messages=msgs(), max_tokens=10, temperature=0)
     assert again.choices[0].message.content == before.choices[0].message.content
