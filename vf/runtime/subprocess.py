@@ -1,7 +1,7 @@
 """`subprocess`: commands run as plain host processes. No isolation: for debugging and trusted code.
 
 Each command starts in its own process session so that a timeout or `close()` kills the whole
-tree it spawned, not just the shell.
+tree it spawned, not just the shell; `vf.reaper` kills it if vf itself is killed first.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 
+from vf import reaper
 from vf.runtime.base import CommandResult, Runtime, register_runtime
 
 
@@ -33,6 +34,7 @@ class SubprocessRuntime(Runtime):
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         self._groups.add(proc.pid)
+        reaper.watch(proc.pid)
         try:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None),
@@ -52,5 +54,6 @@ class SubprocessRuntime(Runtime):
     async def close(self) -> None:
         for group in self._groups:
             self._kill(group)
+            reaper.forget(group)
         self._groups.clear()
         await super().close()
