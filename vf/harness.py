@@ -206,10 +206,8 @@ class Rollout:
     async def cleanup(self) -> None:
         """Stop toolsets (and their servers) and close the runtime (idempotent; runs on every path)."""
         self.tools = None
-        try:
+        with contextlib.suppress(Exception):  # cleanup must not mask the rollout's outcome
             await self._stack.aclose()
-        except Exception:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
-            pass
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.close()

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import traceback as tb
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,9 @@ from vf.taskset import Task
 from vf.toolset import SharedTools, open_shared_tools
 from vf.trace import Episode, ErrorInfo, Trace, TraceTask
 
-Observer = Callable[[Episode], None]
+Observer = Callable[[Episode], Awaitable[None] | None]
+"""Sees each finished episode; an async observer is awaited (e.g. until the episode is on disk)
+before the next observer sees it."""
 
 
 @dataclass
@@ -118,8 +121,8 @@ async def with_shared_tools(spec: EpisodeSpec):
 
 async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
     """One episode (see the module docstring); shared toolsets not yet started are started for it."""
-    async with with_shared_tools(spec) as spec:
-        return await _run_episode(task, spec, rollout)
+    async with with_shared_tools(spec) as started:
+        return await _run_episode(task, started, rollout)
 
 
 async def _run_episode(task: Task, spec: EpisodeSpec, rollout: int) -> Episode:
@@ -288,7 +291,9 @@ async def _run_plan(owed, spec: EpisodeSpec, max_concurrent: int, on_episode, sp
                 return
             results[i] = episode
             for observe in observers:
-                observe(episode)
+                seen = observe(episode)
+                if inspect.isawaitable(seen):
+                    await seen
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(max_concurrent, len(owed))))]
     try:
