@@ -11,12 +11,14 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
 
 EPILOG = options.epilog(
     "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /v1/load_weights "
-    "{path, version}, /v1/policy_version.",
+    "{path, version} (needs --api-key and a path under --weights-root), /v1/policy_version.  "
+    "Binding anything but loopback needs --api-key (set it through VF_SERVE_API_KEY, not argv).",
     "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.",
     examples=[
         "vf-serve",
         "vf-serve tiny-random --port 8001",
         "vf-serve ./my-model --port 8001 --api-key secret",
+        "vf-serve ./my-model --api-key secret --weights-root runs/ --host 0.0.0.0",
         "vf-eval reverse-text --base-url http://127.0.0.1:8000/v1 -m tiny -n 10 -r 2",
     ])
 
@@ -36,6 +38,10 @@ def command(
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    weights_root: list[str] | None = typer.Option(None, "--weights-root", metavar="DIR",  # noqa: B008
+                                           help="Directory /v1/load_weights may load from (repeatable; default: none)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    max_body_mb: float = typer.Option(16, "--max-body-mb", help="Largest request body; bigger ones get 413."),
 ):
     """Serve MODEL with continuous batching behind an OpenAI-compatible API."""
     import errno
@@ -46,8 +52,14 @@ def command(
     if model and model_opt and model != model_opt:
         raise UsageError(f"two models: {model} and -m {model_opt}", hint="pass the model once")
     model = model or model_opt
-    if max_queue < 1 or max_batch < 1:
-        raise UsageError("--max-queue and --max-batch must be at least 1")
+    if max_queue < 1 or max_batch < 1 or max_body_mb <= 0:
+        raise UsageError("--max-queue and --max-batch must be at least 1, --max-body-mb above 0")
+    if not api_key and not _loopback(host):
+        if not insecure:
+            raise UsageError(f"--host {host} exposes the server beyond this machine without an API key",
+                             hint="set VF_SERVE_API_KEY (or --api-key), or bind 127.0.0.1; --insecure overrides")
+        console.print(f"vf-serve: WARNING: --insecure: anyone who can reach {host}:{port} can use this server "
+                      f"without a key", style="bold red", markup=False)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} is out of range", hint="use a port in 1..65535 (0 picks a free one)")
     with socket.socket() as s:  # fail fast, before loading the model, when the port is taken
@@ -72,7 +84,17 @@ def command(
         console.print(f"vf-serve: serving {name!r} on http://{bound[0]}:{bound[1]}/v1 "
                       f"(max batch {max_batch}, max queue {max_queue}{', API key required' if api_key else ''})")
 
-    run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue)
+    run_server(engine, host, port, on_ready=ready, served_model_name=name, api_key=api_key, max_queue=max_queue,
+               weights_roots=weights_root or [], max_body=int(max_body_mb * 2**20))
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 main = entry(app, dotted=False)

@@ -93,6 +93,10 @@ def command(
     data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
     num_eval: int | None = typer.Option(None, "-n", "--num-tasks", "--eval-tasks",
                                         help="Number of tasks per evaluation (eval.select.limit)."),
+    convert_checkpoint: str | None = typer.Option(None, "--convert-checkpoint", metavar="RUN_DIR",
+                                                  help="Rewrite RUN_DIR's old pickle checkpoints in the safe format, then exit."),
+    trust_pickle: bool = typer.Option(False, "--trust-pickle", help="With --convert-checkpoint: also unpickle "
+                                      "files outside torch's safe allow-list (runs their code; only for run dirs you made)."),
 ):
     """Train a model: RL with IPO by default (icepop, ppo, cispo, sft), on the embedded engine or a server."""
     import json
@@ -107,6 +111,12 @@ def command(
     if config_file and config_opt:
         raise UsageError("two config files: CONFIG.yaml and --config", hint="pass one of them")
     config_file = config_file or config_opt
+    if convert_checkpoint is not None:
+        from vf.trainer.checkpoint import convert
+
+        done = convert(Path(convert_checkpoint), trust_pickle=trust_pickle)
+        console.print(f"converted {len(done)} checkpoint(s) in {convert_checkpoint}", markup=False)
+        return
     extra = dotted_args()
     # `--eval.taskset ID` names the held-out taskset; its fields follow as --eval.taskset.FIELD
     extra = ["--eval.taskset.id" if a == "--eval.taskset" else

@@ -1,4 +1,5 @@
-"""Native models (Qwen3, Qwen3-MoE, Llama): HF checkpoint loading/saving and a built-in tiny model.
+"""Native models (Qwen3, Qwen3-MoE, Llama, GLM-4.5 `glm4_moe`, DeepSeek-V3 `deepseek_v3`, GPT-OSS `gpt_oss`):
+HF checkpoint loading/saving and a built-in tiny model.
 
 Importing `vf.models` does not import torch; the names below load their module on first use.
   load_model(path, dtype=torch.float32, device="cpu") -> NativeModel

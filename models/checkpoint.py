@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from vf.models.config import ModelConfig
+from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError
 from vf.models.transformer import NativeModel
@@ -31,17 +33,29 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
             f"{cfg_file} is missing", hint="an HF model directory needs config.json + safetensors"
         )
     try:
-        d = json.loads(cfg_file.read_text())
+        d = json.loads(cfg_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
+        raise ModelLoadError(f"{cfg_file}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_file} cannot be read as text: {e}") from None
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"{cfg_file} must hold a JSON object")
     return ModelConfig.from_hf_dict(d, source=str(cfg_file))
+
+
+def _damaged(f: Path, e: Exception) -> ModelLoadError:
+    return ModelLoadError(f"{f} is damaged or not a safetensors file: {e}",
+                          hint="re-download or re-save the checkpoint")
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> file holding it."""
     if (path / INDEX).is_file():
-        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
-        files = {f: path / f for f in set(weight_map.values())}
+        try:
+            weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            files = {f: path / f for f in set(weight_map.values())}
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{path / INDEX} is not a valid shard index ({type(e).__name__}: {e})") from None
         absent = sorted(f for f, p in files.items() if not p.is_file())
         if absent:
             raise ModelLoadError(
@@ -50,22 +64,63 @@ def _weight_files(path: Path) -> dict[str, Path]:
             )
         return {k: files[f] for k, f in weight_map.items()}
     if (path / SINGLE).is_file():
-        with safe_open(path / SINGLE, "pt") as f:
-            return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
+        try:
+            with safe_open(path / SINGLE, "pt") as f:
+                return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
+        except (OSError, SafetensorError) as e:
+            raise _damaged(path / SINGLE, e) from None
     raise ModelLoadError(
         f"no weights in {path}: expected {SINGLE} or {INDEX}",
         hint="only safetensors checkpoints are supported",
     )
 
 
+IMPLS = ("auto", "native", "hf")
+_NOTIFIED: set[str] = set()
+
+
+def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
+    """"native" or "hf" for the model at `path` under `--model.impl` (auto | native | hf).
+
+    auto: native where `model_type` is a native family, else the transformers fallback with a
+    one-line notice on stderr of what is slower; native on another family: ModelLoadError (exit 2)
+    naming the families we have."""
+    if impl not in IMPLS:
+        raise ModelLoadError(f"unknown model implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
+    cfg_file = Path(path) / "config.json"
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError):
+        return "native"  # read_config reports what is wrong with the directory
+    if impl == "hf" or model_type in ARCHITECTURES:
+        return impl if impl != "auto" else "native"
+    if impl == "native":
+        raise ModelLoadError(f"{cfg_file}: model_type {model_type!r} has no native implementation",
+                             hint=f"native families: {', '.join(ARCHITECTURES)}; --model.impl auto or hf runs "
+                                  "any causal LM transformers implements")
+    from vf.models.hf_fallback import SLOWER
+
+    if model_type not in _NOTIFIED:  # once per process (trainer and engines load the same model)
+        _NOTIFIED.add(model_type)
+        print(f"vf: model_type {model_type!r} has no native implementation; running it through transformers "
+              f"(slower: {SLOWER})", file=sys.stderr)
+    return "hf"
+
+
 def load_model(
-    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None,
+    impl: str = "auto",
 ) -> NativeModel:
-    """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked."""
+    """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked; or,
+    for a family we have no native model of (`impl` auto/hf, see `resolve_impl`), an `HFModel`."""
     path = Path(path)
+    if resolve_impl(path, impl) == "hf":
+        from vf.models.hf_fallback import HFModel
+
+        return HFModel.load(path, dtype, device)
     config = read_config(path)
     if moe_impl:
-        config.moe_impl = moe_impl
+        config.set_moe_impl(moe_impl)
     where = _weight_files(path)
     with torch.device("meta"):
         model = NativeModel(config)
@@ -73,9 +128,12 @@ def load_model(
 
     def get(name: str) -> torch.Tensor:
         f = where[name]
-        if f not in handles:
-            handles[f] = safe_open(f, "pt", device="cpu")
-        return handles[f].get_tensor(name)
+        try:
+            if f not in handles:
+                handles[f] = safe_open(f, "pt", device="cpu")
+            return handles[f].get_tensor(name)
+        except (OSError, SafetensorError) as e:
+            raise _damaged(f, e) from None
 
     names = [n for n, _ in model.named_parameters()]
     state, used = hf_to_native(names, get, lambda n: n in where, config)
@@ -85,6 +143,7 @@ def load_model(
         if k not in used
         and not IGNORED_HF.search(k)
         and not (k == "lm_head.weight" and config.tie_word_embeddings)
+        and not _is_mtp_layer(k, config)
     )
     if unexpected:
         shown = ", ".join(unexpected[:5]) + (f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else "")
@@ -104,10 +163,19 @@ def load_model(
     return model.eval()
 
 
+def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
+    """GLM-4.5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
+    decoder layer (`model.layers.{num_hidden_layers + j}.*`); like transformers we do not run them."""
+    m = re.match(r"model\.layers\.(\d+)\.", hf_name)
+    return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3") and int(m.group(1)) >= config.num_layers
+
+
 def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:
     """Write config.json + safetensors with HF names (sharded with an index when the tensors exceed
-    `max_shard_size` bytes). Tied embeddings write no lm_head.weight."""
+    `max_shard_size` bytes). Tied embeddings write no lm_head.weight. An `HFModel` saves itself."""
     path = Path(path)
+    if getattr(model, "is_hf_fallback", False):
+        return model.save(path, max_shard_size)
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     tensors = native_to_hf({n: p.detach().cpu() for n, p in model.named_parameters()}, config)

@@ -1,4 +1,9 @@
-"""Native model config: one small dataclass for Qwen3, Qwen3-MoE and Llama, mapped to/from HF config.json.
+"""Native model config: one small dataclass for every family, mapped to/from HF config.json.
+
+Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air), deepseek_v3
+(multi-head latent attention), gpt_oss. Family-specific HF keys are read and written through
+`FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
+(router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 
 No torch import here. Shape legend used across models/:
   B batch, T tokens per row, H hidden_size, V vocab_size, L num_layers,
@@ -19,8 +24,64 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama": "LlamaForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "yarn")
+MOE_IMPLS = ("grouped", "loop")
+_REQUIRED = object()  # FAMILY_KEYS default: the key must be present
+
+_MOE_SHARED = {  # DeepSeek-style MoE (sigmoid router, expert bias, group-limited top-k, shared experts)
+    "n_routed_experts": ("num_experts", _REQUIRED),
+    "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
+    "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
+    "norm_topk_prob": ("norm_topk_prob", True),
+    "n_shared_experts": ("n_shared_experts", 1),
+    "routed_scaling_factor": ("routed_scaling_factor", 1.0),
+    "n_group": ("n_group", 1),
+    "topk_group": ("topk_group", 1),
+    "first_k_dense_replace": ("first_k_dense_replace", 1),
+}
+# model_type -> {HF key: (ModelConfig field, default when absent)}
+FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
+    "qwen3_moe": {
+        "num_experts": ("num_experts", _REQUIRED),
+        "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
+        "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
+        "norm_topk_prob": ("norm_topk_prob", False),
+        "decoder_sparse_step": ("decoder_sparse_step", 1),
+        "mlp_only_layers": ("mlp_only_layers", []),
+    },
+    "llama": {"mlp_bias": ("mlp_bias", False)},
+    "glm4_moe": {**_MOE_SHARED, "use_qk_norm": ("use_qk_norm", False)},
+    "deepseek_v3": {
+        **_MOE_SHARED,
+        "q_lora_rank": ("q_lora_rank", None),
+        "kv_lora_rank": ("kv_lora_rank", _REQUIRED),
+        "qk_rope_head_dim": ("qk_rope_head_dim", _REQUIRED),
+        "qk_nope_head_dim": ("qk_nope_head_dim", _REQUIRED),
+        "v_head_dim": ("v_head_dim", _REQUIRED),
+        "rope_interleave": ("rope_interleave", True),
+    },
+    "gpt_oss": {
+        "num_local_experts": ("num_experts", _REQUIRED),
+        "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
+        "sliding_window": ("sliding_window", None),
+        "layer_types": ("layer_types", None),
+        "swiglu_alpha": ("swiglu_alpha", 1.702),
+        "swiglu_limit": ("swiglu_limit", 7.0),
+    },
+}
+# older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
+_ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"}}
+_FAMILY_FIXED: dict[str, dict[str, Any]] = {
+    "glm4_moe": {"router_scoring": "sigmoid", "expert_bias": True},
+    "deepseek_v3": {"router_scoring": "sigmoid", "expert_bias": True},
+    "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
+                "norm_topk_prob": True, "attention_sinks": True},
+}
+_DEFAULT_PARTIAL_ROTARY = {"glm4_moe": 0.5}  # transformers' Glm4MoeConfig default
 
 # HF keys this module owns; everything else in an HF config.json is carried through untouched.
 _OWNED_HF_KEYS = {
@@ -54,12 +115,14 @@ _OWNED_HF_KEYS = {
     "pad_token_id",
     "dtype",
     "torch_dtype",
-}
+    "partial_rotary_factor",
+    "quantization_config",
+} | {k for a in _ALIASES.values() for k in a.values()} | {k for keys in FAMILY_KEYS.values() for k in keys}
 
 
 @dataclass
 class ModelConfig:
-    architecture: str  # HF model_type: "qwen3" | "qwen3_moe" | "llama"
+    architecture: str  # HF model_type, a key of ARCHITECTURES
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -69,19 +132,44 @@ class ModelConfig:
     intermediate_size: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # None or {"rope_type": "llama3", "factor", "low_freq_factor", ...}
+    rope_scaling: dict | None = None  # None or {"rope_type": "llama3" | "yarn", "factor", ...}
+    partial_rotary_factor: float = 1.0  # rope on the first head_dim * factor dims (GLM-4.5: 0.5)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     attention_bias: bool = False
     mlp_bias: bool = False  # Llama only
-    # MoE (qwen3_moe); num_experts == 0 means dense
+    use_qk_norm: bool = False  # glm4_moe (qwen3 families always have q/k norm)
+    # MoE; num_experts == 0 means dense
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
-    moe_impl: str = "grouped"  # default per-layer MoE compute: "grouped" | "loop"
+    first_k_dense_replace: int = 0  # glm4_moe / deepseek_v3: the first k layers are dense
+    n_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    router_scoring: str = "softmax"  # "softmax" | "sigmoid" | "sqrt_softplus"
+    router_bias: bool = False  # gpt_oss: router logits have a bias
+    expert_bias: bool = False  # aux-loss-free selection bias (e_score_correction_bias)
+    expert_bias_terms: bool = False  # gpt_oss: experts' gate_up/down have biases
+    expert_act: str = "swiglu"  # "swiglu" | "clamped_swiglu" (gpt_oss)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    moe_impl: str | list[str] = "grouped"  # MoE compute, one for all layers or one per decoder layer
+    # multi-head latent attention (deepseek_v3)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True
+    # gpt_oss attention
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None  # per layer "sliding_attention" | "full_attention"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -90,14 +178,53 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.architecture in ("qwen3", "qwen3_moe")
+        return self.architecture in ("qwen3", "qwen3_moe") or self.use_qk_norm
+
+    @property
+    def o_proj_bias(self) -> bool:
+        return self.attention_bias and self.architecture != "glm4_moe"
+
+    @property
+    def mla(self) -> bool:
+        return self.architecture == "deepseek_v3"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head that rope rotates (the rest pass through)."""
+        if self.mla:
+            return self.qk_rope_head_dim
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, layer_idx: int) -> bool:
-        return (
-            self.num_experts > 0
-            and layer_idx not in self.mlp_only_layers
-            and (layer_idx + 1) % self.decoder_sparse_step == 0
-        )
+        if self.num_experts <= 0:
+            return False
+        if self.architecture in ("glm4_moe", "deepseek_v3"):
+            return layer_idx >= self.first_k_dense_replace
+        return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
+
+    def sliding_window_for(self, layer_idx: int) -> int | None:
+        """Keys a query sees in a sliding layer (itself included), None for full attention."""
+        if not self.sliding_window or not self.layer_types:
+            return None
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
+
+    def moe_impl_for(self, layer_idx: int) -> str:
+        impl = self.moe_impl[layer_idx] if isinstance(self.moe_impl, list) else self.moe_impl
+        if impl not in MOE_IMPLS:
+            raise ModelLoadError(f"unknown MoE implementation {impl!r} (layer {layer_idx})",
+                                 hint=f"choose one of {', '.join(MOE_IMPLS)}")
+        return impl
+
+    def set_moe_impl(self, impl: str | list[str]) -> None:
+        """Validate and set `moe_impl` (a list names one impl per decoder layer)."""
+        if isinstance(impl, (list, tuple)):
+            if len(impl) != self.num_layers:
+                raise ModelLoadError(f"moe impl list has {len(impl)} entries, the model has {self.num_layers} layers",
+                                     hint="give one of grouped|loop per decoder layer (dense layers ignore theirs)")
+            impl = list(impl)
+        self.moe_impl = impl
+        for i in range(self.num_layers if isinstance(impl, list) else 1):
+            self.moe_impl_for(i)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
@@ -114,13 +241,36 @@ class ModelConfig:
             act = d.get("hidden_act", "silu")
             if act != "silu":
                 raise ModelLoadError(f"{source}: hidden_act={act!r} is not supported (only 'silu')")
+            if d.get("quantization_config"):
+                method = (d["quantization_config"] or {}).get("quant_method")
+                raise ModelLoadError(
+                    f"{source}: quantized checkpoints (quant_method={method!r}) are not supported",
+                    hint="use a bf16/fp32 checkpoint (dequantize it first)",
+                )
             if d.get("use_sliding_window"):
                 raise ModelLoadError(
                     f"{source}: use_sliding_window=true is not supported by the native models"
                 )
             theta, scaling = _rope_from_hf(d, source)
-            is_moe = arch == "qwen3_moe"
-            return cls(
+            params = d.get("rope_parameters") or {}
+            partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+            family = {}
+            for hf_key, (name, default) in FAMILY_KEYS.get(arch, {}).items():
+                if d.get(hf_key) is None:
+                    hf_key = _ALIASES.get(arch, {}).get(hf_key, hf_key)
+                if d.get(hf_key) is not None:
+                    family[name] = copy.deepcopy(d[hf_key])
+                elif default is _REQUIRED:
+                    raise KeyError(hf_key)
+                elif default is not None:
+                    family[name] = copy.deepcopy(default)
+            family.update(_FAMILY_FIXED.get(arch, {}))
+            if arch == "gpt_oss":  # gpt_oss's `intermediate_size` is the expert size
+                family["moe_intermediate_size"] = int(d["intermediate_size"])
+                if family.get("layer_types") is None:  # transformers' default: alternate sliding/full
+                    n = int(d["num_hidden_layers"])
+                    family["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+            cfg = cls(
                 architecture=arch,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
@@ -135,19 +285,19 @@ class ModelConfig:
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
                 attention_bias=bool(d.get("attention_bias", False)),
-                mlp_bias=bool(d.get("mlp_bias", False)),
-                num_experts=int(d.get("num_local_experts", d.get("num_experts", 0)) or 0) if is_moe else 0,
-                num_experts_per_tok=int(d.get("num_experts_per_tok", 0) or 0) if is_moe else 0,
-                moe_intermediate_size=int(d.get("moe_intermediate_size", 0) or 0) if is_moe else 0,
-                norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-                decoder_sparse_step=int(d.get("decoder_sparse_step", 1) or 1),
-                mlp_only_layers=list(d.get("mlp_only_layers") or []),
+                partial_rotary_factor=float(partial if partial is not None else _DEFAULT_PARTIAL_ROTARY.get(arch, 1.0)),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_id=d.get("eos_token_id"),
                 pad_token_id=d.get("pad_token_id"),
                 torch_dtype=d.get("dtype", d.get("torch_dtype")),
                 hf_extra={k: copy.deepcopy(v) for k, v in d.items() if k not in _OWNED_HF_KEYS},
+                **family,
             )
+            if cfg.num_experts and cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
+                raise ModelLoadError(f"{source}: n_group={cfg.n_group} does not divide n_routed_experts={cfg.num_experts}")
+            if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_layers:
+                raise ModelLoadError(f"{source}: layer_types has {len(cfg.layer_types)} entries for {cfg.num_layers} layers")
+            return cfg
         except KeyError as e:
             raise ModelLoadError(f"{source}: required key {e.args[0]!r} is missing") from None
 
@@ -157,6 +307,8 @@ class ModelConfig:
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling:
             rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
+        if self.partial_rotary_factor != 1.0 or self.architecture in _DEFAULT_PARTIAL_ROTARY:
+            rope["partial_rotary_factor"] = self.partial_rotary_factor
         d.update(
             architectures=[ARCHITECTURES[self.architecture]],
             model_type=self.architecture,
@@ -178,17 +330,10 @@ class ModelConfig:
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
         )
-        if self.architecture == "llama":
-            d["mlp_bias"] = self.mlp_bias
-        if self.architecture == "qwen3_moe":
-            d.update(
-                num_experts=self.num_experts,
-                num_experts_per_tok=self.num_experts_per_tok,
-                moe_intermediate_size=self.moe_intermediate_size,
-                norm_topk_prob=self.norm_topk_prob,
-                decoder_sparse_step=self.decoder_sparse_step,
-                mlp_only_layers=list(self.mlp_only_layers),
-            )
+        for hf_key, (name, _default) in FAMILY_KEYS.get(self.architecture, {}).items():
+            d[hf_key] = copy.deepcopy(getattr(self, name))
+        if self.architecture == "gpt_oss":
+            d["intermediate_size"] = self.moe_intermediate_size
         if self.torch_dtype:
             d["dtype"] = self.torch_dtype
         return dict(sorted(d.items()))
@@ -206,6 +351,7 @@ def _rope_from_hf(d: dict, source: str) -> tuple[float, dict | None]:
     if "type" in scaling and "rope_type" not in scaling:
         scaling["rope_type"] = scaling.pop("type")
     scaling.pop("type", None)
+    scaling.pop("partial_rotary_factor", None)  # a ModelConfig field of its own
     rope_type = scaling.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
@@ -213,6 +359,11 @@ def _rope_from_hf(d: dict, source: str) -> tuple[float, dict | None]:
         )
     if rope_type == "default":
         return theta, None
+    if rope_type == "yarn":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if scaling.get(k) is None]
+        if missing:
+            raise ModelLoadError(f"{source}: yarn rope scaling lacks {missing}")
+        return theta, scaling
     need = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in need if k not in scaling]
     if missing:

@@ -5,10 +5,18 @@ intermediate. `{i}` is the layer index, `{e}` the expert index.
 
 Ops:
   rename  native tensor == the single HF tensor
-  concat  native = cat(HF tensors, dim 0)            (qkv_proj [(nh+2nkv)*hd, H], gate_up_proj [2I, H])
+  concat  native = cat(HF tensors, dim 0)            (qkv_proj [(nh+2nkv)*hd, H], gate_up_proj [2I, H],
+                                                     MLA qkv_a_proj [rq + rkv + dr, H])
   stack   native[e] = cat(HF tensors of expert e, 0) (experts gate_up_proj [E, 2Im, H], down_proj [E, H, Im])
-Loading also accepts transformers-5 fused expert tensors (`ALT_SOURCES`); saving always writes the
-per-expert layout that transformers 4.x and 5.x both read, so load -> save -> load is bit-exact.
+  deinterleave    native = (x[..., 0::2], x[..., 1::2]) concatenated on the last dim
+                  (GPT-OSS gate_up_proj_bias [E, 2Im]: HF interleaves gate and up columns)
+  deinterleave_t  deinterleave, then swap the last two dims (GPT-OSS gate_up_proj: HF [E, H, 2Im]
+                  interleaved -> native [E, 2Im, H])
+  transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
+Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
+family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
+(`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
+GLM-4.5 and DeepSeek-V3, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
 """
 
 from __future__ import annotations
@@ -45,6 +53,60 @@ TABLE: dict[str, tuple[str, list[str]]] = {
     ),
     "layers.{i}.mlp.down_proj": ("stack", [L + "mlp.experts.{e}.down_proj.weight"]),
 }
+A = L + "self_attn."
+FAMILY_TABLE: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "glm4_moe": {},
+    "deepseek_v3": {
+        "layers.{i}.attn.qkv_a_proj.weight": ("concat", [A + "q_a_proj.weight", A + "kv_a_proj_with_mqa.weight"]),
+        "layers.{i}.attn.qkv_a_proj.bias": ("concat", [A + "q_a_proj.bias", A + "kv_a_proj_with_mqa.bias"]),
+        "layers.{i}.attn.q_a_norm.weight": ("rename", [A + "q_a_layernorm.weight"]),
+        "layers.{i}.attn.q_b_proj.weight": ("rename", [A + "q_b_proj.weight"]),
+        "layers.{i}.attn.q_proj.weight": ("rename", [A + "q_proj.weight"]),
+        "layers.{i}.attn.kv_a_proj.weight": ("rename", [A + "kv_a_proj_with_mqa.weight"]),
+        "layers.{i}.attn.kv_a_proj.bias": ("rename", [A + "kv_a_proj_with_mqa.bias"]),
+        "layers.{i}.attn.kv_a_norm.weight": ("rename", [A + "kv_a_layernorm.weight"]),
+        "layers.{i}.attn.kv_b_proj.weight": ("rename", [A + "kv_b_proj.weight"]),
+    },
+    "gpt_oss": {
+        "layers.{i}.attn.sinks": ("rename", [A + "sinks"]),
+        "layers.{i}.mlp.router.weight": ("rename", [L + "mlp.router.weight"]),
+        "layers.{i}.mlp.router.bias": ("rename", [L + "mlp.router.bias"]),
+        "layers.{i}.mlp.gate_up_proj": ("deinterleave_t", [L + "mlp.experts.gate_up_proj"]),
+        "layers.{i}.mlp.gate_up_proj_bias": ("deinterleave", [L + "mlp.experts.gate_up_proj_bias"]),
+        "layers.{i}.mlp.down_proj": ("transpose", [L + "mlp.experts.down_proj"]),
+        "layers.{i}.mlp.down_proj_bias": ("rename", [L + "mlp.experts.down_proj_bias"]),
+    },
+}
+# DeepSeek-style MoE parts (GLM-4.5 and DeepSeek-V3 share transformers' module names)
+for _fam in ("glm4_moe", "deepseek_v3"):
+    FAMILY_TABLE[_fam].update({
+        "layers.{i}.mlp.router.expert_bias": ("rename", [L + "mlp.gate.e_score_correction_bias"]),
+        "layers.{i}.mlp.shared.gate_up_proj.weight": (
+            "concat", [L + "mlp.shared_experts.gate_proj.weight", L + "mlp.shared_experts.up_proj.weight"]),
+        "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_experts.down_proj.weight"]),
+    })
+
+
+def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
+    return {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
+
+
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    return torch.cat((t[..., 0::2], t[..., 1::2]), dim=-1)
+
+
+def _interleave(t: torch.Tensor) -> torch.Tensor:
+    a, b = t.chunk(2, dim=-1)
+    return torch.stack((a, b), dim=-1).reshape(t.shape)
+
+
+# permutation ops: (HF -> native, native -> HF)
+PERMUTE = {
+    "deinterleave": (_deinterleave, _interleave),
+    "deinterleave_t": (lambda t: _deinterleave(t).transpose(-1, -2), lambda t: _interleave(t.transpose(-1, -2))),
+    "transpose": (lambda t: t.transpose(-1, -2), lambda t: t.transpose(-1, -2)),
+}
+
 # transformers-5 in-memory fused experts (same layout as native), accepted when loading
 ALT_SOURCES: dict[str, str] = {
     "layers.{i}.mlp.gate_up_proj": L + "mlp.experts.gate_up_proj",
@@ -64,6 +126,8 @@ def _template(native_name: str) -> tuple[str, dict[str, str]]:
 def _split_sizes(native_template: str, config: ModelConfig, n_parts: int, rows: int) -> list[int]:
     if "qkv_proj" in native_template:
         return [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2
+    if "qkv_a_proj" in native_template:
+        return [config.q_lora_rank, config.kv_lora_rank + config.qk_rope_head_dim]
     return [rows // n_parts] * n_parts
 
 
@@ -76,11 +140,12 @@ def hf_to_native(
     """Build the native state dict for `native_names` from HF tensors (fetched with `get`).
     Returns (state dict, HF names used). Missing HF tensors raise ModelLoadError."""
     out, used, missing = {}, set(), []
+    table = table_for(config)
     for name in native_names:
         tmpl, fmt = _template(name)
-        if tmpl not in TABLE:
+        if tmpl not in table:
             raise ModelLoadError(f"no HF mapping for native tensor {name!r}")
-        op, sources = TABLE[tmpl]
+        op, sources = table[tmpl]
         if op == "stack":
             alt = ALT_SOURCES[tmpl].format(**fmt)
             if has(alt):
@@ -104,7 +169,12 @@ def hf_to_native(
         if absent:
             missing += absent
             continue
-        out[name] = get(keys[0]) if op == "rename" else torch.cat([get(k) for k in keys], dim=0)
+        if op == "rename":
+            out[name] = get(keys[0])
+        elif op == "concat":
+            out[name] = torch.cat([get(k) for k in keys], dim=0)
+        else:
+            out[name] = PERMUTE[op][0](get(keys[0])).contiguous()
         used.update(keys)
     if missing:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
@@ -117,11 +187,14 @@ def hf_to_native(
 def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Native state dict -> HF-named tensors (contiguous clones safe to save)."""
     out = {}
+    table = table_for(config)
     for name, t in state.items():
         tmpl, fmt = _template(name)
-        op, sources = TABLE[tmpl]
+        op, sources = table[tmpl]
         if op == "rename":
             out[sources[0].format(**fmt)] = t
+        elif op in PERMUTE:
+            out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
         elif op == "concat":
             sizes = _split_sizes(tmpl, config, len(sources), t.shape[0])
             for s, part in zip(sources, t.split(sizes, dim=0)):

@@ -1,75 +1,160 @@
-"""Qwen3-MoE sparse block: softmax top-k router + stacked SwiGLU experts.
+"""The one MoE runtime every MoE family uses (Qwen3-MoE, GLM-4.5, DeepSeek-V3, GPT-OSS).
 
-Shape legend: N tokens (B*T flattened), H hidden, E experts, k experts per token, Im expert
-intermediate size, A = N*k token-expert assignments.
-Parameters: router.weight [E, H]; gate_up_proj [E, 2*Im, H] (per expert rows: gate, then up —
-the same layout as transformers-5's fused experts); down_proj [E, H, Im].
+Shape legend: N tokens (B*T flattened), H hidden, E routed experts, k experts per token,
+Im expert intermediate size, A = N*k token-expert assignments, C = most assignments of one expert.
 
-Two compute paths, chosen per layer with `impl`:
-  "loop"    — reference: for each expert, find its tokens, compute, scatter-add (mirrors transformers).
-  "grouped" — fast path: sort the A assignments by expert once, run one matmul per contiguous group
-              (`torch._grouped_mm` on CUDA; on CPU a loop over contiguous slices, since CPU
-              `_grouped_mm` has no working backward), weight and scatter-add once.
-Shared experts (Qwen2-MoE `shared_expert_intermediate_size`) are not part of the Qwen3-MoE config and
-are not implemented.
+Parameters (native names under `layers.{i}.mlp.`):
+  router.weight [E, H]          router.bias [E] (GPT-OSS: a bias on the router logits)
+  router.expert_bias [E]        aux-loss-free selection bias (DeepSeek-V3 `e_score_correction_bias`);
+                                a frozen parameter (requires_grad=False): RL does not update it
+  gate_up_proj [E, 2Im, H]      per expert rows: gate, then up (transformers-5 fused layout)
+  down_proj [E, H, Im]
+  gate_up_proj_bias [E, 2Im], down_proj_bias [E, H]   (GPT-OSS biased experts)
+  shared.gate_up_proj.weight [2*Im*n_shared, H], shared.down_proj.weight  (shared experts, GLM/DeepSeek)
+
+Routing (`Router.forward`), always in fp32:
+  logits = x·Wᵀ (+ b);  scores = softmax(logits) | sigmoid(logits) | sqrt(softplus(logits))
+  choice = scores + expert_bias; with n_group > 1 only the topk_group groups with the largest
+  sum-of-top-2 choice scores stay eligible (group-limited routing, DeepSeek-V3);
+  idx = top-k(choice); w = scores[idx], renormalised to sum 1 when norm_topk_prob, times
+  routed_scaling_factor. (GPT-OSS's softmax over the top-k logits is softmax scoring + renormalise.)
+Experts: act(gate) * up with act = SiLU ("swiglu"), or GPT-OSS's clamped SwiGLU
+  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)).
+
+Two compute paths, chosen per layer (`impl`):
+  "loop"    reference: for each expert, find its tokens, compute, scatter-add (mirrors transformers).
+  "grouped" sort the A assignments by expert once; on CUDA run `torch._grouped_mm` over the
+            contiguous groups; elsewhere scatter the sorted rows into a padded [E, C, H] block and
+            run two batched GEMMs (`torch.bmm`), since CPU `_grouped_mm` has no working backward
+            (torch 2.13). Faster than the loop on CPU at many experts (see `bench_moe`).
+Load-balance statistics accumulate over forwards until `pop_stats()` (see `stats_from_counts`).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vf.models.config import ModelConfig
+from vf.models.config import MOE_IMPLS, ModelConfig
+from vf.models.errors import ModelLoadError
+from vf.models.layers import MLP
 
-MOE_IMPLS = ("grouped", "loop")
+SCORINGS = ("softmax", "sigmoid", "sqrt_softplus")
+
+
+def check_impl(impl: str) -> str:
+    if impl not in MOE_IMPLS:
+        raise ModelLoadError(f"unknown MoE implementation {impl!r}", hint=f"choose one of {', '.join(MOE_IMPLS)}")
+    return impl
+
+
+class Router(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        E, H = config.num_experts, config.hidden_size
+        self.num_experts, self.top_k = E, config.num_experts_per_tok
+        self.scoring, self.norm_topk_prob = config.router_scoring, config.norm_topk_prob
+        self.n_group, self.topk_group = config.n_group, config.topk_group
+        self.scale = config.routed_scaling_factor
+        if self.scoring not in SCORINGS:
+            raise ModelLoadError(f"router scoring {self.scoring!r} unknown", hint=f"one of {SCORINGS}")
+        if E % self.n_group:
+            raise ModelLoadError(f"n_group={self.n_group} does not divide the {E} experts")
+        self.weight = nn.Parameter(torch.empty(E, H))
+        self.bias = nn.Parameter(torch.empty(E)) if config.router_bias else None
+        self.expert_bias = nn.Parameter(torch.empty(E), requires_grad=False) if config.expert_bias else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (weights [N, k] fp32, expert ids [N, k], confidence [N] fp32: the selected
+        share of the score mass, detached)."""
+        logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        if self.scoring == "softmax":
+            scores = logits.softmax(dim=-1)
+        elif self.scoring == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            scores = F.softplus(logits).sqrt()
+        choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
+        if self.n_group > 1:
+            N, G = choice.shape[0], self.n_group
+            grouped = choice.view(N, G, -1)
+            group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)  # [N, G]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1, sorted=False)[1], True)
+            choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, -1), float("-inf"))
+        idx = choice.topk(self.top_k, dim=-1)[1]
+        w = scores.gather(1, idx)
+        with torch.no_grad():
+            confidence = w.sum(-1) / scores.sum(-1)
+        if self.norm_topk_prob:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.scale != 1.0:
+            w = w * self.scale
+        return w, idx, confidence
 
 
 class MoE(nn.Module):
     def __init__(self, config: ModelConfig, impl: str | None = None):
         super().__init__()
         E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.num_experts, self.top_k, self.norm_topk_prob = (
-            E,
-            config.num_experts_per_tok,
-            config.norm_topk_prob,
-        )
-        self.router = nn.Linear(H, E, bias=False)
+        self.num_experts, self.top_k = E, config.num_experts_per_tok
+        self.router = Router(config)
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * Im, H))
         self.down_proj = nn.Parameter(torch.empty(E, H, Im))
-        self.impl = impl or config.moe_impl
-        if self.impl not in MOE_IMPLS:
-            raise ValueError(f"moe impl {self.impl!r} unknown; choose one of {MOE_IMPLS}")
-
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, H] -> (weights [N, k] in x.dtype, expert ids [N, k]). Softmax in fp32, then top-k."""
-        probs = F.softmax(self.router(x), dim=-1, dtype=torch.float)  # [N, E]
-        w, idx = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            w = w / w.sum(dim=-1, keepdim=True)
-        return w.to(x.dtype), idx
+        if config.expert_bias_terms:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * Im))
+            self.down_proj_bias = nn.Parameter(torch.empty(E, H))
+        else:
+            self.gate_up_proj_bias = self.down_proj_bias = None
+        self.act, self.alpha, self.limit = config.expert_act, config.swiglu_alpha, config.swiglu_limit
+        n_shared = config.n_shared_experts
+        self.shared = MLP(H, Im * n_shared) if n_shared else None
+        self.impl = check_impl(impl or config.moe_impl_for(0))
+        self._counts: torch.Tensor | None = None  # [E] assignments since the last pop_stats()
+        self._confidence: torch.Tensor | None = None  # Σ routing confidence over those tokens
+        self._tokens = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        w, idx = self.route(flat)
-        out = self._grouped(flat, w, idx) if self.impl == "grouped" else self._loop(flat, w, idx)
+        w, idx, confidence = self.router(flat)
+        w = w.to(x.dtype)
+        impl = check_impl(self.impl)
+        out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        self._record(idx, confidence)
         return out.view(shape)
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:  # [n, H] -> [n, H]
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj[e])
+    # -- experts -----------------------------------------------------------------------------
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2Im] -> [..., Im]
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.act == "swiglu":
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
 
     def _loop(self, x, w, idx):
+        # unbind once: indexing `param[e]` per expert would make backward build a full-size [E, ...]
+        # gradient for every expert
+        none = [None] * self.num_experts
+        w1, w2 = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
+        b1 = none if self.gate_up_proj_bias is None else self.gate_up_proj_bias.unbind(0)
+        b2 = none if self.down_proj_bias is None else self.down_proj_bias.unbind(0)
         out = torch.zeros_like(x)
         for e in range(self.num_experts):
             tok, slot = torch.where(idx == e)
             if tok.numel() == 0:
                 continue
-            out.index_add_(0, tok, self._expert(e, x[tok]) * w[tok, slot, None])
+            y = F.linear(self._act(F.linear(x[tok], w1[e], b1[e])), w2[e], b2[e])
+            out.index_add_(0, tok, y * w[tok, slot, None])
         return out
 
     def _grouped(self, x, w, idx):
-        _N, k = idx.shape
+        k = idx.shape[1]
         flat_idx = idx.reshape(-1)  # [A]
         order = torch.argsort(flat_idx, stable=True)  # assignments grouped by expert
         tok = order // k  # [A] source token of each sorted assignment
@@ -77,14 +162,100 @@ class MoE(nn.Module):
         counts = torch.bincount(flat_idx, minlength=self.num_experts)
         if x.is_cuda and hasattr(torch, "_grouped_mm"):
             offs = torch.cumsum(counts, 0).to(torch.int32)
-            gate, up = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-            ys = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
+            h = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs)
+            if self.gate_up_proj_bias is not None:
+                h = h + self.gate_up_proj_bias[flat_idx[order]]
+            ys = torch._grouped_mm(self._act(h), self.down_proj.transpose(1, 2), offs=offs)
+            if self.down_proj_bias is not None:
+                ys = ys + self.down_proj_bias[flat_idx[order]]
         else:
-            parts, start = [], 0
-            for e, n in enumerate(counts.tolist()):
-                if n:
-                    parts.append(self._expert(e, xs[start : start + n]))
-                start += n
-            ys = torch.cat(parts) if parts else xs.new_zeros(0, x.shape[-1])
+            ys = self._padded_bmm(xs, flat_idx[order], counts)
         ys = ys * w.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, tok, ys)
+
+    def _padded_bmm(self, xs, experts, counts):
+        """xs [A, H] sorted by expert (`experts` [A]) -> expert outputs [A, H] with two batched GEMMs
+        over a zero-padded [E, C, H] block (C = the busiest expert's assignment count)."""
+        A, H = xs.shape
+        C = int(counts.max()) if A else 0
+        starts = torch.cumsum(counts, 0) - counts  # [E] first sorted row of each expert
+        slot = torch.arange(A, device=xs.device) - starts[experts]  # row within its expert's group
+        flat_pos = experts * C + slot  # [A] row in the [E*C] padded block
+        block = xs.new_zeros(self.num_experts * C, H).index_copy(0, flat_pos, xs).view(self.num_experts, C, H)
+        h = torch.bmm(block, self.gate_up_proj.transpose(1, 2))  # [E, C, 2Im]
+        if self.gate_up_proj_bias is not None:
+            h = h + self.gate_up_proj_bias[:, None]
+        y = torch.bmm(self._act(h), self.down_proj.transpose(1, 2))  # [E, C, H]
+        if self.down_proj_bias is not None:
+            y = y + self.down_proj_bias[:, None]
+        return y.reshape(-1, H)[flat_pos]
+
+    # -- load-balance statistics -------------------------------------------------------------
+    @torch.no_grad()
+    def _record(self, idx: torch.Tensor, confidence: torch.Tensor) -> None:
+        counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
+        self._counts = counts if self._counts is None else self._counts + counts
+        total = confidence.sum()
+        self._confidence = total if self._confidence is None else self._confidence + total
+        self._tokens += idx.shape[0]
+
+    def pop_stats(self) -> dict[str, float] | None:
+        """{max_vio, routing_confidence} over the forwards since the last call (None if none)."""
+        if self._counts is None or not self._tokens:
+            return None
+        out = {**stats_from_counts(self._counts), "routing_confidence": float(self._confidence) / self._tokens}
+        self._counts, self._confidence, self._tokens = None, None, 0
+        return out
+
+
+def stats_from_counts(counts: torch.Tensor) -> dict[str, float]:
+    """max_vio = (most assignments of one expert − mean) / mean: 0 when perfectly balanced,
+    E − 1 when every token goes to the same experts."""
+    c = counts.float()
+    mean = c.mean()
+    return {"max_vio": float((c.max() - mean) / mean) if mean > 0 else 0.0}
+
+
+def moe_stats(model: nn.Module) -> dict[str, float]:
+    """Per-step MoE metrics of a model (empty for a dense one): the mean and max over layers of
+    max_vio, and the mean routing confidence. Resets the layers' counters."""
+    per_layer = [s for m in model.modules() if isinstance(m, MoE) and (s := m.pop_stats()) is not None]
+    if not per_layer:
+        return {}
+    vio = [s["max_vio"] for s in per_layer]
+    return {
+        "moe/max_vio": sum(vio) / len(vio),
+        "moe/max_vio_max": max(vio),
+        "moe/routing_confidence": sum(s["routing_confidence"] for s in per_layer) / len(per_layer),
+    }
+
+
+def bench_moe(
+    num_experts: int = 128, top_k: int = 8, hidden: int = 512, intermediate: int = 192, tokens: int = 1024,
+    repeats: int = 3, seed: int = 0,
+) -> dict[str, float]:
+    """Forward+backward seconds of one MoE layer per impl (median of `repeats`) on a
+    Qwen3-30B-A3B-like shape scaled to CPU; returns {impl: seconds, "speedup": loop / grouped}."""
+    cfg = ModelConfig(
+        architecture="qwen3_moe", vocab_size=8, hidden_size=hidden, num_layers=1, num_heads=1, num_kv_heads=1,
+        head_dim=8, intermediate_size=8, num_experts=num_experts, num_experts_per_tok=top_k,
+        moe_intermediate_size=intermediate, norm_topk_prob=True,
+    )
+    g = torch.Generator().manual_seed(seed)
+    layer = MoE(cfg)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    x = torch.randn(1, tokens, hidden, generator=g)
+    out: dict[str, float] = {}
+    for impl in MOE_IMPLS:
+        layer.impl = impl
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            xi = x.clone().requires_grad_(True)
+            t0 = time.perf_counter()
+            layer(xi).square().mean().backward()
+            times.append(time.perf_counter() - t0)
+        out[impl] = sorted(times[1:])[len(times[1:]) // 2]
+    out["speedup"] = out["loop"] / out["grouped"]
+    return out

@@ -1,10 +1,15 @@
-"""The native decoder-only transformer (Qwen3, Qwen3-MoE, Llama share it; config flags differ).
+"""The native decoder-only transformer (every family shares it; config flags pick the parts).
+
+Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAttention`
+(DeepSeek-V3) or `gpt_oss.SinkAttention` (GPT-OSS); the MLP is `layers.MLP` or `moe.MoE`
+(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`.
 
 Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
   compute_logits(...) -> [B,T,V]; lm_head_weight -> [V,H] (the embedding when tied)
 Packed rows: when position_ids restart at 0 inside a row, each restart opens a new document and
-attention is block-diagonal causal (a [B,1,T,T] bool mask built from position_ids).
+attention is causal within documents: the layers get a `layers.Documents` layout as their opaque
+`mask` and `layers.sdpa` runs one causal SDPA per document (no T×T mask).
 Activation checkpointing (`model.activation_checkpointing = True`): while grad is enabled and no
 KV cache is used, each decoder layer keeps only its input and recomputes its inside during
 backward (torch.utils.checkpoint, non-reentrant). Same values and grads; about one more forward
@@ -16,38 +21,36 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, RMSNorm, Rotary
-from vf.models.moe import MoE
+from vf.models.layers import MLP, Attention, Embedding, RMSNorm, Rotary, positions_and_mask
+from vf.models.moe import MoE, check_impl
+
+
+def attention_class(config: ModelConfig):
+    if config.mla:
+        from vf.models.mla import MLAttention
+
+        return MLAttention
+    if config.attention_sinks:
+        from vf.models.gpt_oss import SinkAttention
+
+        return SinkAttention
+    return Attention
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config, layer_idx)
+        self.attn = attention_class(config)(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.is_moe_layer(layer_idx):
-            self.mlp = MoE(config)
+            self.mlp = MoE(config, config.moe_impl_for(layer_idx))
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
-    def forward(self, x, cos, sin, mask=None, cache=None):  # [B, T, H] -> [B, T, H]
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+    def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, position_ids)
         return x + self.mlp(self.mlp_norm(x))
-
-
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """position_ids [B, T] -> None when every row is one document (plain causal), else a bool mask
-    [B, 1, T, T] that is causal within documents (a document starts wherever position_ids == 0)."""
-    starts = position_ids == 0
-    starts_inside = starts[:, 1:].any()
-    if not bool(starts_inside):
-        return None
-    T = position_ids.shape[1]
-    doc = torch.cumsum(starts.to(torch.int32), dim=1)  # [B, T] document index per token
-    same_doc = doc[:, :, None] == doc[:, None, :]  # [B, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
-    return (same_doc & causal)[:, None]
 
 
 class NativeModel(nn.Module):
@@ -55,7 +58,7 @@ class NativeModel(nn.Module):
         super().__init__()
         self.config = config
         # _weight skips nn.Embedding's normal_ init (on the meta device its first call costs ~1.5 s)
-        self.embed_tokens = nn.Embedding(
+        self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
@@ -72,32 +75,35 @@ class NativeModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:  # [V, H]
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def set_moe_impl(self, impl: str) -> None:
-        """Switch every MoE layer to `impl` ("grouped" | "loop"); per layer: `model.layers[i].mlp.impl`."""
-        for layer in self.layers:
+    def set_moe_impl(self, impl: str | list[str]) -> None:
+        """Switch the MoE layers to `impl` ("grouped" | "loop", or a list with one per decoder layer)."""
+        self.config.set_moe_impl(impl)
+        for i, layer in enumerate(self.layers):
             if isinstance(layer.mlp, MoE):
-                layer.mlp.impl = impl
+                layer.mlp.impl = check_impl(self.config.moe_impl_for(i))
+
+    def kv_streams(self) -> list[tuple[int, int]]:
+        """(heads, dim) of each tensor an engine KV cache stores per token and layer (`cache.store`)."""
+        c = self.config
+        if c.mla:
+            return [(1, c.kv_lora_rank), (1, c.qk_rope_head_dim)]
+        return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim)]
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
     ) -> torch.Tensor:
-        B, T = input_ids.shape
-        mask = None
-        if position_ids is None:
-            offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
-            position_ids = torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
-        elif cache is None:
-            mask = packed_causal_mask(position_ids)
+        T = input_ids.shape[1]
+        position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
 
             for layer in self.layers:
-                x = checkpoint(layer, x, cos, sin, mask, None, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, position_ids, use_reentrant=False)
         else:
             for layer in self.layers:
-                x = layer(x, cos, sin, mask, cache)
+                x = layer(x, cos, sin, mask, cache, position_ids)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.norm(x)
@@ -107,13 +113,14 @@ class NativeModel(nn.Module):
 
 
 def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02) -> NativeModel:
-    """Normal(0, std) for matrices and embeddings, zeros for biases, ones for norms (HF's init)."""
+    """Normal(0, std) for matrices, embeddings and attention sinks, zeros for biases (also expert
+    and router biases), ones for norms (HF's init)."""
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(".bias"):
+            elif name.endswith("bias"):
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std).to(p.dtype))

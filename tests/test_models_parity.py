@@ -223,8 +223,10 @@ def test_missing_config_and_shard_and_architecture(saved, tmp_path):
     cfg["model_type"], cfg["architectures"] = "gpt2", ["GPT2LMHeadModel"]
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"gpt2.*") as e:
-        load_model(bad)
+        load_model(bad, impl="native")
     assert "qwen3_moe" in str(e.value) and isinstance(e.value, ValueError)
+    with pytest.raises(ModelLoadError, match=r"missing keys.*gpt2.*transformer\.") as e:
+        load_model(bad)  # auto: the transformers fallback refuses weights that do not fit the config
     hf, _ = saved["llama-gqa-llama3rope"]
     shard = tmp_path / "shard"
     hf.save_pretrained(shard, max_shard_size="50KB")

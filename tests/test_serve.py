@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,11 +45,25 @@ def start_server(*args: str, timeout: float = 60):
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc, base = start_server("tiny", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--threads", "1")
+def server(tmp_path_factory):
+    from vf.models.tiny import ensure_tiny_model
+
+    roots = ["--weights-root", str(tmp_path_factory.getbasetemp()), "--weights-root", str(ensure_tiny_model())]
+    proc, base = start_server("tiny", "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--threads", "1", *roots)
     yield base
     proc.terminate()
-    proc.wait(timeout=30)
+    out, err = proc.communicate(timeout=30)
+    assert KEY not in out + err  # the server never logs its key, nor a wrong one a client sent
+    assert WRONG_KEY not in out + err
+
+
+WRONG_KEY = "sk-planted-wrong-key-77"
+
+
+def leaked(secret: str, *roots, texts=()) -> list[str]:
+    """Every file under `roots` (and every text) that contains `secret`."""
+    hits = [str(f) for root in roots for f in Path(root).rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    return hits + [t[:80] for t in texts if secret in t]
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +236,7 @@ def test_vf_eval_through_vf_serve_records_tokens(server, cli, tmp_path):
                "-c", str(MAX_QUEUE), "--api-key-var", "VF_TEST_KEY", "-o", str(out), "--json",
                "--sampling.max-tokens", "32", env={"VF_TEST_KEY": KEY}, check=True)
     assert json.loads(proc.stdout.strip().splitlines()[-1])["num_errors"] == 0
+    assert leaked(KEY, out, texts=[proc.stdout, proc.stderr]) == []
     episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     assert len(episodes) == 8
     for ep in episodes:
@@ -229,6 +245,20 @@ def test_vf_eval_through_vf_serve_records_tokens(server, cli, tmp_path):
         for n in nodes:
             assert len(n["token_ids"]) == len(n["logprobs"]) > 0
             assert all(lp <= 0 for lp in n["logprobs"])
+
+
+def test_api_keys_never_reach_run_dirs_traces_logs_or_errors(server, cli, tmp_path):
+    rollout = cli("vf-rollout", "reverse-text", "-n", "2", "-r", "2", "--base-url", server + "/v1", "-m", "tiny",
+                  "--api-key-var", "VF_TEST_KEY", "-o", str(tmp_path / "rollout"), "--sampling.max-tokens", "8",
+                  env={"VF_TEST_KEY": KEY}, check=True)
+    assert (tmp_path / "rollout" / "traces.jsonl").read_text().count("\n") == 4
+    # a wrong key: every episode fails with an auth error, which is recorded without the key
+    wrong = cli("vf-eval", "reverse-text", "-n", "2", "--base-url", server + "/v1", "-m", "tiny",
+                "--api-key-var", "VF_TEST_KEY", "-o", str(tmp_path / "wrong"), "--json",
+                env={"VF_TEST_KEY": WRONG_KEY}, check=False)
+    assert "401" in (tmp_path / "wrong" / "traces.jsonl").read_text() or wrong.returncode != 0
+    assert leaked(KEY, tmp_path, texts=[rollout.stdout, rollout.stderr]) == []
+    assert leaked(WRONG_KEY, tmp_path, texts=[wrong.stdout, wrong.stderr]) == []
 
 
 def test_vf_eval_embedded_engine(cli, tmp_path):

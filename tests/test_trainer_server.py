@@ -28,10 +28,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vf.commands.serve", "tiny-random", "--port", str(port), "--threads", "1",
-                             "--api-key", KEY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+                             "--api-key", KEY, "--weights-root", str(tmp_path_factory.getbasetemp())], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -76,6 +76,9 @@ def test_train_against_vf_serve(server, tmp_path):
     proc = train(server, run, "--warmup.steps", str(W), "--steps", str(RL))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    from test_serve import leaked
+
+    assert leaked(KEY, run, texts=[proc.stdout, proc.stderr]) == []  # no key in checkpoints, logs, traces
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(TOTAL))
@@ -103,7 +106,6 @@ def test_train_against_vf_serve(server, tmp_path):
     # the last pushed checkpoint is a loadable HF dir holding the final trained weights
     import torch
     from vf.models import load_model
-
     from vf.trainer import checkpoint
 
     pushed = load_model(run / "broadcasts" / f"step_{TOTAL}").state_dict()

@@ -1,12 +1,19 @@
 """Checkpoints: everything needed to continue a killed run exactly where it stopped.
 
     RUN/checkpoints/step_N/          N = optimizer steps completed (the model is policy version N)
-      trainer.pt      model (full state dict), optimizer, scheduler
-      rollout.pt      weight snapshots of older versions that batches ≥ N will still be generated
-                      from (async_level / drift.stale_steps > 0), so a resumed run regenerates
-                      them from the very same weights
-      rng.pt          python / torch RNG states
-      progress.json   step, cumulative counters, before-training eval reward
+      trainer.json + .safetensors   model (full state dict), optimizer, scheduler
+      rollout.json + .safetensors   weight snapshots of older versions that batches ≥ N will still be
+                                    generated from (async_level / drift.stale_steps > 0), so a resumed
+                                    run regenerates them from the very same weights
+      rng.json + .safetensors       python / torch RNG states
+      progress.json                 step, cumulative counters, before-training eval reward
+
+Nothing here is a pickle: each part is a JSON tree whose tensors live in the safetensors file next
+to it (`{"$tensor": key}`; tuples and non-string-keyed dicts are tagged too), so loading a run dir
+someone sent you reads data and never runs code. Checkpoints from before this format (`*.pt`
+pickles) are refused with a hint; `convert()` (`vf-train --convert-checkpoint RUN_DIR`) rewrites
+them once, reading each pickle with `torch.load(weights_only=True)` (torch's allow-list of plain
+containers and tensors) and only with `trust_pickle=True` as a full pickle.
 
 A checkpoint is written into `.step_N.tmp/` and renamed into place, so a `kill -9` leaves either
 the whole directory or none; `latest()` only considers complete ones. Old ones beyond
@@ -22,8 +29,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vf.errors import UsageError
+
 CKPT_DIR = "checkpoints"
 DONE = "progress.json"
+PARTS = ("trainer", "rollout", "rng")
+CONVERT_HINT = "convert it once with: vf-train --convert-checkpoint RUN_DIR (reads it without running code)"
 
 
 def root(run_dir: Path) -> Path:
@@ -33,7 +44,7 @@ def root(run_dir: Path) -> Path:
 def latest(run_dir: Path) -> Path | None:
     found = []
     for p in root(run_dir).glob("step_*"):
-        if p.is_dir() and (p / DONE).exists() and (p / "trainer.pt").exists():
+        if p.is_dir() and (p / DONE).exists() and ((p / "trainer.json").exists() or (p / "trainer.pt").exists()):
             try:
                 found.append((int(p.name.split("_", 1)[1]), p))
             except ValueError:
@@ -56,18 +67,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save(run_dir: Path, step: int, *, model_state: dict, optimizer_state: dict, scheduler_state: dict,
          snapshots: dict[int, dict], progress: dict[str, Any], keep_last: int = 2) -> Path:
-    import torch
-
     base = root(run_dir)
     base.mkdir(parents=True, exist_ok=True)
     final = base / f"step_{step}"
     tmp = base / f".step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save({"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler_state},
-               tmp / "trainer.pt")
-    torch.save(snapshots, tmp / "rollout.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
+    _save_tree(tmp, "trainer", {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler_state})
+    _save_tree(tmp, "rollout", snapshots)
+    _save_tree(tmp, "rng", rng_state())
     (tmp / DONE).write_text(json.dumps({**progress, "step": step}, indent=2))
     for f in tmp.iterdir():  # durable before the rename makes it visible
         with open(f, "rb") as fh:
@@ -81,13 +89,120 @@ def save(run_dir: Path, step: int, *, model_state: dict, optimizer_state: dict, 
 
 
 def load(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not (path / "trainer.json").exists() and (path / "trainer.pt").exists():
+        raise UsageError(f"checkpoint {path} is in the old pickle format, which can run code when loaded",
+                         hint=CONVERT_HINT)
+    return {
+        **_load_tree(path, "trainer"),
+        "snapshots": _load_tree(path, "rollout"),
+        "rng": _load_tree(path, "rng"),
+        "progress": _read_json(path / DONE),
+    }
+
+
+def convert(run_dir: Path, trust_pickle: bool = False) -> list[Path]:
+    """Rewrite every old-format (pickle) checkpoint of `run_dir` in the safe format; returns them.
+
+    Each pickle is read with torch's `weights_only=True` allow-list; one holding anything else (which
+    could run code) is refused unless `trust_pickle`."""
+    import pickle
+
     import torch
 
-    path = Path(path)
-    trainer = torch.load(path / "trainer.pt", weights_only=False)
-    return {
-        **trainer,
-        "snapshots": torch.load(path / "rollout.pt", weights_only=False),
-        "rng": torch.load(path / "rng.pt", weights_only=False),
-        "progress": json.loads((path / DONE).read_text()),
-    }
+    done = []
+    for step in sorted(root(run_dir).glob("step_*")):
+        if not (step / "trainer.pt").exists():
+            continue
+        for part in PARTS:
+            f = step / f"{part}.pt"
+            try:
+                obj = torch.load(f, weights_only=True, map_location="cpu")
+            except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as e:
+                if not trust_pickle:
+                    raise UsageError(f"{f} holds objects outside torch's safe allow-list; refusing to load it "
+                                     f"(it could run code): {str(e).splitlines()[0]}",
+                                     hint="only if you trust where this run dir came from: add --trust-pickle") from None
+                obj = torch.load(f, weights_only=False, map_location="cpu")
+            _save_tree(step, part, obj)
+        for part in PARTS:
+            (step / f"{part}.pt").unlink()
+        done.append(step)
+    return done
+
+
+# -- a JSON + safetensors tree: containers in JSON, tensors by key in safetensors ------------------
+
+def _save_tree(directory: Path, name: str, obj: Any) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def enc(x):
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            key = str(len(tensors))
+            t = x.detach().cpu().contiguous()
+            if t.untyped_storage().data_ptr() in seen and t.numel():  # tied weights: safetensors wants one owner
+                t = t.clone()
+            seen.add(t.untyped_storage().data_ptr())
+            tensors[key] = t
+            return {"$tensor": key}
+        if isinstance(x, tuple):
+            return {"$tuple": [enc(v) for v in x]}
+        if isinstance(x, list):
+            return [enc(v) for v in x]
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in x):
+                return {k: enc(v) for k, v in x.items()}
+            return {"$dict": [[enc(k), enc(v)] for k, v in x.items()]}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise TypeError(f"cannot checkpoint a {type(x).__name__} without pickle")
+
+    tree = enc(obj)
+    save_file(tensors, str(directory / f"{name}.safetensors"))
+    (directory / f"{name}.json").write_text(json.dumps(tree))
+
+
+def _read_json(f: Path) -> Any:
+    try:
+        return json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{f} is unreadable or not valid JSON: {e}",
+                         hint="the checkpoint is damaged; resume from an older one (delete this step dir)") from None
+
+
+def _load_tree(directory: Path, name: str) -> Any:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    f = directory / f"{name}.safetensors"
+    tree = _read_json(directory / f"{name}.json")
+    try:
+        tensors = load_file(str(f))
+    except (OSError, SafetensorError) as e:
+        raise UsageError(f"{f} is unreadable: {e}",
+                         hint="the checkpoint is damaged; resume from an older one (delete this step dir)") from None
+
+    def dec(x):
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if isinstance(x, dict):
+            if "$tensor" in x:
+                return tensors[x["$tensor"]]
+            if "$tuple" in x:
+                return tuple(dec(v) for v in x["$tuple"])
+            if "$dict" in x:
+                return {dec(k): dec(v) for k, v in x["$dict"]}
+            return {k: dec(v) for k, v in x.items()}
+        return x
+
+    try:
+        return dec(tree)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{directory / (name + '.json')} does not match {f.name} ({type(e).__name__}: {e})",
+                         hint="the checkpoint is damaged; resume from an older one (delete this step dir)") from None
+

@@ -1,7 +1,8 @@
 """Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
 
     TrainConfig
-      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype, device
+      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype,
+                    device, impl (auto|native|hf), compile, moe.impl
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -38,12 +39,27 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+MoeImpl = Literal["grouped", "loop"]
+
+
+class MoeSection(_Section):
+    impl: MoeImpl | list[MoeImpl] = "grouped"
+    """MoE compute path: `grouped` (sorted batched GEMMs; `torch._grouped_mm` on CUDA) or `loop`
+    (one expert at a time, the reference); a list gives one per decoder layer."""
+
+
 class ModelSection(_Section):
     path: str = "tiny-random"
     """An HF directory (config.json + safetensors), or a built-in model: 'tiny-random' (random
     init, the default: training from it shows learning) or 'tiny' (already trained on reverse-text)."""
     dtype: str = "float32"
     device: str = "cpu"
+    moe: MoeSection = Field(default_factory=MoeSection)
+    impl: Literal["auto", "native", "hf"] = "auto"
+    """auto: the native model where vf has the family, else transformers' (slower, said once);
+    native: refuse other families (exit 2); hf: always transformers' model."""
+    compile: bool = False
+    """torch.compile each decoder block (training): fused elementwise work; the first steps compile."""
 
 
 class TrainSampling(SamplingConfig):

@@ -14,11 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64):
+def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64,
+             impl: str = "auto"):
     import torch
     from vf.models import load_model
 
-    model = load_model(model_path, dtype=getattr(torch, dtype), device=device)
+    model = load_model(model_path, dtype=getattr(torch, dtype), device=device, impl=impl)
     for p in model.parameters():
         p.requires_grad_(False)
     from vf.engines.local import LocalEngine

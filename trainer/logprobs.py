@@ -27,6 +27,12 @@ Logits are computed in the input dtype and accumulated in fp32 (fp64 for fp64 in
 padding) give logp = −logZ without error — mask them out of the loss.
 
 `naive_logprobs` is the reference: full log_softmax + gather.
+
+`fused_head_loss` is the trainer's path for per-token losses (every built-in): per block of tokens
+it builds the full-vocabulary logits row in one reused [block, V] buffer, so logZ is exact at
+once, evaluates the loss on the block's log-probs, and forms dhidden and dW right there — three
+GEMMs and no recompute; backward only hands the gradients out. Its block (FUSED_BLOCK_ELEMENTS // V
+tokens) trades buffer memory against passes over dW (one addmm_ over [V, H] per block).
 """
 
 from __future__ import annotations
@@ -218,3 +224,109 @@ def naive_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
     if not return_entropy:
         return logp
     return logp, -(logsm.exp() * logsm).sum(dim=-1)
+
+
+# --- the per-token loss fused into the LM head ------------------------------------------------
+
+FUSED_BLOCK_ELEMENTS = 1 << 25
+"""Logits elements per token block of `fused_head_loss` (128 MiB in fp32): block = this // V tokens."""
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, inv_t, token_loss, grad_scale, block, unit_temp, outputs):
+        """Per token block of n rows: z = hs·Wᵀ [n, V] into one reused buffer (GEMM 1); e = exp(z − m)
+        in place, s = Σe, logZ = m + log s, logp = z[target] − logZ; g = grad_scale · dℓ/dlogp from
+        the loss on this block's logp; then, with p = e/s and the row factors on [n, H] operands,
+            dL/dh = g/T · (W[target] − (e·W)/s)                  (GEMM 2)
+            dL/dW = −eᵀ·(g/s ⊙ hs) + scatter_add(target, g ⊙ hs)  (GEMM 3)
+        Both gradients are kept for backward, which only hands them out."""
+        acc = inv_t.dtype
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n_all, v = hidden.shape[0], weight.shape[0]
+        fused = hidden.dtype == acc and weight.dtype == acc
+        hs_all = _scaled_hidden(hidden, inv_t, unit_temp)
+        grad_h = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w and n_all == 0 else None
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        buf = torch.empty(min(block, n_all), v, dtype=acc, device=hidden.device) if n_all else None
+        logps = [hidden.new_zeros(0, dtype=acc)]
+        for a in range(0, n_all, block):
+            b = min(a + block, n_all)
+            n, hs, tgt = b - a, hs_all[a:b], targets[a:b]
+            e = buf[:n]
+            if fused:
+                torch.mm(hs, weight.t(), out=e)
+            else:
+                e.copy_(hs @ weight.t())
+            m = e.amax(dim=1)
+            s = e.sub_(m.unsqueeze(1)).exp_().sum(dim=1)
+            valid = (tgt >= 0) & (tgt < v)
+            tc = tgt.clamp(0, v - 1)
+            w_t = weight[tc].to(acc)  # [n, H]
+            hs_acc = hs.to(acc)
+            logp = (hs_acc * w_t).sum(dim=1) * valid - (m + torch.log(s))
+            with torch.enable_grad():
+                lp = logp.detach().requires_grad_()
+                out = token_loss(lp, a, b)
+                g = torch.autograd.grad(out.loss, lp, allow_unused=True)[0] if out.loss.requires_grad else None
+            g = torch.zeros_like(logp) if g is None else g.detach().to(acc) * grad_scale
+            total += out.loss.detach().to(acc)
+            out.loss = out.loss.detach()
+            outputs.append(out)
+            logps.append(logp)
+            ec = e if fused else e.to(weight.dtype)
+            if need_h:
+                ew = (ec @ weight).to(acc)  # [n, H]
+                grad_h[a:b] = (w_t * valid.unsqueeze(1) - ew / s.unsqueeze(1)) * (g * inv_t[a:b, 0]).unsqueeze(1)
+            if need_w:
+                rows = ((-g / s).unsqueeze(1) * hs_acc).to(weight.dtype)
+                if grad_w is None:
+                    grad_w = torch.mm(ec.t(), rows).to(acc) if not fused else torch.mm(ec.t(), rows)
+                elif fused:
+                    grad_w.addmm_(ec.t(), rows)
+                else:
+                    grad_w += (ec.t() @ rows).to(acc)
+                grad_w.index_add_(0, tc[valid], (g.unsqueeze(1) * hs_acc)[valid])
+        ctx.grads = (None if grad_h is None else grad_h.to(hidden.dtype),
+                     None if grad_w is None else grad_w.to(weight.dtype))
+        logp_all = torch.cat(logps)
+        ctx.mark_non_differentiable(logp_all)
+        return total * grad_scale, logp_all
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_logp):
+        grad_h, grad_w = ctx.grads
+        del ctx.grads  # hand the buffers over (AccumulateGrad can take them without a copy)
+        scale = float(grad_loss)
+        if scale != 1.0:
+            grad_h = None if grad_h is None else grad_h * scale
+            grad_w = None if grad_w is None else grad_w.mul_(scale)
+        return grad_h, grad_w, None, None, None, None, None, None, None
+
+
+def fused_head_loss(hidden: Tensor, weight: Tensor, targets: Tensor, token_loss, temperature: float | Tensor = 1.0,
+                    grad_scale: float = 1.0, block_elements: int = FUSED_BLOCK_ELEMENTS):
+    """A per-token loss through the LM head, its gradient produced in the forward pass.
+
+    hidden [N, H], weight [V, H], targets [N]; `token_loss(logp, a, b)` returns the `LossOutput`
+    of tokens a..b given their log-probs `logp` [b − a] (a leaf with grad): it must be a sum of
+    per-token terms, each depending on its own token's log-prob only (every built-in loss is), so
+    g = dℓ/dlogp is exact inside a block. Returns (loss, logp, outputs): `loss` = grad_scale · Σ
+    loss, a 0-dim tensor whose backward hands out the gradients already computed; logp [N]
+    (detached); outputs the per-block `LossOutput`s (losses detached; merge their stats).
+
+    Cost: three [N,H]×[H,V] GEMMs (logits, dh, dW), as for full logits with autograd, and one
+    [block, V] buffer instead of [N, V] logits (and their log-softmax and gradient) — against four
+    GEMMs for `chunked_logprobs` + backward, which must recompute the logits.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"need hidden [N, H] and weight [V, H]; got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    inv_t = _inv_temp(temperature, hidden.shape[0], hidden.device, _acc_dtype(hidden.dtype))
+    unit_temp = not isinstance(temperature, Tensor) and float(temperature) == 1.0
+    block = max(1, int(block_elements) // weight.shape[0])
+    outputs: list = []
+    loss, logp = _FusedHeadLoss.apply(hidden, weight, targets.long(), inv_t, token_loss, float(grad_scale), block,
+                                      unit_temp, outputs)
+    return loss, logp, outputs

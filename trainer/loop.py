@@ -135,7 +135,14 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     from vf.trainer import engine as engines
     from vf.trainer import losses
     from vf.trainer.evaluation import evaluate
-    from vf.trainer.step import PolicyLogprobs, make_optimizer, make_scheduler, train_step
+    from vf.trainer.step import (
+        PolicyLogprobs,
+        compile_blocks,
+        embedding_grad_in_place,
+        make_optimizer,
+        make_scheduler,
+        train_step,
+    )
 
     from vf.rundir import RunDir
 
@@ -154,7 +161,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     path = resolve_model_path(config.model.path)
     dtype = getattr(torch, config.model.dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = load_model(path, dtype=dtype, device=d.device)
+    model = load_model(path, dtype=dtype, device=d.device, moe_impl=config.model.moe.impl, impl=config.model.impl)
     model.activation_checkpointing = config.trainer.activation_checkpointing
     start, progress, snapshots = 0, Progress(), {}
     state = None
@@ -170,6 +177,9 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             say(f"resuming from {ck} (step {start})")
         else:
             say("no checkpoint yet: starting from step 0")
+    embedding_grad_in_place(model, distributed=d.enabled)
+    if config.model.compile:
+        say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
     policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk), d)
     optimizer = make_optimizer(policy, config.optim.lr, config.optim.betas, config.optim.weight_decay)
     phases = [(0, config.warmup.lr or config.optim.lr), (W, config.optim.lr)] if W else None
@@ -214,7 +224,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             eval_engine = engines.server_for_eval(config) if need_eval else None
         elif need_eval:
             eval_engine = engines.embedded(path, tokenizer, config.model.dtype, "cpu" if d.device == "cpu" else d.device,
-                                           config.engine.max_batch)
+                                           config.engine.max_batch, config.model.impl)
     need_weights = eval_engine is not None or http_push is not None
     cur = full_state() if (d.enabled or rl or need_weights) else None
 
@@ -250,7 +260,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             rollout_engine, pusher = engines.server(config), http_push
         else:
             rollout_engine = engines.embedded(path, tokenizer, config.model.dtype,
-                                              "cpu" if d.device == "cpu" else d.device, config.engine.max_batch)
+                                              "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
+                                              config.model.impl)
             pusher = EmbeddedPush(rollout_engine, config.drift.weight_noise, config.seed)
         spec = EpisodeSpec(engine=rollout_engine, model=model_name,
                            sampling=_sampling(config),
@@ -297,6 +308,9 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             result = train_step(policy, optimizer, scheduler, mbs, loss_fn, params, n_tokens,
                                 temperature=temperature if phase == "rl" else 1.0, grad_clip=config.optim.grad_clip,
                                 world_size=d.world_size)
+            if result.skipped:
+                say(f"step {step}: non-finite logits ({int(result.metrics.get('nonfinite_logits', 0))} loss tokens) or "
+                    f"gradient norm ({result.grad_norm}): update skipped, training continues")
             version = step + 1
             cur = full_state() if (d.enabled or orch is not None or need_weights) else None
             if orch is not None:
@@ -396,6 +410,7 @@ def _record(step, phase, result, batch, wait, step_time, n_tokens, scheduler, pr
     }
     for k in ("dropped_stale_groups", "zero_variance_groups", "errored_rollouts"):
         progress.counters[k] = progress.counters.get(k, 0) + batch.metrics.get(k, 0)
+    progress.counters["skipped_steps"] = progress.counters.get("skipped_steps", 0) + int(result.skipped)
     return row
 
 

@@ -1,11 +1,14 @@
 """One optimizer step over one global batch.
 
     for each of this rank's micro-batches:
-        hidden = model(input_ids, position_ids)                    packed rows, block-diagonal attention
-        logπ   = chunked_logprobs(hidden, lm_head_weight, targets, T)    (no [tokens, V] logits)
-        out    = loss(logπ, logμ, A, loss_mask)                     out.loss = Σ over loss tokens
-        backward(out.loss · world_size / N_global)                  gradient accumulation
-    clip grad norm; optimizer.step(); scheduler.step()
+        hidden = model(input_ids, position_ids)                    packed rows, attention within documents
+        per-token loss (every built-in), fused into the LM head on the loss tokens only:
+          loss = fused_head_loss(hidden[loss rows], lm_head_weight, targets, loss, T)   dh, dW in the same pass
+        any other loss:
+          logπ = chunked_logprobs(hidden, lm_head_weight, targets, T)    (no [tokens, V] logits)
+          loss = loss_fn(logπ, logμ, A, loss_mask)                      Σ over loss tokens
+        backward(loss · world_size / N_global)                      gradient accumulation
+    clip grad norm; optimizer.step() unless logits/gradients went non-finite; scheduler.step()
 
 N_global is the loss-token count of the whole step (all micro-batches of all ranks), counted
 before the forward pass, so the step is the token mean over the global batch whatever the
@@ -15,29 +18,68 @@ that data-parallel gradient reduction (FSDP/DDP) applies across ranks.
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
-from vf.trainer.logprobs import chunked_logprobs
-from vf.trainer.losses import Loss, merge_stats, stat_value
+from vf.models.moe import moe_stats
+from vf.trainer.logprobs import FUSED_BLOCK_ELEMENTS, chunked_logprobs, fused_head_loss
+from vf.trainer.losses import Loss, Stat, merge_stats, stat_value
 from vf.trainer.samples import MicroBatch
 
 
 class PolicyLogprobs(torch.nn.Module):
     """The native model plus the chunked LM head, as one module: forward returns the per-token
-    log-probs of `targets`. Under FSDP2 this wrapper is the root, so the (tied) LM-head weight is
-    unsharded inside its forward, where the log-probs are computed."""
+    log-probs of `targets`, or with `fused` the loss itself (`fused_head_loss`). Under FSDP2 this
+    wrapper is the root, so the (tied) LM-head weight is unsharded inside its forward, where the
+    log-probs are computed."""
 
-    def __init__(self, model, chunk_size: int = 8192):
+    def __init__(self, model, chunk_size: int = 8192, fused_loss: bool = True,
+                 fused_block_elements: int = FUSED_BLOCK_ELEMENTS):
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
+        self.fused_loss = fused_loss
+        self.fused_block_elements = fused_block_elements
 
-    def forward(self, input_ids, position_ids, targets, temperature: float = 1.0):
+    def forward(self, input_ids, position_ids, targets, temperature: float = 1.0, fused=None):
+        """fused = (rows, token_loss, grad_scale): the loss over the flattened tokens `rows` only
+        (the loss tokens: no other row reaches the LM head), see `fused_head_loss`."""
         hidden = self.model(input_ids, position_ids)  # [R, T, H]
         flat = hidden.reshape(-1, hidden.shape[-1])
+        if fused is not None:
+            rows, token_loss, grad_scale = fused
+            return fused_head_loss(flat.index_select(0, rows), self.model.lm_head_weight,
+                                   targets.reshape(-1).index_select(0, rows), token_loss, temperature, grad_scale,
+                                   self.fused_block_elements)
         return chunked_logprobs(flat, self.model.lm_head_weight, targets.reshape(-1), temperature, self.chunk_size)
+
+
+def embedding_grad_in_place(model, distributed: bool = False) -> bool:
+    """Let the tied input embedding add its gradient rows into the LM head's gradient in place
+    (`layers.Embedding.grad_in_place`): one dense [V, H] gradient less at the end of backward. Only
+    with tied embeddings (an untied embedding's gradient must be dense for AdamW anyway, so a sparse
+    one saves nothing) and one process (FSDP shards gradients). Returns whether it is on."""
+    emb = getattr(model, "embed_tokens", None)
+    on = bool(model.config.tie_word_embeddings) and not distributed and hasattr(emb, "grad_in_place")
+    if on:
+        emb.grad_in_place = True
+    return on
+
+
+def compile_blocks(model) -> int:
+    """`--model.compile`: torch.compile every decoder block in place (parameter names unchanged),
+    with dynamic shapes so new row lengths do not recompile. Attention (`layers.sdpa`) is a graph
+    break, so each block compiles as its norm/projection/rotary part and its output/MLP part, with
+    their elementwise work fused. Returns the number of blocks compiled."""
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return 0
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 @dataclass
@@ -47,21 +89,50 @@ class StepResult:
     grad_norm: float = 0.0
     num_tokens: int = 0  # tokens forwarded on this rank (incl. padding)
     seconds: float = 0.0
+    skipped: bool = False  # non-finite logits or gradients: no optimizer update
+
+
+def _nonfinite(logp, mask) -> dict[str, Stat]:
+    """Loss tokens whose log-prob is not finite: their logits hold NaN/inf (a finite row always
+    gives a finite log-prob), so the step is skipped."""
+    return {"nonfinite_logits": Stat((mask & ~torch.isfinite(logp.detach())).sum(), 1, "sum")}
 
 
 def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], loss_fn: Loss, loss_params: dict,
                      num_loss_tokens: int, temperature: float = 1.0, world_size: int = 1):
-    """Accumulate gradients of Σ loss / num_loss_tokens; returns (Σ loss.detach(), [stats])."""
-    denom = max(int(num_loss_tokens), 1)
+    """Accumulate gradients of Σ loss / num_loss_tokens; returns (Σ loss.detach(), [stats]).
+
+    Per-token losses (every built-in) take the fused path: only the loss tokens reach the LM
+    head, and the loss's gradient is formed inside it (3 GEMMs, no recompute); other losses get
+    per-token log-probs from `chunked_logprobs` and autograd through the loss."""
+    scale = world_size / max(int(num_loss_tokens), 1)
     total = torch.zeros((), dtype=torch.float64)
     stats = []
+    fused = getattr(policy, "fused_loss", False) and loss_fn.per_token
     for mb in micro_batches:
+        mask, mu, adv = (t.reshape(-1) for t in (mb.loss_mask, mb.inference_logprobs, mb.advantages))
+        if fused:
+            rows = mask.nonzero().squeeze(1)
+            mu, adv = mu.index_select(0, rows), adv.index_select(0, rows)
+
+            def token_loss(lp, a, b, mu=mu, adv=adv):
+                out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool), **loss_params)
+                out.stats.update(_nonfinite(lp, torch.ones_like(lp, dtype=torch.bool)))
+                return out
+
+            loss, _, outs = policy(mb.input_ids, mb.position_ids, mb.targets, temperature,
+                                   fused=(rows, token_loss, scale))
+            loss.backward()
+            if not outs:  # no loss token in this micro-batch: the metrics still count it
+                outs = [token_loss(torch.zeros(0), 0, 0)]
+            total += sum(o.loss.double() for o in outs)
+            stats.extend(o.stats for o in outs)
+            continue
         logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature)
-        out = loss_fn(logp, mb.inference_logprobs.reshape(-1), mb.advantages.reshape(-1),
-                      mb.loss_mask.reshape(-1), **loss_params)
-        (out.loss * (world_size / denom)).backward()
+        out = loss_fn(logp, mu, adv, mask, **loss_params)
+        (out.loss * scale).backward()
         total += out.loss.detach().double()
-        stats.append(out.stats)
+        stats.append({**out.stats, **_nonfinite(logp, mask.bool())})
     return total, stats
 
 
@@ -69,17 +140,20 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
                loss_params: dict, num_loss_tokens: int, temperature: float = 1.0, grad_clip: float = 1.0,
                world_size: int = 1) -> StepResult:
     """One full optimizer step. With world_size > 1 every rank calls it with its own micro-batches
-    and the same global `num_loss_tokens`; loss and metrics come back reduced over all ranks."""
+    and the same global `num_loss_tokens`; loss and metrics come back reduced over all ranks.
+
+    NaN/inf in the logits of a loss token (counted in `nonfinite_logits`) or in the gradient norm
+    skips the update: the gradients are dropped, the optimizer does not step (the LR schedule
+    does, so it stays aligned with the step index), `skipped_step` = 1 in the metrics."""
     t0 = time.perf_counter()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
+    moe_stats(policy.model)  # drop routing counts of forwards outside this step
     total, stats = forward_backward(policy, micro_batches, loss_fn, loss_params, num_loss_tokens,
                                     temperature, world_size)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
         grad_norm = grad_norm.full_tensor()
-    optimizer.step()
-    scheduler.step()
     merged = merge_stats(stats)
     if world_size > 1:
         from vf.trainer.distributed import all_reduce_stats, all_reduce_sum
@@ -87,9 +161,20 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
         total = all_reduce_sum(total)
         merged = all_reduce_stats(merged)
     metrics = {k: stat_value(v) for k, v in merged.items()}
+    metrics.update(moe_stats(policy.model))  # MoE load balance of this step (this rank's tokens)
+    skipped = metrics.get("nonfinite_logits", 0) > 0 or not math.isfinite(float(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # torch warns when the schedule steps without the optimizer
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()
+    else:
+        optimizer.step()
+        scheduler.step()
+    metrics["skipped_step"] = float(skipped)
     return StepResult(loss=float(total) / max(int(num_loss_tokens), 1), metrics=metrics,
                       grad_norm=float(grad_norm), num_tokens=sum(mb.num_tokens for mb in micro_batches),
-                      seconds=time.perf_counter() - t0)
+                      seconds=time.perf_counter() - t0, skipped=skipped)
 
 
 def make_optimizer(model, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0):

@@ -158,12 +158,19 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from `path`; anything else (missing, unreadable, binary, not YAML, not a
+    mapping) is a UsageError naming `path:line` where YAML can say the line."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"config file {path} cannot be read as text: {e}") from None
     except yaml.YAMLError as e:
-        raise UsageError(f"config file {path} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{where}: config file is not valid YAML ({reason})") from None
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping at the top level")
     return data

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from vf.cli import Progress
 from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validate
-from vf.errors import UsageError, VfError
+from vf.errors import UsageError
 from vf.loading import load_taskset
 from vf.rundir import RunDir
 from vf.runner import make_engine, make_plan, make_spec, run_plan
@@ -163,7 +163,7 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
         path = str(p / "traces.jsonl" if p.is_dir() else p)
         if not Path(path).exists():
             raise UsageError(f"no traces at {path}")
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:  # a bad byte fails its line, not the read
             lines = list(enumerate(f, 1))
         if taskset_id is None and p.is_dir():
             saved = RunDir(p).load_config()
@@ -182,7 +182,7 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
         try:
             ep = parse_episode(line, path, lineno)
         except TraceFormatError as e:
-            raise VfError(str(e), hint="repair or drop that line (vf-eval --resume drops torn lines)") from None
+            raise UsageError(str(e), hint="repair or drop that line (vf-eval --resume drops torn lines)") from None
         if ep.ok:
             task = task_cls(data_cls.model_validate(ep.task.data), loaded.taskset.config.task)
             for trace in ep.traces:

@@ -6,11 +6,13 @@
       summary.json     aggregates (written at the end of every attempt)
       version.json     the vf version and git commit that last wrote the run (vf.version)
       logs/            one log per attempt
+      traces.corrupt.jsonl  lines of traces.jsonl that resume could not parse, moved (not deleted)
 
 Why one whole episode per line: a line is durable or torn, never half an episode, so a
 `kill -9` at any moment loses at most the episodes still running. Resume keeps the complete,
 error-free episodes, drops torn or errored lines, and rewrites the file atomically
-(tmp + rename) before anything new is appended.
+(tmp + rename) before anything new is appended. A line that does not parse is not thrown away:
+the rewrite moves it to traces.corrupt.jsonl, so nothing already on disk is lost.
 
 An episode counts as done only once its line is on disk (written and fsync'd). In an async run
 `commit()` does that off the event loop, and the episodes that finish while one fsync runs are
@@ -35,6 +37,8 @@ CONFIG_FILE = "config.yaml"
 """Resolved config of the run (YAML)."""
 TRACES_FILE = "traces.jsonl"
 """Episodes, one JSON object per line."""
+CORRUPT_FILE = "traces.corrupt.jsonl"
+"""Lines of traces.jsonl that did not parse, kept by `rewrite()`."""
 SUMMARY_FILE = "summary.json"
 """Aggregates over the episodes (see vf.summary)."""
 VERSION_FILE = "version.json"
@@ -56,6 +60,8 @@ class RunDir:
         self._lock = threading.Lock()
         self._pending: list[tuple[bytes, asyncio.Future]] = []  # lines waiting for the next fsync
         self._flusher: asyncio.Task | None = None
+        self._corrupt_lines: list[int] = []
+        """Line numbers `read()` could not parse; `rewrite()` moves them aside."""
 
     @property
     def traces(self) -> Path:
@@ -80,12 +86,12 @@ class RunDir:
         self.traces.touch()
 
     def load_config(self) -> dict[str, Any]:
-        import yaml
+        from vf.config import load_yaml
 
         if not self.config_path.exists():
             raise UsageError(f"{self.path} is not a run dir (no {CONFIG_FILE})",
                              hint="pass the directory a previous vf-eval/vf-rollout wrote with -o")
-        return yaml.safe_load(self.config_path.read_text()) or {}
+        return load_yaml(self.config_path)
 
     def save_config(self, config: dict[str, Any]) -> None:
         from vf.config import save_yaml
@@ -105,6 +111,7 @@ class RunDir:
         for _, item in iter_episodes(self.traces, strict=False):
             if isinstance(item, TraceFormatError):
                 state.dropped_corrupt += 1
+                self._corrupt_lines.append(item.lineno)
                 continue
             if not item.ok:
                 state.dropped_errored += 1
@@ -118,7 +125,8 @@ class RunDir:
         return state
 
     def rewrite(self, episodes: list[Episode]) -> None:
-        """Atomically replace traces.jsonl with exactly `episodes`."""
+        """Atomically replace traces.jsonl with exactly `episodes` (unparsable lines are moved aside)."""
+        self._move_corrupt_lines()
         tmp = self.traces.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for ep in episodes:
@@ -126,6 +134,20 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(self.traces)
+
+    def _move_corrupt_lines(self) -> None:
+        wanted = set(self._corrupt_lines)
+        if not wanted or not self.traces.exists():
+            return
+        # split lines exactly as vf.trace.iter_episodes did (text mode), keep undecodable bytes as they were
+        text = {"encoding": "utf-8", "errors": "surrogateescape"}
+        with open(self.traces, **text) as src, open(self.path / CORRUPT_FILE, "a", **text) as dst:
+            for lineno, raw in enumerate(src, 1):
+                if lineno in wanted:
+                    dst.write(raw if raw.endswith("\n") else raw + "\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+        self._corrupt_lines = []
 
     def append(self, episode: Episode) -> None:
         """Append one episode as one line; on a write failure, cut the torn tail and say so."""

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from vf.errors import UsageError
 from vf.types import content_text, parse_message  # noqa: F401 - content_text re-exported
 from vf.version import TRACE_VERSION, __version__
 
@@ -307,7 +308,9 @@ def task_hash(data: dict[str, Any]) -> str:
 # ---- reading and writing -------------------------------------------------------------------
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(UsageError, ValueError):
+    """A traces line that does not parse (bad input: exit 2), named by `path:lineno`."""
+
     def __init__(self, path: str | os.PathLike, lineno: int, reason: str):
         super().__init__(f"{path}:{lineno}: {reason}")
         self.path, self.lineno, self.reason = str(path), lineno, reason

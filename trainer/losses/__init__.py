@@ -53,6 +53,10 @@ class Loss:
     defaults: dict[str, Any] = field(default_factory=dict)
     validate: Callable[[dict], dict] | None = None
     accepts_any: bool = False  # custom loss with **kwargs
+    per_token: bool = False
+    """A sum of per-token terms, each a function of its own token's log-prob only: the trainer can
+    then fuse it into the LM head (built-ins declare `PER_TOKEN = True`; a custom function may set
+    `fn.per_token = True`)."""
 
     def resolve(self, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Defaults overlaid with `params`, validated. Raises LossConfigError."""
@@ -91,7 +95,8 @@ def _as_output(out: Any, name: str) -> LossOutput:
 
 def _builtin(name: str) -> Loss:
     mod = importlib.import_module(f"{__name__}.{name}")
-    return Loss(name=name, fn=mod.loss, defaults=dict(mod.DEFAULTS), validate=mod.validate)
+    return Loss(name=name, fn=mod.loss, defaults=dict(mod.DEFAULTS), validate=mod.validate,
+                per_token=bool(getattr(mod, "PER_TOKEN", False)))
 
 
 def _custom(path: str) -> Loss:
@@ -118,7 +123,7 @@ def _custom(path: str) -> Loss:
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in params)
     return Loss(name=path, fn=fn, defaults=declared, validate=getattr(fn, "validate", None),
-                accepts_any=accepts_any)
+                accepts_any=accepts_any, per_token=bool(getattr(fn, "per_token", False)))
 
 
 def get(name: str | None = None) -> Loss:

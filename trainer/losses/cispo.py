@@ -25,6 +25,7 @@ from torch import Tensor
 from .common import LossOutput, Stat, check_range, finish, prepare
 
 NAME = "cispo"
+PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
 DEFAULTS = {"eps_low": 1.0, "eps_high": 4.0}
 
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from .common import LossConfigError, LossOutput, Stat, check_range, finish, masked_stats, prepare
 
 NAME = "icepop"
+PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
 DEFAULTS = {"low": 0.5, "high": 5.0}
 
 

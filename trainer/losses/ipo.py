@@ -26,6 +26,7 @@ from torch import Tensor
 from .common import LossOutput, check_range, finish, masked_stats, prepare
 
 NAME = "ipo"
+PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
 DEFAULTS = {"eps": 0.3, "kl_tau": 0.0}
 
 

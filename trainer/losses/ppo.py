@@ -26,6 +26,7 @@ from torch import Tensor
 from .common import LossOutput, check_range, finish, prepare
 
 NAME = "ppo"
+PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
 DEFAULTS = {"eps_low": 0.2, "eps_high": 0.2}
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from .common import LossOutput, finish, prepare
 
 NAME = "sft"
+PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
 DEFAULTS: dict = {}
 
 

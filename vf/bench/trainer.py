@@ -2,7 +2,8 @@
 LM-head loss, against the `transformers` model of the same config and weights with a full-logits
 loss, on the same batch.
 
-    ours: h = NativeModel(ids);  logp = chunked_logprobs(h, lm_head_weight, targets);  (−logp).mean().backward()
+    ours: the trainer's path: h = NativeModel(ids); mean −logp fused into the LM head
+          (`fused_head_loss`: gradients formed in the forward, 3 GEMMs); tied embedding's gradient added in place
     ref:  logits = AutoModelForCausalLM(ids).logits;  logp = log_softmax(logits).gather(targets);  same loss
 
 Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
@@ -49,8 +50,8 @@ SIZES: dict[str, list[dict[str, Any]]] = {
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
-        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 0,
-         "ckpt": True},
+        {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 2,
+         "interleave": True, "ckpt": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
@@ -109,15 +110,23 @@ def _build(variant: str, path: str):
 
     if variant in ("ours", "ours-ckpt"):
         from vf.models import load_model
-        from vf.trainer.logprobs import chunked_logprobs
+        from vf.trainer import losses
+        from vf.trainer.step import PolicyLogprobs, embedding_grad_in_place
 
         model = load_model(path, dtype=torch.float32)
         model.activation_checkpointing = variant == "ours-ckpt"
+        embedding_grad_in_place(model)
         cfg = model.config
+        policy, sft = PolicyLogprobs(model), losses.get("sft")
 
-        def loss_fn(ids, tgt):
-            h = model(ids)
-            return -chunked_logprobs(h.reshape(-1, h.shape[-1]), model.lm_head_weight, tgt.reshape(-1)).mean()
+        def loss_fn(ids, tgt):  # the trainer's path: sft loss fused into the LM head
+            n = tgt.numel()
+
+            def token_loss(lp, a, b):
+                return sft(lp, None, None, torch.ones(b - a, dtype=torch.bool))
+
+            loss, _, _ = policy(ids, None, tgt, 1.0, fused=(torch.arange(n), token_loss, 1.0 / n))
+            return loss
     else:
         from transformers import AutoModelForCausalLM
 
@@ -147,7 +156,7 @@ def _step(model, loss_fn, inp, tgt) -> tuple[float, float]:
     loss.backward()
     dt = time.perf_counter() - t
     model.zero_grad(set_to_none=True)
-    return dt, float(loss)
+    return dt, float(loss.detach())
 
 
 def measure_pair(path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
@@ -193,12 +202,11 @@ def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[s
 
 def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
     from vf.models import read_config
-    from vf.trainer.logprobs import DEFAULT_CHUNK_SIZE
 
     t0 = time.perf_counter()
     specs = SIZES[size]
     cfg_doc = {"size": size, "cases": specs,
-               "loss": f"mean -logp, chunked LM head ({DEFAULT_CHUNK_SIZE}) vs full logits"}
+               "loss": "mean -logp, loss fused into the LM head vs full logits"}
     peak_flops = (peak or {}).get("peak_flops")
     cases, notes = [], []
     for spec in specs:
@@ -221,8 +229,8 @@ def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dic
                 side["mfu_pct"] = round(100 * fpt * side["tokens_per_s"] / peak_flops, 2)
         big = mcfg.vocab_size >= 100_000
         name = f"{spec['name']} B{spec['batch']}xT{spec['seq']}"
-        for mine, suffix, label in ((ours, "", "native + chunked"),
-                                    (ckpt, " +act-ckpt", "native + chunked + activation checkpointing")):
+        for mine, suffix, label in ((ours, "", "native + fused head loss"),
+                                    (ckpt, " +act-ckpt", "native + fused head loss + activation checkpointing")):
             if mine is None:
                 continue
             mine["loss_delta"] = abs(mine["loss"] - ref["loss"])  # same weights, same batch: ~0

@@ -25,7 +25,13 @@ class FastDecoder:
     @staticmethod
     def supports(model) -> bool:
         try:
+            from vf.models.layers import Attention
+
             layer = model.layers[0]
+            cfg = model.config
+            # the plain fused-qkv attention with full-width rope only (not MLA, sinks, partial rotary)
+            if any(type(lay.attn) is not Attention for lay in model.layers) or cfg.rotary_dim != cfg.head_dim:
+                return False
             return all(hasattr(layer.attn, a) for a in ("qkv_proj", "o_proj", "q_norm", "nh", "nkv", "hd")) and \
                 hasattr(model, "rotary") and hasattr(model, "embed_tokens") and hasattr(model, "norm")
         except (AttributeError, IndexError, TypeError):

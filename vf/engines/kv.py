@@ -1,9 +1,12 @@
 """Slot KV cache for continuous batching, behind the models' attention seam
-(`out = cache.attend(layer_idx, q, k, v)`, see vf/models/cache.py).
+(`out = cache.attend(layer_idx, q, k, v)` and `streams, mask = cache.store(layer_idx, *new)`, see
+vf/models/cache.py).
 
 Shape legend: R row capacity (max_batch), L length capacity, n active rows, m new rows,
 T prompt block length (right-padded), nh/nkv query/kv heads, hd head dim.
-    k[layer], v[layer] : [R, nkv, L, hd]   (R, L grow on demand up to max_rows, max_len)
+    bufs[s][layer] : [R, h_s, L, d_s] per stored stream s (R, L grow on demand up to max_rows, max_len)
+    k = bufs[0], v = bufs[1] for the usual two streams [(nkv, hd), (nkv, hd)]; multi-head latent
+    attention stores its compact latent instead: streams [(1, kv_lora_rank), (1, qk_rope_head_dim)].
 Active sequences always occupy rows 0..n-1 (kept compact: a finished row is overwritten by the
 last row via `move`), so a decode step reads the views k[layer][:n, :, :Lmax] with no gather.
 
@@ -17,18 +20,21 @@ Two modes, set before each model forward:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from vf.models.cache import attend_masked
 
 
 class SlotKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_rows: int, max_len: int,
-                 dtype: torch.dtype, device, initial_len: int = 256):
+                 dtype: torch.dtype, device, initial_len: int = 256,
+                 streams: list[tuple[int, int]] | None = None):
         self.num_layers, self.nkv, self.hd = num_layers, num_kv_heads, head_dim
         self.max_rows, self.max_len = max_rows, max_len
         self.dtype, self.device = dtype, device
         self.cap_rows = self.cap_len = 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
+        self.stream_shapes = list(streams or [(num_kv_heads, head_dim), (num_kv_heads, head_dim)])
+        self.bufs: list[list[torch.Tensor]] = [[] for _ in self.stream_shapes]
+        self.k, self.v = (self.bufs + [[], []])[:2]
         self._reserve(1, min(initial_len, max_len))
         self._mode = None
         self._start = self._m = self._T = self._n = self._lmax = 0
@@ -47,8 +53,8 @@ class SlotKVCache:
         while new_len < length:
             new_len *= 2
         new_rows, new_len = min(new_rows, self.max_rows), min(new_len, self.max_len)
-        shape = (new_rows, self.nkv, new_len, self.hd)
-        for store in (self.k, self.v):
+        for (h, d), store in zip(self.stream_shapes, self.bufs):
+            shape = (new_rows, h, new_len, d)
             for i in range(self.num_layers):
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if i < len(store):
@@ -73,28 +79,31 @@ class SlotKVCache:
         self._mask = (ar[None, :] <= pos[:, None])[:, None, None, :]  # [n, 1, 1, Lmax]
 
     # -- the seam ----------------------------------------------------------------------------
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        gqa = q.shape[1] != k.shape[1]
+    def store(self, layer_idx: int, *new: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
         if self._mode == "prefill":
             s, m, T = self._start, self._m, self._T
-            self.k[layer_idx][s : s + m, :, :T] = k
-            self.v[layer_idx][s : s + m, :, :T] = v
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            for bufs, x in zip(self.bufs, new):
+                bufs[layer_idx][s : s + m, :, :T] = x
+            return new, None  # the block attends causally within itself
         if self._mode == "decode":
             n, lmax = self._n, self._lmax
-            kb, vb = self.k[layer_idx], self.v[layer_idx]
-            kb[self._rows, :, self._pos] = k[:, :, 0]
-            vb[self._rows, :, self._pos] = v[:, :, 0]
-            return F.scaled_dot_product_attention(
-                q, kb[:n, :, :lmax], vb[:n, :, :lmax], attn_mask=self._mask, enable_gqa=gqa
-            )
-        raise RuntimeError("SlotKVCache.attend called outside begin_prefill/begin_decode")
+            out = []
+            for bufs, x in zip(self.bufs, new):
+                buf = bufs[layer_idx]
+                buf[self._rows, :, self._pos] = x[:, :, 0]
+                out.append(buf[:n, :, :lmax])
+            return tuple(out), self._mask
+        raise RuntimeError("SlotKVCache.store called outside begin_prefill/begin_decode")
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        (k, v), mask = self.store(layer_idx, k, v)
+        return attend_masked(q, k, v, mask)
 
     def advance(self, T: int) -> None:  # lengths are tracked by the scheduler, not here
         self._mode = None
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy row `src`'s first `length` positions into row `dst` (compaction after a row finishes)."""
-        for store in (self.k, self.v):
+        for store in self.bufs:
             for buf in store:
                 buf[dst, :, :length] = buf[src, :, :length]

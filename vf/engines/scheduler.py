@@ -68,8 +68,9 @@ class Scheduler:
         cfg = model.config
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        streams = model.kv_streams() if hasattr(model, "kv_streams") else None
         self.cache = SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_batch, max_len,
-                                 p.dtype, p.device)
+                                 p.dtype, p.device, streams=streams)
         self.lock = threading.RLock()
         from vf.engines.fastpath import FastDecoder
 

@@ -141,7 +141,7 @@ RULES: list[Rule] = [
       "0.4.0 `vf-replay RUN` (offline re-scoring) becomes `vf-eval --score RUN`.",
       "vf-replay outputs/run1", "vf-eval --score outputs/run1"),
     R("SCR900", "script", "removed commands: flagged",
-      "`vf-install`, `vf-tui`, `vf-setup`, `vf-build`, `vf-init`, `vf-gepa`, `vf-validate`, `vf-debug`, "
+      "`vf-install`, `vf-tui`, `vf-setup`, `vf-build`, `vf-gepa`, `vf-debug`, "
       "`serve` and bare `validate`/`debug`/`gepa` have no vf equivalent; the line gets a "
       "`# TODO(vf-migrate)` comment saying what to do instead.",
       "vf-install my-env",

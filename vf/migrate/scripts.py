@@ -24,9 +24,7 @@ REMOVED = {
     "vf-tui": "vf-tui is gone; read summary.json / traces.jsonl of the run dir (vf-eval --score DIR --json)",
     "vf-setup": "vf-setup is gone; no setup step is needed",
     "vf-build": "vf-build is gone; build the package with pip/uv",
-    "vf-init": "vf-init is gone; copy environments/reverse_text as a template",
     "vf-gepa": "vf-gepa has no vf equivalent",
-    "vf-validate": "vf-validate has no vf equivalent; vf-eval a few tasks instead",
     "vf-debug": "vf-debug has no vf equivalent; vf-eval -n 1 -o DIR and read traces.jsonl",
     "serve": "`serve` (verifiers 0.2 env server) is gone; vf runs envs in-process",
 }

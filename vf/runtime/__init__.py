@@ -4,10 +4,19 @@ One interface (`Runtime`: `run`, `write`, `read`, `close`) with one implementati
 A runtime owns one per-rollout working directory and every process it starts; `close()` removes
 both, always (use `async with`). Pick one with `make_runtime(RuntimeConfig(type=...))`.
 
-Types: `subprocess` (host processes; no isolation, debug only) and the ones other modules
-register through `register_runtime` (`sandbox`, `docker`).
+Types: `sandbox` (the default: bubblewrap, see vf.runtime.sandbox), `docker` (where a daemon
+answers), `subprocess` (host processes; no isolation, debug only, warns once per run), and any a
+module registers through `register_runtime`. A command stopped by a limit has
+`CommandResult.limit` set (`RuntimeLimitError` via `raise_for_limit()`).
 """
 
-from vf.runtime.base import CommandResult, Runtime, RuntimeConfig, make_runtime, register_runtime
+from vf.runtime.base import (
+    CommandResult,
+    Runtime,
+    RuntimeConfig,
+    RuntimeLimitError,
+    make_runtime,
+    register_runtime,
+)
 
-__all__ = ["CommandResult", "Runtime", "RuntimeConfig", "make_runtime", "register_runtime"]
+__all__ = ["CommandResult", "Runtime", "RuntimeConfig", "RuntimeLimitError", "make_runtime", "register_runtime"]

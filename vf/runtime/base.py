@@ -7,36 +7,76 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vf.errors import UsageError
+from vf.errors import UsageError, VfError
 
 
 class RuntimeConfig(BaseModel):
-    """`--env.agent.runtime.*`: which runtime, and the limits every type honours where it can."""
+    """`--env.agent.runtime.*`: which runtime, and the limits every type honours where it can.
+
+    The default type is `sandbox` (bubblewrap): code a model wrote never runs on the host unasked.
+    `subprocess` (no isolation) must be named explicitly.
+    """
 
     model_config = ConfigDict(extra="allow")
-    type: str = "subprocess"
+    type: str = "sandbox"
     timeout: float = Field(60.0, gt=0)
     """Default wall-time limit in seconds for one `run()`."""
     max_output_bytes: int = Field(1_000_000, gt=0)
-    """stdout and stderr are each cut to this many bytes (the rest is dropped, marked)."""
+    """stdout and stderr are each kept up to this many bytes; a command that writes more is stopped."""
+    cpu_time: float | None = Field(None, gt=0)
+    """CPU seconds one command may use (sandbox, docker); None = the wall-time limit."""
+    memory_mb: int = Field(2048, gt=0)
+    """Address-space limit per process in MiB (sandbox), container memory (docker)."""
+    max_processes: int = Field(256, gt=0)
+    """Processes and threads a command may have at once (sandbox, docker)."""
+    max_file_mb: int = Field(1024, gt=0)
+    """Largest file a command may write, in MiB (sandbox)."""
+    network_allow: list[str] = Field(default_factory=list)
+    """Hosts the command may reach. Empty = no network at all; any entry gives the host's network
+    (bubblewrap cannot filter by host, so a non-empty list is all-or-nothing: the task's
+    `network_allow` decides)."""
+    read_only_paths: list[str] = Field(default_factory=list)
+    """Extra host paths visible read-only inside the sandbox (e.g. a virtualenv a hook needs)."""
+    image: str = "python:3.11-slim"
+    """Container image (docker)."""
+
+
+LIMITS = ("wall_time", "cpu_time", "memory", "processes", "output")
+
+
+class RuntimeLimitError(VfError):
+    """A command hit one of its runtime's limits (see `CommandResult.limit`)."""
+
+    def __init__(self, result: CommandResult):
+        super().__init__(f"command stopped: {result.limit} limit reached (exit code {result.exit_code})")
+        self.result = result
+        self.limit = result.limit
 
 
 @dataclass
 class CommandResult:
-    """What one `run()` produced. A command killed at its time limit has `timed_out` set."""
+    """What one `run()` produced. A command killed at its time limit has `timed_out` set; any limit
+    it hit is named in `limit` (one of `LIMITS`)."""
 
     exit_code: int
     stdout: str
     stderr: str
     timed_out: bool = False
+    limit: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.limit is None
+
+    def raise_for_limit(self) -> CommandResult:
+        """Raise `RuntimeLimitError` if a limit stopped the command (for hooks that want an error)."""
+        if self.limit is not None:
+            raise RuntimeLimitError(self)
+        return self
 
 
 class Runtime(ABC):
@@ -69,10 +109,10 @@ class Runtime(ABC):
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    async def __aenter__(self) -> "Runtime":
+    async def __aenter__(self) -> Runtime:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def _resolve(self, path: str) -> Path:
@@ -100,7 +140,7 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
 
 def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
     config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
-    from vf.runtime import subprocess as _  # noqa: F401  (registers `subprocess`)
+    from vf.runtime import docker, sandbox, subprocess  # noqa: F401  (register their types)
 
     if config.type not in _TYPES:
         raise UsageError(f"unknown runtime type {config.type!r}",

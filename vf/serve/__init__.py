@@ -11,14 +11,16 @@ import asyncio
 
 
 async def start_server(engine, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-                       api_key: str | None = None, max_queue: int = 256):
-    """Start serving on the running loop; returns (asyncio.Server, ServeApp)."""
+                       api_key: str | None = None, max_queue: int = 256, weights_roots=(), **http_limits):
+    """Start serving on the running loop; returns (asyncio.Server, ServeApp).
+
+    `http_limits`: `max_body`, `idle_timeout`, `request_timeout`, `max_connections` (vf.serve.http)."""
     from vf.serve.app import ServeApp
     from vf.serve.http import serve
 
     app = ServeApp(engine, served_model_name or getattr(engine, "model_name", "local"), api_key=api_key,
-                   max_queue=max_queue)
-    server = await serve(app, host, port)
+                   max_queue=max_queue, weights_roots=weights_roots)
+    server = await serve(app, host, port, **http_limits)
     return server, app
 
 

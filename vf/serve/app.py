@@ -15,6 +15,13 @@ logprob tokens as "token_id:<id>"; also `top_k`, `min_p`, `ignore_eos`, `min_tok
 `stop_token_ids`. Every completion carries `policy_version`. `top_logprobs` > 0 is accepted and
 answered with empty lists (only the sampled token's log-prob is computed).
 
+Admin routes (`/v1/load_weights` and its aliases: everything that changes server state) need the
+API key and are off when the server has none; a weight path must resolve (symlinks followed) to a
+directory under one of `weights_roots` (none = weight loading off). Request limits, checked before
+any work: body size (413, see vf.serve.http), `messages`, `tools`, `n`, and `max_tokens` larger
+than the model's context (400); a `max_tokens` that fits the context but not next to the prompt is
+clamped to the room left, as before.
+
 Admission: at most `max_queue` generation requests in flight (running + waiting); one more gets
 HTTP 503 at once so clients back off instead of piling up. Concurrent requests share the
 engine's continuous batch.
@@ -27,6 +34,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from vf.engines.base import Sampling
@@ -99,12 +107,19 @@ def _flag(body: dict, key: str) -> bool:
     return v
 
 
+ADMIN_ROUTES = ("/v1/load_weights", "/v1/update_weights", "/load_weights", "/update_weights")
+
+
 class ServeApp:
     def __init__(self, engine, served_model_name: str, api_key: str | None = None, max_queue: int = 256,
-                 default_max_tokens: int = 1024):
+                 default_max_tokens: int = 1024, weights_roots: list[str | Path] = (),
+                 max_messages: int = 1024, max_tools: int = 256):
         self.engine = engine
         self.model_name = served_model_name
         self.api_key = api_key
+        self.weights_roots = [Path(r).resolve() for r in weights_roots]
+        self.max_messages = max_messages
+        self.max_tools = max_tools
         self.max_queue = max_queue
         self.default_max_tokens = default_max_tokens
         self.in_flight = 0
@@ -144,8 +159,11 @@ class ServeApp:
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/completions"): self.completions,
         }
-        for alias in ("/v1/load_weights", "/v1/update_weights", "/load_weights", "/update_weights"):
+        for alias in ADMIN_ROUTES:
             routes[("POST", alias)] = self.load_weights
+        if path in ADMIN_ROUTES and self.api_key is None:
+            raise ApiError(403, "weight loading is off: this server has no API key",
+                           type="PermissionDenied")
         fn = routes.get((req.method, path))
         if fn is None:
             if any(p == path for _, p in routes):
@@ -176,10 +194,23 @@ class ServeApp:
         version = body.get("version")
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise ApiError(400, f"'version' must be an integer, got {version!r}", param="version")
+        real = Path(path).resolve()
+        if not any(real.is_relative_to(root) for root in self.weights_roots):
+            where = ", ".join(map(str, self.weights_roots)) or "none: start vf-serve with --weights-root DIR"
+            raise ApiError(403, f"weight path {path} is not under an allowed weights root ({where})",
+                           type="PermissionDenied", param="path")
         v = await asyncio.to_thread(self.engine.load_checkpoint, path, version)
         return json_response({"status": "ok", "policy_version": v, "path": path})
 
     # -- generation --------------------------------------------------------------------------
+    def _sampling(self, body: dict, default_max_tokens: int):
+        sampling, extra = parse_sampling(body, default_max_tokens)
+        asked = body.get("max_completion_tokens", body.get("max_tokens")) is not None
+        if asked and sampling.max_tokens > self.engine.max_len:
+            raise ApiError(400, f"'max_tokens' is {sampling.max_tokens}; the model's context is "
+                                f"{self.engine.max_len} tokens", param="max_tokens")
+        return sampling, extra
+
     def _admit(self, n: int = 1) -> None:
         if self.in_flight + n > self.max_queue:
             raise ApiError(503, f"server is at capacity ({self.max_queue} requests in flight); retry later",
@@ -207,14 +238,19 @@ class ServeApp:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "'messages' must be a non-empty list of message objects", param="messages")
+        if len(messages) > self.max_messages:
+            raise ApiError(400, f"{len(messages)} messages; this server takes at most {self.max_messages}",
+                           param="messages")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise ApiError(400, "'tools' must be a list", param="tools")
+        if tools and len(tools) > self.max_tools:
+            raise ApiError(400, f"{len(tools)} tools; this server takes at most {self.max_tools}", param="tools")
         if body.get("tool_choice") == "none":
             tools_for_parse = False
         else:
             tools_for_parse = bool(tools)
-        sampling, extra = parse_sampling(body, self.default_max_tokens)
+        sampling, extra = self._sampling(body, self.default_max_tokens)
         n = _num(body, "n", 1, lo=1, hi=128, integer=True)
         want_lp = _flag(body, "logprobs")
         top = _num(body, "top_logprobs", 0, lo=0, hi=20, integer=True)
@@ -383,7 +419,7 @@ class ServeApp:
         else:
             raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request)",
                            param="prompt")
-        sampling, extra = parse_sampling(body, min(16, self.default_max_tokens) if "max_tokens" not in body
+        sampling, extra = self._sampling(body, min(16, self.default_max_tokens) if "max_tokens" not in body
                                          else self.default_max_tokens)
         n = _num(body, "n", 1, lo=1, hi=128, integer=True)
         lp_req = body.get("logprobs")

@@ -7,7 +7,11 @@ JSON responses and chunked (SSE) streaming responses. Standard library only.
 
 Why not http.server: streaming many concurrent SSE responses from one event loop (where the engine
 futures resolve) is simpler without a thread per connection. A malformed request line/headers gets
-HTTP 400 and the connection is closed; the server itself keeps running.
+HTTP 400, a body over `max_body` bytes 413, a request whose head and body do not arrive within
+`request_timeout` seconds 408 (slow clients cannot hold a connection open byte by byte), and a
+keep-alive connection idle for `idle_timeout` seconds is closed; in each case the connection is
+closed and the server itself keeps running. Past `max_connections` open connections, new ones are
+answered 503 and closed at once.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from urllib.parse import parse_qs, urlsplit
 
 MAX_HEADER_LINE = 16 * 1024
 MAX_HEADERS = 100
-MAX_BODY = 64 * 1024 * 1024
+MAX_BODY = 16 * 1024 * 1024
+IDLE_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 30.0
+MAX_CONNECTIONS = 2048
 
 
 class BadHTTP(Exception):
-    pass
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -62,8 +71,20 @@ async def _read_line(reader: asyncio.StreamReader) -> bytes:
     return line
 
 
-async def read_request(reader: asyncio.StreamReader) -> Request:
-    line = await _read_line(reader)
+async def read_request(reader: asyncio.StreamReader, max_body: int = MAX_BODY, idle_timeout: float = IDLE_TIMEOUT,
+                       request_timeout: float = REQUEST_TIMEOUT) -> Request:
+    """Wait up to `idle_timeout` for a request to start, then `request_timeout` for all of it."""
+    try:
+        first = await asyncio.wait_for(_read_line(reader), idle_timeout)
+    except TimeoutError:
+        raise EOFError from None  # an idle keep-alive connection: just close it
+    try:
+        return await asyncio.wait_for(_read_rest(reader, first, max_body), request_timeout)
+    except TimeoutError:
+        raise BadHTTP(f"request not received within {request_timeout:g}s", 408) from None
+
+
+async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_body: int) -> Request:
     while line in (b"\r\n", b"\n"):  # tolerate stray blank lines between requests
         line = await _read_line(reader)
     try:
@@ -100,8 +121,8 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
                     pass
                 break
             total += size
-            if total > MAX_BODY:
-                raise BadHTTP("request body too large")
+            if total > max_body:
+                raise BadHTTP(f"request body over {max_body} bytes", 413)
             parts.append(await reader.readexactly(size))
             await _read_line(reader)
         body = b"".join(parts)
@@ -110,8 +131,10 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
             n = int(headers["content-length"])
         except ValueError:
             raise BadHTTP("malformed Content-Length") from None
-        if n < 0 or n > MAX_BODY:
-            raise BadHTTP("request body too large")
+        if n < 0:
+            raise BadHTTP("malformed Content-Length")
+        if n > max_body:
+            raise BadHTTP(f"request body over {max_body} bytes", 413)
         body = await reader.readexactly(n)
     url = urlsplit(target)
     return Request(method.upper(), url.path, parse_qs(url.query), headers, body)
@@ -154,30 +177,44 @@ async def write_response(writer: asyncio.StreamWriter, resp: Response, keep_aliv
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def serve(handler: Handler, host: str, port: int) -> asyncio.Server:
+async def serve(handler: Handler, host: str, port: int, *, max_body: int = MAX_BODY,
+                idle_timeout: float = IDLE_TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
+                max_connections: int = MAX_CONNECTIONS) -> asyncio.Server:
+    open_connections = 0
+
     async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_connections
+        open_connections += 1
         try:
+            if open_connections > max_connections:
+                msg = {"error": {"message": "too many open connections; retry later", "type": "ServiceUnavailable",
+                                 "code": 503}}
+                await asyncio.wait_for(write_response(writer, json_response(msg, 503), keep_alive=False), 5)
+                return
             while True:
                 try:
-                    req = await read_request(reader)
+                    req = await read_request(reader, max_body, idle_timeout, request_timeout)
                 except EOFError:
                     break
                 except (BadHTTP, asyncio.IncompleteReadError) as e:
-                    msg = {"error": {"message": f"bad HTTP request: {e}", "type": "BadRequestError", "code": 400}}
-                    await write_response(writer, json_response(msg, 400), keep_alive=False)
+                    status = getattr(e, "status", 400)
+                    kind = {408: "RequestTimeout", 413: "RequestTooLarge"}.get(status, "BadRequestError")
+                    msg = {"error": {"message": f"bad HTTP request: {e}", "type": kind, "code": status}}
+                    await asyncio.wait_for(write_response(writer, json_response(msg, status), keep_alive=False), 5)
                     break
                 keep = req.headers.get("connection", "").lower() != "close"
                 resp = await handler(req)
                 await write_response(writer, resp, keep)
                 if not keep:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            open_connections -= 1
             try:
                 writer.close()
-                await writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
+                await asyncio.wait_for(writer.wait_closed(), 5)
+            except (TimeoutError, ConnectionError, OSError):
+                writer.transport.abort()  # a peer that stopped reading must not pin the connection
 
     return await asyncio.start_server(on_conn, host, port, limit=MAX_HEADER_LINE, backlog=1024)

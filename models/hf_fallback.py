@@ -1,0 +1,185 @@
+"""Any causal LM that `transformers` implements, run through our trainer and embedded engine when
+no native family exists for its `model_type` (`--model.impl auto|hf`).
+
+    HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM
+      forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
+      lm_head_weight [V, H];  config (a ModelConfig of the fields trainer and engine read);  save(path)
+
+How it plugs in: the HF model's attention modules call the attention function registered here
+under the name "vf" (transformers' `AttentionInterface`), which hands q/k/v (after the model's own
+projections, norms and rotary) to the same seams the native layers use: `layers.sdpa` with a
+`Documents` layout for packed training rows, or the embedded engine's KV cache
+(`cache.attend(layer_idx, q, k, v)`) for prefill and decode — so generation runs on the engine's
+cache, not a full recompute. transformers builds no mask for a custom attention function. The base
+model returns the final-normed hidden states, so log-probs and losses go through our chunked/fused
+LM head unchanged.
+
+What is slower than native: q/k/v and gate/up projections unfused, transformers' module overhead
+per step, and no lean decode step in the engine (`FastDecoder`). Refused (exit 2): logit
+soft-capping or scaling, an LM-head bias, attention soft-capping — our LM head and attention seam
+do not apply them — and sliding-window attention over sequences longer than the window.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from vf.models.config import ModelConfig
+from vf.models.errors import ModelLoadError
+from vf.models.layers import positions_and_mask, sdpa
+
+ATTN_NAME = "vf"
+SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
+          "step in the embedded engine")
+_UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "logits_scaling")
+
+# what the attention function should do during the current forward: (Documents | None, cache | None)
+_CONTEXT: contextvars.ContextVar[tuple[Any, Any]] = contextvars.ContextVar("vf_hf_attention", default=(None, None))
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: q [B,nh,T,hd], k/v [B,nkv,S,hd] -> ([B,T,nh,hd], None)."""
+    docs, cache = _CONTEXT.get()
+    window = kwargs.get("sliding_window")
+    if window and cache is None and query.shape[2] > window:
+        raise ModelLoadError(f"sliding-window attention ({window} tokens) over {query.shape[2]} tokens is not "
+                             "supported by the transformers fallback", hint="use sequences within the window")
+    hd = query.shape[-1]
+    if scaling is not None and not math.isclose(scaling, hd ** -0.5, rel_tol=1e-6):
+        query = query * (scaling * math.sqrt(hd))  # SDPA and the cache scale by 1/sqrt(hd)
+    if cache is not None:
+        out = cache.attend(module.layer_idx, query, key, value)
+    else:
+        out = sdpa(query, key, value, docs)
+    return out.transpose(1, 2), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _attention)
+
+
+def hf_model_config(hf_config) -> ModelConfig:
+    """The native config fields the trainer and the embedded engine read (sizes, heads, tokens),
+    from a transformers config; `architecture` is the HF model_type (not a native family)."""
+    c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    nh = c.num_attention_heads
+    return ModelConfig(
+        architecture=hf_config.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        num_layers=c.num_hidden_layers, num_heads=nh, num_kv_heads=getattr(c, "num_key_value_heads", None) or nh,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // nh,
+        intermediate_size=getattr(c, "intermediate_size", 0) or 0,
+        max_position_embeddings=getattr(c, "max_position_embeddings", 4096),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=getattr(c, "eos_token_id", None))
+
+
+class HFModel(nn.Module):
+    """An `AutoModelForCausalLM` behind the NativeModel interface (see the module doc)."""
+
+    is_hf_fallback = True
+
+    def __init__(self, hf):
+        super().__init__()
+        self.hf = hf
+        self.config = hf_model_config(hf.config)
+        self.activation_checkpointing = False
+        if self.config.tie_word_embeddings:
+            self._tie_state_dict()
+
+    def _tie_state_dict(self) -> None:
+        """A tied LM head is one parameter (as `named_parameters` lists it), so the state dict holds
+        it once too: its head key is dropped on save and filled from the embedding on load. Weight
+        pushes between trainer and engine compare the two name sets."""
+        names = {id(m): n for n, m in self.hf.named_modules()}
+        head = "hf." + names[id(self.hf.get_output_embeddings())] + ".weight"
+        embed = "hf." + names[id(self.hf.get_input_embeddings())] + ".weight"
+
+        def drop(_module, state, prefix, _meta):
+            state.pop(prefix + head, None)
+
+        def fill(state, prefix, *_):
+            if prefix + embed in state:
+                state.setdefault(prefix + head, state[prefix + embed])
+
+        self._register_state_dict_hook(drop)
+        self._register_load_state_dict_pre_hook(fill)
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> HFModel:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        raw = json.loads((path / "config.json").read_text())
+        bad = [k for k in _UNSUPPORTED_KEYS if raw.get(k) not in (None, 1.0)]
+        if bad:
+            raise ModelLoadError(f"{path}: model_type {raw.get('model_type')!r} uses {', '.join(bad)}, which the "
+                                 "transformers fallback's LM head does not apply",
+                                 hint="this family needs a native implementation in vf.models")
+        _register()
+        try:
+            hf, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=ATTN_NAME,
+                                                            output_loading_info=True)
+        except (ValueError, KeyError, OSError) as e:
+            raise ModelLoadError(f"transformers cannot load {path}: {e}",
+                                 hint="check config.json's model_type and the weight files") from None
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            keys = sorted(str(k) for k in info.get(kind) or [])
+            if keys:  # never a half-loaded model
+                shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+                raise ModelLoadError(f"{path}: {len(keys)} {kind.replace('_', ' ')} for model_type "
+                                     f"{hf.config.model_type!r}: {shown}",
+                                     hint="the checkpoint does not match its config.json")
+        head = hf.get_output_embeddings()
+        if head is None or getattr(head, "bias", None) is not None:
+            raise ModelLoadError(f"{path}: the LM head has a bias (or there is none); the transformers fallback "
+                                 "needs a plain [V, H] head", hint="this family needs a native implementation")
+        return cls(hf.to(device)).eval()
+
+    @property
+    def decoder(self):
+        return getattr(self.hf, self.hf.base_model_prefix)
+
+    @property
+    def embed_tokens(self):
+        return self.hf.get_input_embeddings()
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.hf.get_output_embeddings().weight
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        T = input_ids.shape[1]
+        position_ids, docs = positions_and_mask(input_ids, position_ids, cache)
+        if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+            self.hf.gradient_checkpointing_enable({"use_reentrant": False})
+        token = _CONTEXT.set((docs, cache))
+        try:
+            out = self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        finally:
+            _CONTEXT.reset(token)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return out.last_hidden_state
+
+    def compute_logits(self, input_ids, position_ids=None, cache=None):
+        return self.forward(input_ids, position_ids, cache) @ self.lm_head_weight.t()
+
+    def save(self, path: str | Path, max_shard_size: int | None = None) -> Path:
+        """HF layout through transformers' own `save_pretrained` (with the default attention name)."""
+        path = Path(path)
+        impl = self.hf.config._attn_implementation
+        self.hf.config._attn_implementation = "sdpa"
+        try:
+            kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+            self.hf.save_pretrained(str(path), **kw)
+        finally:
+            self.hf.config._attn_implementation = impl
+        return path

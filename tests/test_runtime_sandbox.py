@@ -1,0 +1,193 @@
+"""The sandbox runtime stops what the subprocess runtime lets through.
+
+Every threat is run twice with the same command: under `subprocess` it succeeds (so the test
+would fail without the sandbox), under `sandbox` it is stopped and recorded on the result.
+"""
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from vf.errors import UsageError
+from vf.runtime import RuntimeConfig, make_runtime
+from vf.runtime import sandbox as sandbox_mod
+from vf.runtime import subprocess as subprocess_mod
+from vf.runtime.base import RuntimeLimitError
+from vf.runtime.docker import docker_available
+
+
+def _bwrap_works() -> bool:
+    if sandbox_mod.find_bwrap() is None:
+        return False
+    try:
+        return asyncio.run(_run("sandbox", "true")).ok
+    except Exception:  # noqa: BLE001 - e.g. user namespaces disabled on this host
+        return False
+
+
+async def _run(kind, command, after=None, **config):
+    async with make_runtime(RuntimeConfig(type=kind, **config)) as rt:
+        result = await rt.run(command)
+        if after is not None:
+            return result, await after(rt)
+        return result
+
+
+needs_bwrap = pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap cannot start sandboxes here")
+
+
+def both(command, after=None, **config):
+    return (asyncio.run(_run("subprocess", command, after, **config)),
+            asyncio.run(_run("sandbox", command, after, **config)))
+
+
+def test_sandbox_is_the_default_and_subprocess_warns_once(monkeypatch, capsys):
+    assert RuntimeConfig().type == "sandbox"
+    monkeypatch.setattr(subprocess_mod, "_warned", False)
+    asyncio.run(_run("subprocess", "true"))
+    asyncio.run(_run("subprocess", "true"))
+    err = capsys.readouterr().err
+    assert err.count("no sandbox") == 1 and len(err.strip().splitlines()) == 1
+
+
+def test_missing_bwrap_is_a_usage_error_saying_how_to_install(monkeypatch):
+    monkeypatch.setattr(sandbox_mod, "find_bwrap", lambda: None)
+    with pytest.raises(UsageError) as e:
+        make_runtime(RuntimeConfig())
+    assert e.value.exit_code == 2
+    assert "apt-get install bubblewrap" in e.value.hint and "runtime.type subprocess" in e.value.hint
+
+
+@needs_bwrap
+def test_cannot_read_a_file_planted_in_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine example.com password hunter2\n")
+    monkeypatch.setenv("HOME", str(home))
+    command = f"cat {home / '.netrc'}; cat $HOME/.netrc"
+    host, boxed = both(command)
+    assert "hunter2" in host.stdout and host.ok
+    assert "hunter2" not in boxed.stdout + boxed.stderr and not boxed.ok
+
+
+@needs_bwrap
+def test_environment_secrets_do_not_reach_the_sandbox(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-planted-secret")
+    host, boxed = both("echo key=$OPENAI_API_KEY")
+    assert "sk-planted-secret" in host.stdout
+    assert boxed.ok and boxed.stdout.strip() == "key="
+
+
+@pytest.fixture
+def loopback_server():
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.sendall(b"pong")
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(2)
+    srv.close()
+
+
+@needs_bwrap
+def test_cannot_connect_to_a_loopback_server_unless_network_is_allowed(loopback_server):
+    command = (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {loopback_server}), 2); "
+               f"print(s.recv(4).decode())\"")
+    host, boxed = both(command)
+    assert host.stdout.strip() == "pong"
+    assert boxed.exit_code != 0 and "pong" not in boxed.stdout
+    allowed = asyncio.run(_run("sandbox", command, network_allow=["*"]))
+    assert allowed.stdout.strip() == "pong"  # the task's network_allow opts in
+
+
+@needs_bwrap
+def test_cannot_outlive_its_time_limit():
+    # a detached grandchild (own session) escapes a process-group kill on the host, not the sandbox
+    command = "setsid sh -c 'sleep 1; echo late > marker' </dev/null >/dev/null 2>&1 & sleep 30"
+
+    async def later(rt):
+        await asyncio.sleep(1.2)
+        return (rt.workdir / "marker").exists()
+
+    (host, host_marker), (boxed, boxed_marker) = both(command, later, timeout=0.5)
+    assert host.timed_out and boxed.timed_out and boxed.limit == "wall_time"
+    assert host_marker is True
+    assert boxed_marker is False
+
+
+@needs_bwrap
+def test_process_and_memory_limits_are_recorded_and_the_runtime_goes_on():
+    spawn = "for i in $(seq 100); do sleep 1 & done; wait"
+    host, boxed = both(spawn, max_processes=32)
+    assert host.ok and host.limit is None
+    assert boxed.limit == "processes" and not boxed.ok
+
+    hog = "python3 -c 'x = bytearray(512 << 20); print(len(x))'"
+    host, boxed = both(hog, memory_mb=256)
+    assert host.ok and host.stdout.strip() == str(512 << 20)
+    assert boxed.limit == "memory" and boxed.exit_code != 0
+    with pytest.raises(RuntimeLimitError, match="memory"):
+        boxed.raise_for_limit()
+
+
+@needs_bwrap
+def test_fork_bomb_ends_and_the_same_runtime_still_answers():
+    async def go():
+        async with make_runtime(RuntimeConfig(max_processes=64, timeout=5)) as rt:
+            bomb = await rt.run("f() { f | f & }; f; sleep 1")
+            after = await rt.run("echo still here")
+            return bomb, after
+
+    bomb, after = asyncio.run(go())
+    assert bomb.limit == "processes" and not bomb.ok
+    assert after.ok and after.stdout == "still here\n"
+
+
+@needs_bwrap
+def test_cpu_time_and_output_limits():
+    cpu = asyncio.run(_run("sandbox", "python3 -c 'while True: pass'", cpu_time=1, timeout=20))
+    assert cpu.limit == "cpu_time" and not cpu.timed_out
+    out = asyncio.run(_run("sandbox", "yes", max_output_bytes=1000, timeout=20))
+    assert out.limit == "output" and len(out.stdout) < 1100
+
+
+@needs_bwrap
+def test_files_written_by_hooks_are_editable_inside_and_paths_stay_inside():
+    async def go():
+        async with make_runtime(RuntimeConfig()) as rt:
+            await rt.write("src/a.txt", "one\n")
+            r = await rt.run("echo two >> src/a.txt && cat src/a.txt && touch made")
+            with pytest.raises(UsageError):
+                await rt.read("../../etc/passwd")
+            return r, await rt.read("src/a.txt"), (rt.workdir / "made").exists()
+
+    r, text, made = asyncio.run(go())
+    assert r.ok and text == "one\ntwo\n" and made
+
+
+@pytest.mark.skipif(not docker_available(), reason="no docker daemon answers")
+def test_docker_runtime_isolates_network_and_workdir(loopback_server):
+    async def go():
+        async with make_runtime(RuntimeConfig(type="docker", timeout=60)) as rt:
+            await rt.write("in.txt", "hi")
+            r = await rt.run("cat in.txt && echo out > out.txt")
+            net = await rt.run(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+                               f"{loopback_server}), 2)\"")
+            return r, await rt.read("out.txt"), net
+
+    r, out, net = asyncio.run(go())
+    assert r.stdout == "hi" and out == "out\n" and net.exit_code != 0

@@ -1,0 +1,76 @@
+"""`docker`: each command runs in a fresh container of `image` (a daemon must answer).
+
+The rollout's working directory is mounted at /workspace; no network unless `network_allow` is
+non-empty; memory, process and CPU-time limits go to `docker run`. A timeout, an output overflow
+or `close()` kills this runtime's containers by name (all of them: one rollout's commands share
+its fate), not just the docker client process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+
+from vf.errors import UsageError
+from vf.runtime.base import register_runtime
+from vf.runtime.subprocess import SubprocessRuntime
+
+MOUNT = "/workspace"
+
+
+def docker_available() -> bool:
+    """A docker CLI whose daemon answers (checked once per call; tests use it to skip)."""
+    exe = shutil.which("docker")
+    if exe is None:
+        return False
+    try:
+        return subprocess.run([exe, "info"], capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@register_runtime
+class DockerRuntime(SubprocessRuntime):
+    type = "docker"
+
+    def __init__(self, *args, **kwargs):
+        if not docker_available():
+            raise UsageError("runtime 'docker' needs a running docker daemon ('docker info' fails)",
+                             hint="start docker, or use --env.agent.runtime.type sandbox")
+        super().__init__(*args, **kwargs)
+        self._containers: set[str] = set()
+
+    def _warn(self) -> None:
+        pass
+
+    def _argv(self, command: str | list[str], cwd: str) -> list[str]:
+        c = self.config
+        name = f"vf-{uuid.uuid4().hex[:12]}"
+        self._containers.add(name)
+        inner = MOUNT + cwd.removeprefix(str(self.workdir))
+        cpu = int(c.cpu_time or c.timeout) + 1
+        argv = ["docker", "run", "--rm", "-i", "--name", name, "-v", f"{self.workdir}:{MOUNT}", "-w", inner,
+                "--memory", f"{c.memory_mb}m", "--pids-limit", str(c.max_processes),
+                "--ulimit", f"cpu={cpu}:{cpu + 1}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        if not c.network_allow:
+            argv += ["--network", "none"]
+        return argv + [c.image] + super()._argv(command, cwd)
+
+    def _env(self, env):
+        return super()._env(None)  # the docker client's own env; the command's goes through -e below
+
+    async def run(self, command, *, timeout=None, env=None, cwd=None, input=None):
+        if env:
+            command = ["env", *(f"{k}={v}" for k, v in env.items()),
+                       *(["/bin/sh", "-c", command] if isinstance(command, str) else command)]
+        return await super().run(command, timeout=timeout, cwd=cwd, input=input)
+
+    def _kill(self, group: int) -> None:
+        super()._kill(group)
+        for name in list(self._containers):
+            subprocess.run(["docker", "kill", name], capture_output=True, timeout=30, check=False)
+
+    async def close(self) -> None:
+        await super().close()
+        self._containers.clear()
