@@ -11,7 +11,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
 
 EPILOG = options.epilog(
     "What it rewrites and how, rule by rule with before/after examples: MIGRATION.md (section \"vf-migrate rules\").",
-    "Exit codes: 0 ok, 1 --check found changes, 2 bad usage (missing path, dirty git tree on --write).",
+    "Exit codes: 0 ok, 1 --check found changes or a manual step (TODO(vf-migrate)) still open, 2 bad usage (missing path, dirty git tree on --write).",
     examples=[
         "vf-migrate environments/my_env/my_env.py",
         "vf-migrate . --write",
@@ -26,7 +26,7 @@ def command(
     paths: list[str] = typer.Argument(None, help="Files or folders to migrate (folders are walked; run dirs are detected)."),
     write: bool = typer.Option(False, "--write", help="Apply the changes (keeps NAME.bak of every changed file)."),
     force: bool = typer.Option(False, "--force", help="With --write: allow a git tree with uncommitted changes."),
-    check: bool = typer.Option(False, "--check", help="Exit 1 when anything would change (for CI); writes nothing."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when anything would change or a TODO(vf-migrate) is left (for CI); writes nothing."),
     as_json: options.Json = False,
 ):
     """Migrate v0 (legacy verifiers) environments, scripts/CI files, configs and run dirs to v1.
@@ -62,7 +62,7 @@ def command(
     if write:
         apply(report)
         console.print(f"wrote {len(report.changes)} file(s); originals kept as .bak", markup=False)
-    if check and report.changes:
+    if check and (report.changes or report.summary()["manual"]):
         raise SystemExit(1)
 
 

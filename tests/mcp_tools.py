@@ -84,3 +84,23 @@ class AsyncSetup(vf.Toolset):
 
 if __name__ == "__main__":
     Probe.run()
+
+
+class AddState(vf.State):
+    calls: int = 0
+    server_pid: int = 0
+
+
+class Adder(vf.Toolset[vf.ToolsetConfig, AddState]):
+    """`add` as tests/openai_stub.py's `calc` model calls it; the +100 shows the tool ran. It
+    yields mid-call, so concurrent rollouts on one shared server interleave."""
+
+    TOOL_PREFIX = None
+
+    @vf.tool
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers (and 100)."""
+        self.state.calls += 1
+        await asyncio.sleep(0.05)
+        self.state.server_pid = os.getpid()
+        return a + b + 100 * self.state.calls

@@ -248,9 +248,17 @@ def test_check_write_idempotent(corpus):
     assert (corpus / "envs" / "xml_math.py.bak").read_text() == (INPUT / "envs" / "xml_math.py").read_text()
     assert not (corpus / "configs" / "train.toml").exists() and (corpus / "configs" / "train.toml.bak").exists()
     assert (corpus / "configs" / "train.yaml").exists()
-    r = migrate_cli(corpus, "--check")
-    assert r.returncode == 0, r.stdout + r.stderr  # second run: nothing left to change
-    assert plan([corpus]).changes == []
+    r = migrate_cli(corpus, "--check")  # second run: nothing left to change, but manual steps are open
+    assert r.returncode == 1 and "0 file(s) to change" in r.stderr + r.stdout, r.stdout + r.stderr
+    again = plan([corpus])
+    assert again.changes == []
+    left = {(Path(e.file).name, e.rule) for e in again.entries if e.status == "manual"}
+    assert {("unmigratable.py", "TODO"), ("judged.py", "TODO")} <= left
+    assert migrate_cli(corpus / "configs", "--check").returncode == 0  # no TODO left there
+    (corpus / "envs" / "unmigratable.py").write_text("import vf\n")  # a person finished the TODOs
+    (corpus / "envs" / "judged.py").write_text("import vf\n")
+    left = {Path(e.file).name for e in plan([corpus / "envs"]).entries if e.status == "manual"}
+    assert "unmigratable.py" not in left and "judged.py" not in left
 
 
 def test_bad_usage_exit_2(tmp_path):

@@ -139,7 +139,7 @@ def test_shared_toolset_isolates_state_per_rollout():
 
 
 def test_harness_episode_shows_tool_errors_and_images_and_goes_on():
-    """Through vf.harness (the interface it uses today: Toolset(state), setup(), ToolRunner)."""
+    """Through vf.harness, which opens a rollout's toolsets with `open_tools`."""
     from vf.harness import EpisodeSpec, run_episode
 
     class Data(vf.TaskData):

@@ -254,7 +254,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         from vf.trainer.orchestrator import Orchestrator
         from vf.trainer.weights import EmbeddedPush
 
-        from vf.runner import EpisodeSpec
+        from vf.runner import EpisodeSpec, taskset_toolsets
 
         if server:
             rollout_engine, pusher = engines.server(config), http_push
@@ -266,7 +266,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         spec = EpisodeSpec(engine=rollout_engine, model=model_name,
                            sampling=_sampling(config),
                            max_turns=config.orchestrator.max_turns, env=loaded.env, env_id=loaded.id,
-                           run={"type": "train", "id": run_dir.name}, require_tokens=True)
+                           run={"type": "train", "id": run_dir.name}, require_tokens=True,
+                           shared_toolsets=taskset_toolsets(loaded))
         o = config.orchestrator
         orch = Orchestrator(source=TaskSource(tasks, config.seed), spec=spec, pusher=pusher,
                             group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,

@@ -100,13 +100,13 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
     if log is not None:
         log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {label}: {len(plan.owed)} owed, {len(plan.kept)} kept\n")
 
-    def on_episode(ep: Episode) -> None:
+    async def on_episode(ep: Episode) -> None:
         if log is not None and not ep.ok:  # why an episode failed, one line each (it is redone on --resume)
             for err in (e for t in ep.traces for e in t.errors):
                 log.write(f"episode {ep.id} task {ep.task.key} rollout {ep.rollout}: {err.type}: {err.message}\n")
             log.flush()
         if run is not None:
-            run.append(ep)
+            await run.commit(ep)  # on disk before it counts as done
         else:
             out.write(ep.to_json() + "\n")
             out.flush()

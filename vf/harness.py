@@ -25,6 +25,7 @@ training sample (see `vf.trainer` sample building).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import traceback as tb
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
 from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
-from vf.toolset import ToolError, ToolRunner
+from vf.toolset import SharedTools, ToolError, ToolRunner, open_tools
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
 from vf.types import content_text, parse_message, to_wire
 
@@ -114,9 +115,9 @@ class SeatSpec:
     require_tokens: bool = False
     name: str = "agent"
     trainable: bool = True
-    shared_toolsets: list = field(default_factory=list)
-    """Toolset instances shared by every rollout (the taskset's); tools that name `state` get
-    the calling rollout's."""
+    shared_tools: SharedTools | None = None
+    """The run's shared toolsets (the taskset's, from `open_shared_tools`), offered in every
+    rollout; each call sees the calling rollout's state."""
 
 
 class Rollout:
@@ -130,7 +131,7 @@ class Rollout:
         self.closed = False
         self.runtime = None
         self.tools: ToolRunner | None = None
-        self._toolsets: list = []
+        self._stack = contextlib.AsyncExitStack()  # the rollout's toolsets (and their servers)
         self._extra: dict[str, Any] = {}
         self._seq: list[int] | None = None  # tokens of the current branch (prompt + completions)
 
@@ -155,17 +156,14 @@ class Rollout:
                 from vf.runtime import make_runtime
 
                 self.runtime = make_runtime(self.spec.runtime)
-            self._toolsets = bind_toolsets(task_toolsets(self.task), self.state)
-            for ts in self._toolsets:
-                ts.setup()
+            harness = self.spec.harness.config
+            tools = await self._stack.enter_async_context(open_tools(
+                task_toolsets(self.task), self.state, shared=self.spec.shared_tools, timeout=harness.tool_timeout))
+            self.tools = tools if tools.functions else None
             self._extra = {n: t for n, t in self.spec.harness.extra_tools(self).items()
-                           if n not in self.spec.harness.config.disabled_tools}
-            toolsets = [*self.spec.shared_toolsets, *self._toolsets]
-            if toolsets or self._extra:
-                self.tools = ToolRunner(toolsets)
-                self.trace.tools = [s for s in self.tools.schemas
-                                    if s["function"]["name"] not in self.spec.harness.config.disabled_tools]
-                self.trace.tools += [schema for schema, _ in self._extra.values()]
+                           if n not in harness.disabled_tools}
+            self.trace.tools = [s for s in tools.schemas if s["function"]["name"] not in harness.disabled_tools]
+            self.trace.tools += [schema for schema, _ in self._extra.values()]
             for message in self.task.messages():
                 self.add(message)
             await call_hook(self.task.setup, self.hook_args())
@@ -206,17 +204,10 @@ class Rollout:
         return trace
 
     async def cleanup(self) -> None:
-        """Stop toolsets and close the runtime (idempotent; runs on every path)."""
-        toolsets, self._toolsets = self._toolsets, []
-        for ts in toolsets:
-            teardown = getattr(ts, "teardown", None) or getattr(ts, "close", None)
-            if teardown is not None:
-                try:
-                    result = teardown()
-                    if asyncio.iscoroutine(result):
-                        await result
-                except Exception:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
-                    pass
+        """Stop toolsets (and their servers) and close the runtime (idempotent; runs on every path)."""
+        self.tools = None
+        with contextlib.suppress(Exception):  # cleanup must not mask the rollout's outcome
+            await self._stack.aclose()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.close()
@@ -381,19 +372,6 @@ class Rollout:
                 node.token_reset = True  # type: ignore[attr-defined]
         node.token_ids, node.mask = list(delta), [0] * len(delta)
         self._seq = list(prompt_ids)
-
-
-def bind_toolsets(items: list, state: Any) -> list:
-    """Toolset instances for one rollout: classes are built with the rollout's state; instances
-    (from `toolsets(config)`) get it assigned."""
-    out = []
-    for item in items:
-        if isinstance(item, type):
-            out.append(item(state))
-        else:
-            item.state = state
-            out.append(item)
-    return out
 
 
 def segment_since(trace: Trace, start: int) -> list[Any]:

@@ -13,10 +13,16 @@ Why one whole episode per line: a line is durable or torn, never half an episode
 error-free episodes, drops torn or errored lines, and rewrites the file atomically
 (tmp + rename) before anything new is appended. A line that does not parse is not thrown away:
 the rewrite moves it to traces.corrupt.jsonl, so nothing already on disk is lost.
+
+An episode counts as done only once its line is on disk (written and fsync'd). In an async run
+`commit()` does that off the event loop, and the episodes that finish while one fsync runs are
+written together under the next (group commit): a few ms of fsync per episode would otherwise
+stall every rollout in flight.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -52,6 +58,8 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._pending: list[tuple[bytes, asyncio.Future]] = []  # lines waiting for the next fsync
+        self._flusher: asyncio.Task | None = None
         self._corrupt_lines: list[int] = []
         """Line numbers `read()` could not parse; `rewrite()` moves them aside."""
 
@@ -143,12 +151,40 @@ class RunDir:
 
     def append(self, episode: Episode) -> None:
         """Append one episode as one line; on a write failure, cut the torn tail and say so."""
-        line = (episode.to_json() + "\n").encode()
+        self._write((episode.to_json() + "\n").encode())
+
+    async def commit(self, episode: Episode) -> None:
+        """`append` for async runs: returns once the episode's line is on disk, without blocking
+        the event loop; concurrent commits share one fsync (see the module docstring)."""
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append(((episode.to_json() + "\n").encode(), done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await done
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self._write, b"".join(line for line, _ in batch))
+                error = None
+            except Exception as e:  # noqa: BLE001 - the batch was cut off again: none of it is written
+                error = e
+            for _, done in batch:
+                if done.done():
+                    continue
+                if error is not None:
+                    done.set_exception(error)
+                else:
+                    done.set_result(None)
+
+    def _write(self, data: bytes) -> None:
+        """Append whole lines durably, or not at all (a failed write is cut off)."""
         with self._lock:
             fd = os.open(self.traces, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             start = os.lseek(fd, 0, os.SEEK_END)
             try:
-                view = memoryview(line)
+                view = memoryview(data)
                 while view:
                     n = os.write(fd, view)
                     view = view[n:]

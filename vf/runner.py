@@ -15,9 +15,11 @@ appends, collectors); it knows nothing about how they are shown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import inspect
 import traceback as tb
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +31,12 @@ from vf.harness import Rollout, SeatSpec, make_harness
 from vf.loading import LoadedTaskset
 from vf.selection import select_tasks
 from vf.taskset import Task
+from vf.toolset import SharedTools, open_shared_tools
 from vf.trace import Episode, ErrorInfo, Trace, TraceTask
 
-Observer = Callable[[Episode], None]
+Observer = Callable[[Episode], Awaitable[None] | None]
+"""Sees each finished episode; an async observer is awaited (e.g. until the episode is on disk)
+before the next observer sees it."""
 
 
 @dataclass
@@ -48,7 +53,9 @@ class EpisodeSpec:
     run: dict[str, Any] = field(default_factory=lambda: {"type": "eval"})
     require_tokens: bool = False
     shared_toolsets: list = field(default_factory=list)
-    """The taskset's `toolsets(config)`: made once per run, offered in every rollout."""
+    """The taskset's `toolsets(config)` (`taskset_toolsets`): offered in every rollout."""
+    shared_tools: SharedTools | None = None
+    """`shared_toolsets` once started (`with_shared_tools`); None = not started yet."""
 
 
 def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
@@ -66,7 +73,7 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
                     max_turns=cfg.max_turns or spec.max_turns, max_output_tokens=cfg.max_output_tokens,
                     max_total_tokens=cfg.max_total_tokens, harness=make_harness(cfg.harness),
                     runtime=cfg.runtime, require_tokens=spec.require_tokens and agent.trainable,
-                    name=agent.name, trainable=agent.trainable, shared_toolsets=spec.shared_toolsets)
+                    name=agent.name, trainable=agent.trainable, shared_tools=spec.shared_tools)
 
 
 def trace_task(task: Task) -> TraceTask:
@@ -101,7 +108,24 @@ class _EpisodeRun(EpisodeContext):
         return trace
 
 
+@contextlib.asynccontextmanager
+async def with_shared_tools(spec: EpisodeSpec):
+    """`spec` with its shared toolsets started (servers up, `setup()` run) for the duration;
+    a spec whose shared toolsets are already started is yielded as it is."""
+    if spec.shared_tools is not None or not spec.shared_toolsets:
+        yield spec
+        return
+    async with open_shared_tools(spec.shared_toolsets) as shared:
+        yield dataclasses.replace(spec, shared_tools=shared)
+
+
 async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
+    """One episode (see the module docstring); shared toolsets not yet started are started for it."""
+    async with with_shared_tools(spec) as started:
+        return await _run_episode(task, started, rollout)
+
+
+async def _run_episode(task: Task, spec: EpisodeSpec, rollout: int) -> Episode:
     env = spec.env if spec.env is not None else SingleAgentEnv()
     ttask = trace_task(task)
     episode = Episode(env={"id": spec.env_id, "name": spec.env_id}, task=ttask, run=dict(spec.run),
@@ -206,8 +230,13 @@ def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, 
         max_turns=config.max_turns, episode_timeout=config.episode_timeout,
         env=loaded.env, env_id=loaded.id, run=run,
         require_tokens=config.command == "rollout",
-        shared_toolsets=list(type(loaded.taskset).toolsets(loaded.taskset.config)),
+        shared_toolsets=taskset_toolsets(loaded),
     )
+
+
+def taskset_toolsets(loaded: LoadedTaskset) -> list:
+    """The taskset's shared toolsets (`Taskset.toolsets(config)`), one set per run."""
+    return list(type(loaded.taskset).toolsets(loaded.taskset.config))
 
 
 def run_stopper(episode: Episode, spec: EpisodeSpec) -> UsageError | None:
@@ -229,8 +258,14 @@ async def run_plan(owed: Sequence[tuple[Task, int]], spec: EpisodeSpec, max_conc
                    spec_for: Callable[[int, Task, int], EpisodeSpec] | None = None) -> list[Episode]:
     """Run every owed pair, at most `max_concurrent` at once; each observer sees every finished
     episode. `spec_for(i, task, rollout)` gives pair i its own spec (per-rollout seeds).
-    Returns the episodes in `owed` order. Stops early (UsageError) if the engine cannot give
-    the token ids a rollout run requires."""
+    The shared toolsets are started once for the whole plan (unless the caller started them)
+    and stopped when it ends, however it ends. Returns the episodes in `owed` order. Stops
+    early (UsageError) if the engine cannot give the token ids a rollout run requires."""
+    async with with_shared_tools(spec) as started:
+        return await _run_plan(owed, started, max_concurrent, on_episode, spec_for)
+
+
+async def _run_plan(owed, spec: EpisodeSpec, max_concurrent: int, on_episode, spec_for) -> list[Episode]:
     observers = [on_episode] if callable(on_episode) else list(on_episode)
     results: list[Episode | None] = [None] * len(owed)
     queue: asyncio.Queue = asyncio.Queue()
@@ -244,14 +279,21 @@ async def run_plan(owed: Sequence[tuple[Task, int]], spec: EpisodeSpec, max_conc
                 i, task, rollout = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            episode = await run_episode(task, spec_for(i, task, rollout) if spec_for else spec, rollout)
+            pair_spec = spec
+            if spec_for is not None:
+                pair_spec = spec_for(i, task, rollout)
+                if pair_spec.shared_tools is None and spec.shared_tools is not None:
+                    pair_spec = dataclasses.replace(pair_spec, shared_tools=spec.shared_tools)
+            episode = await run_episode(task, pair_spec, rollout)
             problem = run_stopper(episode, spec)
             if problem is not None:
                 fatal.append(problem)
                 return
             results[i] = episode
             for observe in observers:
-                observe(episode)
+                seen = observe(episode)
+                if inspect.isawaitable(seen):
+                    await seen
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(max_concurrent, len(owed))))]
     try:

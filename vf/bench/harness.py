@@ -68,8 +68,8 @@ def measure(taskset: str, episodes: int, concurrency: list[int], repeats: int) -
                     spec = make_spec(engine, loaded, config, {"type": "eval", "id": "bench", "name": "bench"})
                     eps = []
 
-                    def on_episode(ep, run=run, eps=eps):
-                        run.append(ep)
+                    async def on_episode(ep, run=run, eps=eps):
+                        await run.commit(ep)
                         eps.append(ep)
 
                     async def go(plan=plan, spec=spec, engine=engine, on_episode=on_episode, c=c):

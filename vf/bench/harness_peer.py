@@ -178,8 +178,8 @@ def run_ours(root: Path, module: str, model: str, url: str, tasks: int, rollouts
     spec = make_spec(engine, loaded, config, {"type": "eval", "id": "bench", "name": "bench"})
     episodes = []
 
-    def on_episode(ep):
-        run.append(ep)
+    async def on_episode(ep):
+        await run.commit(ep)
         episodes.append(ep)
 
     async def go():

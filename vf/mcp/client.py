@@ -2,7 +2,7 @@
 its URL (`ToolsetConfig.url`), list its tools, and call them with the rollout's state.
 
 A server vf starts runs in its runtime's working directory, in its own process group, and
-dies with vf (PR_SET_PDEATHSIG); leaving `serve_toolset` kills the group and removes the
+dies with vf (PR_SET_PDEATHSIG; `vf.reaper` for what it started); leaving `serve_toolset` kills the group and removes the
 working directory, however the rollout ended. Its stderr goes to `vf_tool_<name>.log` there,
 whose tail is quoted when it fails to start.
 """
@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from vf import reaper
 from vf.toolset import TOOL_TIMEOUT, ToolError, Toolset, ToolsetError, apply_state, prefix_name
 
 STARTUP_TIMEOUT = 60.0
@@ -50,11 +51,13 @@ async def start_server(ts: Toolset) -> AsyncIterator[str]:
                 sys.executable, "-m", "vf.mcp.server", f"{cls.__module__}:{cls.__qualname__}",
                 cwd=str(runtime.workdir), env=env, stdout=asyncio.subprocess.PIPE, stderr=log,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        reaper.watch(proc.pid)
         try:
             port = await _read_port(proc, name, log_path)
             yield f"http://127.0.0.1:{port}/mcp"
         finally:
             await _kill_group(proc)
+            reaper.forget(proc.pid)
 
 
 async def _read_port(proc: asyncio.subprocess.Process, name: str, log_path) -> int:

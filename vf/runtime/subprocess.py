@@ -5,6 +5,7 @@ tree it spawned, not just the shell. Output is read as it arrives and the comman
 once it writes more than `max_output_bytes` (a `yes` must not fill the host's memory).
 The sandbox and docker runtimes reuse all of this and only change what is started (`_argv`),
 with which environment (`_env`) and as whom (`_spawn_kwargs`).
+`vf.reaper` kills a command's process group if vf itself is killed first.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 
+from vf import reaper
 from vf.runtime.base import CommandResult, Runtime, register_runtime
 
 _warned = False
@@ -55,6 +57,7 @@ class SubprocessRuntime(Runtime):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
             **{"cwd": cwd_path, **self._spawn_kwargs()})
         self._groups.add(proc.pid)
+        reaper.watch(proc.pid)
         cap = self.config.max_output_bytes
         out, err = bytearray(), bytearray()
         limit: list[str] = []
@@ -105,5 +108,6 @@ class SubprocessRuntime(Runtime):
     async def close(self) -> None:
         for group in self._groups:
             self._kill(group)
+            reaper.forget(group)
         self._groups.clear()
         await super().close()
