@@ -172,6 +172,8 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
     engine = LocalEngine(model, AutoTokenizer.from_pretrained(str(d)), max_batch=4, path=d)
     if family == "deepseek_v3":  # the compact latent cache, not expanded per-head keys/values
         assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8)]
+    if family == "glm_moe_dsa":  # plus the indexer's key
+        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8), (1, 16)]
     assert engine.scheduler.fast is None  # these attentions run through the module forward
     prompts = [IDS[0, :9].tolist(), IDS[1, :4].tolist()]  # different lengths: padded prefill
 
@@ -223,6 +225,18 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         load_model(d, moe_impl="fast")
     with pytest.raises(ModelLoadError, match="gpt_oss"):
         ModelConfig.from_hf_dict({**cfg, "model_type": "mixtral"})
+    d = saved["glm_moe_dsa"][1]
+    tensors = load_file(d / "model.safetensors")
+    no_indexer = tmp_path / "no_indexer"
+    shutil.copytree(d, no_indexer)
+    save_file({k: v for k, v in tensors.items() if "indexer.wk" not in k}, no_indexer / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="indexer.wk"):
+        load_model(no_indexer)
+    cfg = json.loads((d / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="shared DSA indexer"):
+        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full", "shared"]})
+    with pytest.raises(ModelLoadError, match="shared DSA indexer"):
+        ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
 
 
 # ---- the MoE runtime ------------------------------------------------------------------------------
