@@ -189,7 +189,7 @@ class ModelConfig:
     index_topk: int = 0
     index_head_dim: int = 0
     index_n_heads: int = 0
-    indexer_types: list[str] | None = None  # per layer "full" (only full is supported)
+    indexer_types: list[str] | None = None  # per layer "full" | "shared" (reuses the previous full layer's top-k)
     # gpt_oss attention
     attention_sinks: bool = False
     sliding_window: int | None = None
@@ -376,14 +376,20 @@ class ModelConfig:
 
 
 def _check_dsa(cfg: ModelConfig, d: dict, source: str) -> None:
-    """GLM-5.1 style "shared" indexer layers reuse an earlier layer's top-k; not implemented."""
-    shared = cfg.indexer_types is not None and any(t != "full" for t in cfg.indexer_types)
-    if cfg.indexer_types is None:  # transformers derives it from these when indexer_types is absent
+    """Validate the DSA keys; derive `indexer_types` the way transformers' GlmMoeDsaConfig does when
+    config.json lacks it ("full" layers run the indexer, "shared" ones reuse the previous full layer's)."""
+    if cfg.indexer_types is None:
         pattern = d.get("index_topk_pattern")
-        shared = bool(pattern and "S" in pattern) or (d.get("index_topk_freq") or 1) > 1
-    if shared:
-        raise ModelLoadError(f"{source}: shared DSA indexer layers (indexer_types other than 'full') are not supported",
-                             hint="only checkpoints where every layer runs its own indexer (GLM-5) load natively")
+        if pattern is not None:
+            cfg.indexer_types = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern]
+        else:
+            freq, offset = max(d.get("index_topk_freq") or 1, 1), d.get("index_skip_topk_offset", 2)
+            cfg.indexer_types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared"
+                                 for i in range(cfg.num_layers)]
+    if len(cfg.indexer_types) != cfg.num_layers or set(cfg.indexer_types) - {"full", "shared"}:
+        raise ModelLoadError(f"{source}: indexer_types must give 'full' or 'shared' for each of {cfg.num_layers} layers")
+    if cfg.indexer_types[0] != "full":
+        raise ModelLoadError(f"{source}: the first layer's indexer must be 'full' (shared layers reuse an earlier one)")
     if not cfg.q_lora_rank or cfg.index_topk <= 0:
         raise ModelLoadError(f"{source}: glm_moe_dsa needs q_lora_rank and index_topk > 0")
 

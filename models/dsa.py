@@ -15,7 +15,11 @@ The attention mask is then visible & selected; everything else is MLA unchanged.
 a hard, non-differentiable choice (transformers runs the indexer under no_grad), so the indexer
 weights get no gradient and training leaves them as loaded.
 The engine cache stores the indexer key as a third latent stream (1, di) next to MLA's two.
-GLM-5.1's "shared" indexer layers (reusing a previous layer's top-k) are refused at load.
+Layers whose `indexer_types` entry is "shared" (the IndexCache schedule of later GLM checkpoints)
+have no indexer and reuse the selection of the nearest earlier "full" layer, as transformers does.
+The full layer keeps its last selection on itself (`self.selection`); that is also what an
+activation-checkpointed shared layer recomputes with, because backward recomputes layers in reverse
+and so reaches the shared layer before its full layer has been recomputed.
 """
 
 from __future__ import annotations
@@ -65,17 +69,38 @@ class Indexer(nn.Module):
 class DSAttention(MLAttention):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__(config, layer_idx)
-        self.indexer = Indexer(config)
+        types = config.indexer_types or ["full"] * config.num_layers
+        self.indexer = Indexer(config) if types[layer_idx] == "full" else None
+        # shared layers read their full layer's selection; set by NativeModel (see link_shared_indexers)
+        self.source: tuple[DSAttention, ...] = (self,)
+        self.selection: torch.Tensor | None = None
         self.sparse = True  # False: attend to every visible key (the selection switched off)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
         q, q_lat, latent, k_rope = self.project(x, cos, sin)
-        keys = self.indexer.key(x, cos, sin)
-        if cache is not None:
-            (latent, k_rope, keys), mask = cache.store(self.layer_idx, latent, k_rope, keys)
+        if self.indexer is None:
+            if cache is not None:  # the indexer-key stream stays empty on shared layers
+                (latent, k_rope, _), mask = cache.store(self.layer_idx, latent, k_rope, latent.new_zeros(
+                    *latent.shape[:3], self.source[0].indexer.di))
+            selection = self.source[0].selection
+        else:
+            keys = self.indexer.key(x, cos, sin)
+            if cache is not None:
+                (latent, k_rope, keys), mask = cache.store(self.layer_idx, latent, k_rope, keys)
         T, S = q.shape[2], latent.shape[2]
         if mask is None:  # plain causal over a block with no earlier keys
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)[None, None]
+        if self.indexer is not None:
+            selection = self.selection = self.indexer.select(x, q_lat, keys, cos, sin, mask)
         if self.sparse:
-            mask = mask & self.indexer.select(x, q_lat, keys, cos, sin, mask)
+            mask = mask & selection
         return self.attend(q, latent, k_rope, mask, causal_none=False)
+
+
+def link_shared_indexers(attns: list[DSAttention]) -> None:
+    """Point every shared layer at the nearest earlier full layer (in layer order)."""
+    full = None
+    for a in attns:
+        if a.indexer is not None:
+            full = a
+        a.source = (full,)

@@ -80,6 +80,10 @@ class NativeModel(nn.Module):
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        if config.dsa:
+            from vf.models.dsa import link_shared_indexers
+
+            link_shared_indexers([layer.attn for layer in self.layers])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
         self.activation_checkpointing = False  # per-layer recompute in backward (see module doc)

@@ -139,6 +139,30 @@ def test_dsa_selection_drops_keys_and_matters(saved):
         assert (model.compute_logits(IDS) - base).abs().max().item() > 1e-3
 
 
+def test_dsa_shared_indexer_layers_match_transformers(tmp_path):
+    """A "shared" layer has no indexer and reuses the previous full layer's top-k (transformers'
+    indexer_types); logits match transformers, and decoding through a KV cache matches the full pass."""
+    from vf.models.cache import SimpleKVCache
+
+    cls, overrides = FAMILIES["glm_moe_dsa"]
+    hf = make_hf(cls, {"vocab_size": V, **overrides, "num_hidden_layers": 3,
+                       "indexer_types": ["full", "shared", "full"]}, seed=3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("indexer.weights_proj.weight"):
+                p.abs_()
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert [layer.attn.indexer is None for layer in model.layers] == [False, True, False]
+    with torch.no_grad():
+        full = model.compute_logits(IDS)
+        assert (full - hf_logits(hf, IDS)).abs().max().item() <= 1e-4
+        cache = SimpleKVCache(batch=2)
+        steps = [model.compute_logits(IDS[:, :30], cache=cache)]
+        steps += [model.compute_logits(IDS[:, t : t + 1], cache=cache) for t in range(30, 40)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_round_trip_bit_exact_and_loadable_by_transformers(family, saved, tmp_path):
     from safetensors.torch import load_file
@@ -233,10 +257,12 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
     with pytest.raises(ModelLoadError, match="indexer.wk"):
         load_model(no_indexer)
     cfg = json.loads((d / "config.json").read_text())
-    with pytest.raises(ModelLoadError, match="shared DSA indexer"):
-        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full", "shared"]})
-    with pytest.raises(ModelLoadError, match="shared DSA indexer"):
-        ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
+    with pytest.raises(ModelLoadError, match="first layer's indexer"):
+        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["shared", "full"]})
+    with pytest.raises(ModelLoadError, match="indexer_types has 3 entries"):
+        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full"] * 3})
+    derived = ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
+    assert derived.indexer_types == ["full", "shared"]
 
 
 # ---- the MoE runtime ------------------------------------------------------------------------------
