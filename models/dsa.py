@@ -88,6 +88,8 @@ class DSAttention(MLAttention):
             if cache is not None:
                 (latent, k_rope, keys), mask = cache.store(self.layer_idx, latent, k_rope, keys)
         T, S = q.shape[2], latent.shape[2]
+        if hasattr(mask, "dense"):  # a packed-documents layout object (layers.Documents): its bool mask
+            mask = None if mask.single else mask.dense()
         if mask is None:  # plain causal over a block with no earlier keys
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)[None, None]
         if self.indexer is not None:
