@@ -1,4 +1,4 @@
-"""Native models (Qwen3, Qwen3-MoE, Llama, GLM-4.5 `glm4_moe`, DeepSeek-V3 `deepseek_v3`, GPT-OSS `gpt_oss`):
+"""Native models (Qwen3, Qwen3-MoE, Llama, GLM-4.5 `glm4_moe`, DeepSeek-V3 `deepseek_v3`, GPT-OSS `gpt_oss`, GLM-5 `glm_moe_dsa`):
 HF checkpoint loading/saving and a built-in tiny model.
 
 Importing `vf.models` does not import torch; the names below load their module on first use.

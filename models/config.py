@@ -1,7 +1,7 @@
 """Native model config: one small dataclass for every family, mapped to/from HF config.json.
 
 Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air), deepseek_v3
-(multi-head latent attention), gpt_oss. Family-specific HF keys are read and written through
+(multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention). Family-specific HF keys are read and written through
 `FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
 (router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 
@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "glm_moe_dsa": "GlmMoeDsaForCausalLM",
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "yarn")
 MOE_IMPLS = ("grouped", "loop")
@@ -64,6 +65,22 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "v_head_dim": ("v_head_dim", _REQUIRED),
         "rope_interleave": ("rope_interleave", True),
     },
+    "glm_moe_dsa": {  # defaults: transformers' GlmMoeDsaConfig
+        **_MOE_SHARED,
+        "norm_topk_prob": ("norm_topk_prob", True),
+        "routed_scaling_factor": ("routed_scaling_factor", 2.5),
+        "first_k_dense_replace": ("first_k_dense_replace", 3),
+        "mlp_layer_types": ("mlp_layer_types", None),
+        "q_lora_rank": ("q_lora_rank", 2048),
+        "kv_lora_rank": ("kv_lora_rank", 512),
+        "qk_rope_head_dim": ("qk_rope_head_dim", 64),
+        "qk_nope_head_dim": ("qk_nope_head_dim", 192),
+        "v_head_dim": ("v_head_dim", 256),
+        "index_topk": ("index_topk", 2048),
+        "index_head_dim": ("index_head_dim", 128),
+        "index_n_heads": ("index_n_heads", 32),
+        "indexer_types": ("indexer_types", None),
+    },
     "gpt_oss": {
         "num_local_experts": ("num_experts", _REQUIRED),
         "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
@@ -78,6 +95,7 @@ _ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"router_scoring": "sigmoid", "expert_bias": True},
     "deepseek_v3": {"router_scoring": "sigmoid", "expert_bias": True},
+    "glm_moe_dsa": {"router_scoring": "sigmoid", "expert_bias": True, "rope_interleave": True},
     "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
                 "norm_topk_prob": True, "attention_sinks": True},
 }
@@ -166,6 +184,12 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = True
+    mlp_layer_types: list[str] | None = None  # glm_moe_dsa: per layer "dense" | "sparse"
+    # DSA indexer (glm_moe_dsa)
+    index_topk: int = 0
+    index_head_dim: int = 0
+    index_n_heads: int = 0
+    indexer_types: list[str] | None = None  # per layer "full" | "shared" (reuses the previous full layer's top-k)
     # gpt_oss attention
     attention_sinks: bool = False
     sliding_window: int | None = None
@@ -186,7 +210,11 @@ class ModelConfig:
 
     @property
     def mla(self) -> bool:
-        return self.architecture == "deepseek_v3"
+        return self.architecture in ("deepseek_v3", "glm_moe_dsa")
+
+    @property
+    def dsa(self) -> bool:
+        return self.architecture == "glm_moe_dsa"
 
     @property
     def rotary_dim(self) -> int:
@@ -198,7 +226,9 @@ class ModelConfig:
     def is_moe_layer(self, layer_idx: int) -> bool:
         if self.num_experts <= 0:
             return False
-        if self.architecture in ("glm4_moe", "deepseek_v3"):
+        if self.mlp_layer_types is not None:
+            return self.mlp_layer_types[layer_idx] == "sparse"
+        if self.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
             return layer_idx >= self.first_k_dense_replace
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
 
@@ -295,8 +325,11 @@ class ModelConfig:
             )
             if cfg.num_experts and cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
                 raise ModelLoadError(f"{source}: n_group={cfg.n_group} does not divide n_routed_experts={cfg.num_experts}")
-            if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_layers:
-                raise ModelLoadError(f"{source}: layer_types has {len(cfg.layer_types)} entries for {cfg.num_layers} layers")
+            for key in ("layer_types", "mlp_layer_types", "indexer_types"):
+                if getattr(cfg, key) is not None and len(getattr(cfg, key)) != cfg.num_layers:
+                    raise ModelLoadError(f"{source}: {key} has {len(getattr(cfg, key))} entries for {cfg.num_layers} layers")
+            if cfg.dsa:
+                _check_dsa(cfg, d, source)
             return cfg
         except KeyError as e:
             raise ModelLoadError(f"{source}: required key {e.args[0]!r} is missing") from None
@@ -340,6 +373,25 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _check_dsa(cfg: ModelConfig, d: dict, source: str) -> None:
+    """Validate the DSA keys; derive `indexer_types` the way transformers' GlmMoeDsaConfig does when
+    config.json lacks it ("full" layers run the indexer, "shared" ones reuse the previous full layer's)."""
+    if cfg.indexer_types is None:
+        pattern = d.get("index_topk_pattern")
+        if pattern is not None:
+            cfg.indexer_types = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern]
+        else:
+            freq, offset = max(d.get("index_topk_freq") or 1, 1), d.get("index_skip_topk_offset", 2)
+            cfg.indexer_types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared"
+                                 for i in range(cfg.num_layers)]
+    if len(cfg.indexer_types) != cfg.num_layers or set(cfg.indexer_types) - {"full", "shared"}:
+        raise ModelLoadError(f"{source}: indexer_types must give 'full' or 'shared' for each of {cfg.num_layers} layers")
+    if cfg.indexer_types[0] != "full":
+        raise ModelLoadError(f"{source}: the first layer's indexer must be 'full' (shared layers reuse an earlier one)")
+    if not cfg.q_lora_rank or cfg.index_topk <= 0:
+        raise ModelLoadError(f"{source}: glm_moe_dsa needs q_lora_rank and index_topk > 0")
 
 
 def _rope_from_hf(d: dict, source: str) -> tuple[float, dict | None]:

@@ -77,8 +77,14 @@ FAMILY_TABLE: dict[str, dict[str, tuple[str, list[str]]]] = {
         "layers.{i}.mlp.down_proj_bias": ("rename", [L + "mlp.experts.down_proj_bias"]),
     },
 }
-# DeepSeek-style MoE parts (GLM-4.5 and DeepSeek-V3 share transformers' module names)
-for _fam in ("glm4_moe", "deepseek_v3"):
+# GLM-5 is DeepSeek-V3's MLA plus the DSA indexer (models/dsa.py)
+FAMILY_TABLE["glm_moe_dsa"] = {
+    **FAMILY_TABLE["deepseek_v3"],
+    **{f"layers.{{i}}.attn.indexer.{p}": ("rename", [A + f"indexer.{p}"])
+       for p in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")},
+}
+# DeepSeek-style MoE parts (GLM-4.5, GLM-5 and DeepSeek-V3 share transformers' module names)
+for _fam in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
     FAMILY_TABLE[_fam].update({
         "layers.{i}.mlp.router.expert_bias": ("rename", [L + "mlp.gate.e_score_correction_bias"]),
         "layers.{i}.mlp.shared.gate_up_proj.weight": (

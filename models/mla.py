@@ -70,10 +70,20 @@ class MLAttention(nn.Module):
         self.q_scale = softmax_scale(config) * math.sqrt(dq)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        q, _, latent, k_rope = self.project(x, cos, sin)
+        if cache is not None:
+            (latent, k_rope), mask = cache.store(self.layer_idx, latent, k_rope)
+        return self.attend(q, latent, k_rope, mask, causal_none=cache is None)
+
+    def project(self, x, cos, sin):
+        """x [B, T, H] -> q [B, nh, T, dq] (roped, pre-scaled), the normed q latent [B, T, rq] (None
+        without q_lora_rank), the kv latent [B, 1, T, rkv] and the roped shared key [B, 1, T, dr]."""
         B, T, _ = x.shape
+        q_lat = None
         if self.rq:
             q_lat, kv = self.qkv_a_proj(x).split([self.rq, self.rkv + self.dr], dim=-1)
-            q = self.q_b_proj(self.q_a_norm(q_lat))
+            q_lat = self.q_a_norm(q_lat)
+            q = self.q_b_proj(q_lat)
         else:
             q, kv = self.q_proj(x), self.kv_a_proj(x)
         q = q.view(B, T, self.nh, self.dn + self.dr).transpose(1, 2)  # [B, nh, T, dq]
@@ -84,12 +94,15 @@ class MLAttention(nn.Module):
         if self.interleave:
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1) * self.q_scale
-        k_rope = apply_rope(k_rope, cos, sin)
-        if cache is not None:
-            (latent, k_rope), mask = cache.store(self.layer_idx, latent, k_rope)
+        return q, q_lat, latent, apply_rope(k_rope, cos, sin)
+
+    def attend(self, q, latent, k_rope, mask, causal_none: bool):
+        """Expand the stored latents [B, 1, S, *] with kv_b and attend; `mask` None is plain causal
+        (`causal_none`: through layers.sdpa, the uncached path), else bool [B|1, 1, T, S]."""
+        B, _, T, _ = q.shape
         S = latent.shape[2]
         kv = self.kv_b_proj(latent[:, 0]).view(B, S, self.nh, self.dn + self.dv).transpose(1, 2)
         k_nope, v = kv.split([self.dn, self.dv], dim=-1)  # [B, nh, S, dn], [B, nh, S, dv]
         k = torch.cat((k_nope, k_rope.expand(B, self.nh, S, self.dr)), dim=-1)
-        out = attend_masked(q, k, v, mask) if cache is not None else sdpa(q, k, v, mask)
+        out = sdpa(q, k, v, mask) if causal_none else attend_masked(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.dv))

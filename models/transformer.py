@@ -1,7 +1,8 @@
 """The native decoder-only transformer (every family shares it; config flags pick the parts).
 
 Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAttention`
-(DeepSeek-V3) or `gpt_oss.SinkAttention` (GPT-OSS); the MLP is `layers.MLP` or `moe.MoE`
+(DeepSeek-V3), `dsa.DSAttention` (GLM-5: MLA with indexed sparse attention) or
+`gpt_oss.SinkAttention` (GPT-OSS); the MLP is `layers.MLP` or `moe.MoE`
 (`config.is_moe_layer`), its compute path per layer from `config.moe_impl`.
 
 Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
@@ -26,6 +27,10 @@ from vf.models.moe import MoE, check_impl
 
 
 def attention_class(config: ModelConfig):
+    if config.dsa:
+        from vf.models.dsa import DSAttention
+
+        return DSAttention
     if config.mla:
         from vf.models.mla import MLAttention
 
@@ -62,6 +67,10 @@ class NativeModel(nn.Module):
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        if config.dsa:
+            from vf.models.dsa import link_shared_indexers
+
+            link_shared_indexers([layer.attn for layer in self.layers])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
         self.activation_checkpointing = False  # per-layer recompute in backward (see module doc)
@@ -85,8 +94,8 @@ class NativeModel(nn.Module):
     def kv_streams(self) -> list[tuple[int, int]]:
         """(heads, dim) of each tensor an engine KV cache stores per token and layer (`cache.store`)."""
         c = self.config
-        if c.mla:
-            return [(1, c.kv_lora_rank), (1, c.qk_rope_head_dim)]
+        if c.mla:  # DSA adds its indexer key
+            return [(1, c.kv_lora_rank), (1, c.qk_rope_head_dim)] + ([(1, c.index_head_dim)] if c.dsa else [])
         return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim)]
 
     def forward(

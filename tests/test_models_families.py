@@ -28,6 +28,12 @@ FAMILIES = {
         "kv_lora_rank": 16, "qk_rope_head_dim": 8, "head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
                             "rope_theta": 10000.0, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # GLM-5: MLA plus the DSA indexer; index_topk 6 < the 40-token rows, so the selection drops keys
+    "glm_moe_dsa": ("GlmMoeDsa", {
+        "num_key_value_heads": 4, "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 24,
+        "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
+        "index_topk": 6, "index_head_dim": 16, "index_n_heads": 8, "routed_scaling_factor": 1.5}),
     # sinks, alternating sliding (window 5) / full layers, biased router and experts, clamped SwiGLU
     # (a low limit so the clamp matters), yarn rope
     "gpt_oss": ("GptOss", {
@@ -49,6 +55,9 @@ def build_family(family: str, out, seed: int = 0):
         for name, b in hf.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.uniform_(-0.3, 0.3, generator=torch.Generator().manual_seed(seed))
+        for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
+            if name.endswith("indexer.weights_proj.weight"):  # whose order transformers leaves open
+                p.abs_()
     hf.save_pretrained(out)
     tiny = ensure_tiny_model()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
@@ -108,6 +117,52 @@ def test_family_features_matter(saved):
         assert (ds.compute_logits(IDS) - base).abs().max().item() > 1e-3
 
 
+def test_dsa_selection_drops_keys_and_matters(saved):
+    """index_topk (6) < the row length: each late query attends to exactly 6 keys, and switching the
+    selection off (dense MLA over every visible key) changes the logits."""
+    from vf.models.dsa import DSAttention
+
+    model = load_model(saved["glm_moe_dsa"][1])
+    attn = model.layers[0].attn
+    seen = {}
+    attn.register_forward_hook(lambda m, a, out: seen.setdefault("x", a[0]))
+    with torch.no_grad():
+        base = model.compute_logits(IDS)
+        x, (cos, sin) = seen["x"], model.rotary(torch.arange(40).expand(2, 40), torch.float32)
+        _, q_lat, _, _ = attn.project(x, cos, sin)
+        causal = torch.ones(40, 40, dtype=torch.bool).tril()[None, None]
+        picked = attn.indexer.select(x, q_lat, attn.indexer.key(x, cos, sin), cos, sin, causal)
+        assert (picked & causal).sum(-1).flatten().tolist() == [min(t + 1, 6) for t in range(40)] * 2
+        for m in model.modules():
+            if isinstance(m, DSAttention):
+                m.sparse = False
+        assert (model.compute_logits(IDS) - base).abs().max().item() > 1e-3
+
+
+def test_dsa_shared_indexer_layers_match_transformers(tmp_path):
+    """A "shared" layer has no indexer and reuses the previous full layer's top-k (transformers'
+    indexer_types); logits match transformers, and decoding through a KV cache matches the full pass."""
+    from vf.models.cache import SimpleKVCache
+
+    cls, overrides = FAMILIES["glm_moe_dsa"]
+    hf = make_hf(cls, {"vocab_size": V, **overrides, "num_hidden_layers": 3,
+                       "indexer_types": ["full", "shared", "full"]}, seed=3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("indexer.weights_proj.weight"):
+                p.abs_()
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert [layer.attn.indexer is None for layer in model.layers] == [False, True, False]
+    with torch.no_grad():
+        full = model.compute_logits(IDS)
+        assert (full - hf_logits(hf, IDS)).abs().max().item() <= 1e-4
+        cache = SimpleKVCache(batch=2)
+        steps = [model.compute_logits(IDS[:, :30], cache=cache)]
+        steps += [model.compute_logits(IDS[:, t : t + 1], cache=cache) for t in range(30, 40)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_round_trip_bit_exact_and_loadable_by_transformers(family, saved, tmp_path):
     from safetensors.torch import load_file
@@ -141,6 +196,8 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
     engine = LocalEngine(model, AutoTokenizer.from_pretrained(str(d)), max_batch=4, path=d)
     if family == "deepseek_v3":  # the compact latent cache, not expanded per-head keys/values
         assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8)]
+    if family == "glm_moe_dsa":  # plus the indexer's key
+        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8), (1, 16)]
     assert engine.scheduler.fast is None  # these attentions run through the module forward
     prompts = [IDS[0, :9].tolist(), IDS[1, :4].tolist()]  # different lengths: padded prefill
 
@@ -192,6 +249,20 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         load_model(d, moe_impl="fast")
     with pytest.raises(ModelLoadError, match="gpt_oss"):
         ModelConfig.from_hf_dict({**cfg, "model_type": "mixtral"})
+    d = saved["glm_moe_dsa"][1]
+    tensors = load_file(d / "model.safetensors")
+    no_indexer = tmp_path / "no_indexer"
+    shutil.copytree(d, no_indexer)
+    save_file({k: v for k, v in tensors.items() if "indexer.wk" not in k}, no_indexer / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="indexer.wk"):
+        load_model(no_indexer)
+    cfg = json.loads((d / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="first layer's indexer"):
+        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["shared", "full"]})
+    with pytest.raises(ModelLoadError, match="indexer_types has 3 entries"):
+        ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full"] * 3})
+    derived = ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
+    assert derived.indexer_types == ["full", "shared"]
 
 
 # ---- the MoE runtime ------------------------------------------------------------------------------
