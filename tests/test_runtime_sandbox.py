@@ -191,3 +191,12 @@ def test_docker_runtime_isolates_network_and_workdir(loopback_server):
 
     r, out, net = asyncio.run(go())
     assert r.stdout == "hi" and out == "out\n" and net.exit_code != 0
+
+
+def test_task_network_allow_reaches_the_runtime_only_when_set():
+    import vf
+    from vf.harness import runtime_for_task
+
+    assert runtime_for_task(None, vf.TaskData(prompt="x")).network_allow == []  # default ["*"] is not a request
+    assert runtime_for_task(None, vf.TaskData(prompt="x", network_allow=["pypi.org"])).network_allow == ["pypi.org"]
+    assert runtime_for_task({"type": "subprocess"}, vf.TaskData(prompt="x")).type == "subprocess"

@@ -155,7 +155,7 @@ class Rollout:
             if self._wants_runtime():
                 from vf.runtime import make_runtime
 
-                self.runtime = make_runtime(self.spec.runtime)
+                self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
             harness = self.spec.harness.config
             tools = await self._stack.enter_async_context(open_tools(
                 task_toolsets(self.task), self.state, shared=self.spec.shared_tools, timeout=harness.tool_timeout))
@@ -372,6 +372,18 @@ class Rollout:
                 node.token_reset = True  # type: ignore[attr-defined]
         node.token_ids, node.mask = list(delta), [0] * len(delta)
         self._seq = list(prompt_ids)
+
+
+def runtime_for_task(config: Any, data: Any) -> Any:
+    """The seat's runtime config, with network only when the task asks for it. TaskData's
+    `network_allow` defaults to ["*"] (as in verifiers, whose task hashes we match), so only a
+    value the task author set explicitly opens the sandbox's network."""
+    from vf.runtime import RuntimeConfig
+
+    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
+    if "network_allow" in getattr(data, "model_fields_set", ()) and data.network_allow:
+        config = config.model_copy(update={"network_allow": list(data.network_allow)})
+    return config
 
 
 def segment_since(trace: Trace, start: int) -> list[Any]:
