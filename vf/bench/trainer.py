@@ -37,6 +37,25 @@ QWEN3_0_6B = {  # Qwen3-0.6B's shape (a 0.5B-class model with Qwen's 151,936-tok
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
     "bos_token_id": 151643, "eos_token_id": 151645,
 }
+# MoE layer shapes scaled to a 2-core CPU in fp32, keeping each family's ratios where memory allows:
+# 128 experts, top-8, head_dim 128, hidden : expert-intermediate : heads : kv-heads as released,
+# and a 4,096-token vocabulary so the LM head doesn't dominate the step.
+QWEN3_30B_A3B = {  # Qwen3-30B-A3B /4: hidden 2048, moe_intermediate 768, 32 heads, 4 kv heads
+    "architecture": "qwen3_moe", "vocab_size": 4096, "hidden_size": 512, "num_layers": 48, "num_heads": 8,
+    "num_kv_heads": 1, "head_dim": 128, "intermediate_size": 1536, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 192, "norm_topk_prob": True,
+    "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+}
+GLM_4_5_AIR = {  # GLM-4.5-Air /8: hidden 4096, moe_intermediate 1408, dense 10944, 96 heads, 8 kv heads,
+    # one shared expert, sigmoid router with expert bias, first layer dense, partial rotary 0.5
+    "architecture": "glm4_moe", "vocab_size": 4096, "hidden_size": 512, "num_layers": 46, "num_heads": 12,
+    "num_kv_heads": 1, "head_dim": 128, "intermediate_size": 1368, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 176, "norm_topk_prob": True, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "router_scoring": "sigmoid",
+    "expert_bias": True, "attention_bias": True, "partial_rotary_factor": 0.5, "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+}
+SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-30b-a3b": QWEN3_30B_A3B, "glm-4.5-air": GLM_4_5_AIR}
 
 # case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
 # steps: timed steps after the warm-up step (0: the warm-up step is the timed one). interleave:
@@ -47,11 +66,19 @@ SIZES: dict[str, list[dict[str, Any]]] = {
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 7, "interleave": True},
         {"name": "qwen3-0.6b-V152k", "shape": "qwen3-0.6b", "layers": None, "batch": 1, "seq": 2048, "steps": 1,
          "ckpt": True},
+        {"name": "qwen3-30b-a3b-4L-V4k", "shape": "qwen3-30b-a3b", "layers": 4, "batch": 1, "seq": 1024,
+         "steps": 3, "interleave": True},
+        {"name": "glm-4.5-air-4L-V4k", "shape": "glm-4.5-air", "layers": 4, "batch": 1, "seq": 1024,
+         "steps": 3, "interleave": True},
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
         {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 2,
          "interleave": True, "ckpt": True},
+        {"name": "qwen3-30b-a3b-2L-V4k", "shape": "qwen3-30b-a3b", "layers": 2, "batch": 1, "seq": 512,
+         "steps": 2, "interleave": True},
+        {"name": "glm-4.5-air-2L-V4k", "shape": "glm-4.5-air", "layers": 2, "batch": 1, "seq": 512,
+         "steps": 2, "interleave": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
@@ -65,9 +92,7 @@ def _cache_root() -> Path:
 def model_config(shape: str, layers: int | None):
     from vf.models import ModelConfig
 
-    if shape != "qwen3-0.6b":
-        raise ValueError(shape)
-    d = dict(QWEN3_0_6B)
+    d = dict(SHAPES[shape])
     if layers:
         d["num_layers"] = layers
     return ModelConfig(**d)
@@ -96,11 +121,17 @@ def prepare(shape: str, layers: int | None) -> dict[str, Any]:
 
 
 def flops_per_token(cfg, seq: int) -> float:
-    """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward)."""
+    """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward).
+    MoE layers count the weights a token uses: the router, its k experts and the shared experts."""
     h, L = cfg.hidden_size, cfg.num_layers
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * cfg.intermediate_size * h
-    n_mm = L * per_layer + cfg.vocab_size * h
+    n_mm = cfg.vocab_size * h
+    for i in range(L):
+        mlp = 3 * cfg.intermediate_size * h
+        if cfg.is_moe_layer(i):
+            active = cfg.num_experts_per_tok + cfg.n_shared_experts
+            mlp = cfg.num_experts * h + 3 * active * cfg.moe_intermediate_size * h
+        n_mm += h * q + 2 * h * kv + q * h + mlp
     return 6 * n_mm + 12 * L * q * seq
 
 
