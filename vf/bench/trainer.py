@@ -81,9 +81,9 @@ SIZES: dict[str, list[dict[str, Any]]] = {
         {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 2,
          "interleave": True, "ckpt": True},
         {"name": "qwen3-30b-a3b-1L-V4k", "shape": "qwen3-30b-a3b", "layers": 1, "batch": 1, "seq": 256,
-         "steps": 1, "interleave": True},
+         "steps": 3, "interleave": True},
         {"name": "glm-4.5-air-2L-V4k", "shape": "glm-4.5-air", "layers": 2, "batch": 1, "seq": 256,
-         "steps": 1, "interleave": True},
+         "steps": 3, "interleave": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
