@@ -126,3 +126,20 @@ def test_compare_directions_unit():
     other["suites"]["s"]["config_hash"] = "other"
     cmp = compare(doc(0.5, 0.9), other, 0.1)
     assert cmp["regressions"] == [] and cmp["compared"] == [] and cmp["config_changed"] == ["s"]
+
+
+def test_trainer_moe_flops_count_active_experts():
+    """The MoE cases' MFU counts the router and the k routed (+ shared) experts a token uses, not
+    all 128; GLM-4.5-Air's first layer is dense."""
+    from vf.bench.trainer import flops_per_token, model_config
+
+    qwen = model_config("qwen3-30b-a3b", 1)
+    h, q, kv = 512, 8 * 128, 1 * 128
+    attn = h * q + 2 * h * kv + q * h
+    moe = 128 * h + 3 * 8 * 192 * h
+    assert flops_per_token(qwen, 256) == 6 * (attn + moe + 4096 * h) + 12 * q * 256
+    glm = model_config("glm-4.5-air", 2)
+    q = 12 * 128
+    attn = h * q + 2 * h * kv + q * h
+    dense, moe = 3 * 1368 * h, 128 * h + 3 * (8 + 1) * 176 * h
+    assert flops_per_token(glm, 256) == 6 * (2 * attn + dense + moe + 4096 * h) + 12 * 2 * q * 256

@@ -271,9 +271,9 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
 def _moe(**kw):
     from vf.models.moe import MoE
 
-    cfg = ModelConfig(architecture="qwen3_moe", vocab_size=8, hidden_size=24, num_layers=1, num_heads=2,
-                      num_kv_heads=2, head_dim=4, intermediate_size=8, num_experts=12, num_experts_per_tok=3,
-                      moe_intermediate_size=10, **kw)
+    sizes = {"hidden_size": 24, "num_experts": 12, "num_experts_per_tok": 3, "moe_intermediate_size": 10}
+    cfg = ModelConfig(architecture="qwen3_moe", vocab_size=8, num_layers=1, num_heads=2,
+                      num_kv_heads=2, head_dim=4, intermediate_size=8, **{**sizes, **kw})
     layer = MoE(cfg)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -288,10 +288,14 @@ def _moe(**kw):
      "n_shared_experts": 1},
     {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu", "swiglu_limit": 0.3,
      "norm_topk_prob": True},
-], ids=["sqrt_softplus", "grouped_sigmoid_shared", "gpt_oss_experts"])
+    # 16-byte aligned sizes: `grouped` runs torch's grouped_mm (the odd sizes above: the padded bmm)
+    {"hidden_size": 32, "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2},
+    {"hidden_size": 32, "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
+     "router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu", "swiglu_limit": 0.3},
+], ids=["sqrt_softplus", "grouped_sigmoid_shared", "gpt_oss_experts", "grouped_mm", "grouped_mm_gpt_oss"])
 def test_moe_loop_and_grouped_agree_forward_and_backward(kw):
     layer = _moe(**kw)
-    x = torch.randn(2, 17, 24, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 17, kw.get("hidden_size", 24), generator=torch.Generator().manual_seed(1))
     outs, grads = {}, {}
     for impl in ("loop", "grouped"):
         layer.impl = impl
@@ -404,3 +408,4 @@ def test_moe_grouped_mm_on_cuda_matches_loop(dtype):
         outs[impl] = layer(x).float()
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     assert (outs["loop"] - outs["grouped"]).abs().max().item() <= tol * outs["loop"].abs().max().item()
+

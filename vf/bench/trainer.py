@@ -3,11 +3,16 @@ LM-head loss, against the `transformers` model of the same config and weights wi
 loss, on the same batch.
 
     ours: the trainer's path: h = NativeModel(ids); mean −logp fused into the LM head
-          (`fused_head_loss`: gradients formed in the forward, 3 GEMMs); tied embedding's gradient added in place
+          (`fused_head_loss`: gradients formed in the forward, 3 GEMMs); tied embedding's gradient added in place;
+          MoE layers on our `grouped` path (models/moe.py)
     ref:  logits = AutoModelForCausalLM(ids).logits;  logp = log_softmax(logits).gather(targets);  same loss
+          MoE layers on transformers' default experts implementation (5.24: "grouped_mm", i.e.
+          `torch.nn.functional.grouped_mm`, which has a CPU kernel with autograd in torch 2.13;
+          reported per case as `experts_implementation`)
 
 Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
-0.5B-class Qwen3 shape with the 151,936-token vocabulary, built once into the vf cache). Each
+0.5B-class Qwen3 shape with the 151,936-token vocabulary, or of a few layers of Qwen3-30B-A3B /
+GLM-4.5-Air scaled to CPU (128 experts, top-8, 4k vocabulary), built once into the vf cache). Each
 variant runs in its own child process: one warm-up step (peak memory is measured over it and the
 timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
 every step so each step allocates them again, the same on both sides.
@@ -37,6 +42,25 @@ QWEN3_0_6B = {  # Qwen3-0.6B's shape (a 0.5B-class model with Qwen's 151,936-tok
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 40960,
     "bos_token_id": 151643, "eos_token_id": 151645,
 }
+# MoE layer shapes scaled to a 2-core CPU in fp32, keeping each family's ratios where memory allows:
+# 128 experts, top-8, head_dim 128, hidden : expert-intermediate : heads : kv-heads as released,
+# and a 4,096-token vocabulary so the LM head doesn't dominate the step.
+QWEN3_30B_A3B = {  # Qwen3-30B-A3B /4: hidden 2048, moe_intermediate 768, 32 heads, 4 kv heads
+    "architecture": "qwen3_moe", "vocab_size": 4096, "hidden_size": 512, "num_layers": 48, "num_heads": 8,
+    "num_kv_heads": 1, "head_dim": 128, "intermediate_size": 1536, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 192, "norm_topk_prob": True,
+    "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+}
+GLM_4_5_AIR = {  # GLM-4.5-Air /8: hidden 4096, moe_intermediate 1408, dense 10944, 96 heads, 8 kv heads,
+    # one shared expert, sigmoid router with expert bias, first layer dense, partial rotary 0.5
+    "architecture": "glm4_moe", "vocab_size": 4096, "hidden_size": 512, "num_layers": 46, "num_heads": 12,
+    "num_kv_heads": 1, "head_dim": 128, "intermediate_size": 1368, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 176, "norm_topk_prob": True, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "router_scoring": "sigmoid",
+    "expert_bias": True, "attention_bias": True, "partial_rotary_factor": 0.5, "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+}
+SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-30b-a3b": QWEN3_30B_A3B, "glm-4.5-air": GLM_4_5_AIR}
 
 # case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
 # steps: timed steps after the warm-up step (0: the warm-up step is the timed one). interleave:
@@ -47,11 +71,19 @@ SIZES: dict[str, list[dict[str, Any]]] = {
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 7, "interleave": True},
         {"name": "qwen3-0.6b-V152k", "shape": "qwen3-0.6b", "layers": None, "batch": 1, "seq": 2048, "steps": 1,
          "ckpt": True},
+        {"name": "qwen3-30b-a3b-4L-V4k", "shape": "qwen3-30b-a3b", "layers": 4, "batch": 1, "seq": 1024,
+         "steps": 3, "interleave": True},
+        {"name": "glm-4.5-air-4L-V4k", "shape": "glm-4.5-air", "layers": 4, "batch": 1, "seq": 1024,
+         "steps": 3, "interleave": True},
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
         {"name": "qwen3-0.6b-2L-V152k", "shape": "qwen3-0.6b", "layers": 2, "batch": 1, "seq": 1024, "steps": 2,
          "interleave": True, "ckpt": True},
+        {"name": "qwen3-30b-a3b-1L-V4k", "shape": "qwen3-30b-a3b", "layers": 1, "batch": 1, "seq": 256,
+         "steps": 3, "interleave": True},
+        {"name": "glm-4.5-air-2L-V4k", "shape": "glm-4.5-air", "layers": 2, "batch": 1, "seq": 256,
+         "steps": 3, "interleave": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
@@ -65,9 +97,7 @@ def _cache_root() -> Path:
 def model_config(shape: str, layers: int | None):
     from vf.models import ModelConfig
 
-    if shape != "qwen3-0.6b":
-        raise ValueError(shape)
-    d = dict(QWEN3_0_6B)
+    d = dict(SHAPES[shape])
     if layers:
         d["num_layers"] = layers
     return ModelConfig(**d)
@@ -96,11 +126,17 @@ def prepare(shape: str, layers: int | None) -> dict[str, Any]:
 
 
 def flops_per_token(cfg, seq: int) -> float:
-    """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward)."""
+    """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward).
+    MoE layers count the weights a token uses: the router, its k experts and the shared experts."""
     h, L = cfg.hidden_size, cfg.num_layers
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * cfg.intermediate_size * h
-    n_mm = L * per_layer + cfg.vocab_size * h
+    n_mm = cfg.vocab_size * h
+    for i in range(L):
+        mlp = 3 * cfg.intermediate_size * h
+        if cfg.is_moe_layer(i):
+            active = cfg.num_experts_per_tok + cfg.n_shared_experts
+            mlp = cfg.num_experts * h + 3 * active * cfg.moe_intermediate_size * h
+        n_mm += h * q + 2 * h * kv + q * h + mlp
     return 6 * n_mm + 12 * L * q * seq
 
 
@@ -196,8 +232,11 @@ def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[s
         if i > 0 or steps == 0:
             times.append(dt)
     med = statistics.median(times)
-    return {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 3), **pm.figures(),
-            "loss": round(losses[0], 5), "params": n_params}
+    out = {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 3), **pm.figures(),
+           "loss": round(losses[0], 5), "params": n_params}
+    if variant == "ref" and cfg.num_experts:  # transformers' default: "grouped_mm" where it can dispatch
+        out["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+    return out
 
 
 def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
@@ -227,7 +266,7 @@ def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dic
         for side in (ours, ref, ckpt):
             if side is not None and peak_flops:
                 side["mfu_pct"] = round(100 * fpt * side["tokens_per_s"] / peak_flops, 2)
-        big = mcfg.vocab_size >= 100_000
+        big, moe = mcfg.vocab_size >= 100_000, mcfg.num_experts > 0
         name = f"{spec['name']} B{spec['batch']}xT{spec['seq']}"
         for mine, suffix, label in ((ours, "", "native + fused head loss"),
                                     (ckpt, " +act-ckpt", "native + fused head loss + activation checkpointing")):
@@ -237,7 +276,7 @@ def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dic
             cases.append(Case(
                 name=name + suffix, ours=mine, ref=ref, ours_label=label, ref_label="transformers + full logits",
                 ratios={"speedup": Ratio(ratio(mine["tokens_per_s"], ref["tokens_per_s"]), "higher",
-                                         1.3 if big else 1.0),
+                                         1.5 if moe else 1.3 if big else 1.0),
                         "memory": Ratio(ratio(mine["peak_rss_mib"], ref["peak_rss_mib"]), "lower",
                                         0.5 if big else None),
                         "step_memory": Ratio(ratio(mine["extra_mib"], ref["extra_mib"]), "lower")},
