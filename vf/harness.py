@@ -353,7 +353,8 @@ class Rollout:
         if result.policy_version is not None:
             if trace.policy.get("start") is None:
                 trace.policy["start"] = result.policy_version
-            trace.policy["end"] = result.policy_version
+            end = result.policy_version_end
+            trace.policy["end"] = end if end is not None else result.policy_version
         if result.finish_reason == "length":
             trace.info["truncated_replies"] = trace.info.get("truncated_replies", 0) + 1
         return result

@@ -63,6 +63,9 @@ class GenerateResult:
     "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": str}}]}.
     `prompt_token_ids`/`token_ids`/`logprobs` are None when the engine cannot give them.
     `logprobs[i]` is the log-prob of `token_ids[i]` under the sampling temperature.
+    `policy_version` is the policy version the reply started from (its prompt was processed by),
+    `policy_version_end` the version that sampled its last token (None: the same as the start);
+    they differ when weights were updated while the request was in flight.
     """
 
     message: dict[str, Any]
@@ -72,6 +75,7 @@ class GenerateResult:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     policy_version: int | None = None
+    policy_version_end: int | None = None
     model: str | None = None
 
 
