@@ -176,7 +176,7 @@ def test_files_written_by_hooks_are_editable_inside_and_paths_stay_inside():
             return r, await rt.read("src/a.txt"), (rt.workdir / "made").exists()
 
     r, text, made = asyncio.run(go())
-    assert r.ok and text == "one\ntwo\n" and made
+    assert r.ok and text == b"one\ntwo\n" and made
 
 
 @pytest.mark.skipif(not docker_available(), reason="no docker daemon answers")
@@ -190,7 +190,7 @@ def test_docker_runtime_isolates_network_and_workdir(loopback_server):
             return r, await rt.read("out.txt"), net
 
     r, out, net = asyncio.run(go())
-    assert r.stdout == "hi" and out == "out\n" and net.exit_code != 0
+    assert r.stdout == "hi" and out == b"out\n" and net.exit_code != 0
 
 
 def test_task_network_allow_reaches_the_runtime_only_when_set():

@@ -41,6 +41,9 @@ PEER = {
     "duel": {"mean": 7 / 6, "errors": 0},
     "vision": {"mean": 1.5, "errors": 0},
     "flaky": {"mean": 0.5, "errors": 1},
+    "tools": {"mean": 11 / 12, "errors": 0},
+    "tools_offset": {"mean": 1 / 3, "errors": 0},
+    "shell": {"mean": 1.0, "errors": 0},
 }
 # verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
 PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
@@ -53,6 +56,11 @@ CASES = {
     "duel": ("duel_v1", "echo", None, {}),
     "vision": ("vision_v1.py", "vision", None, {}),
     "flaky": ("flaky_v1.py", "echo", None, {}),
+    "tools": ("tools_v1.py", "calc", None, {}),
+    # the task config reaches the per-rollout toolset: add() answers 6, only the third row is right
+    "tools_offset": ("tools_v1.py", "calc", None, {"env": {"taskset": {"task": {"offset": 1}}}}),
+    # the bash harness: setup writes a file into the rollout's runtime, the model cats it
+    "shell": ("shell_v1.py", "bash:cat secret.txt", None, {"env": {"agent": {"harness": {"id": "bash"}}}}),
 }
 
 
@@ -216,19 +224,37 @@ def test_generics_default_like_verifiers():
 @pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
                     reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
 @pytest.mark.slow
-def test_peer_agrees(stub, tmp_path):
-    """verifiers 0.4.0's vf-eval on the original echo_v1 gives the mean reward hard-coded above."""
+def _flags(tree: dict, prefix: str = "") -> list[str]:
+    """{"env": {"taskset": {"seed": 1}}} -> ["--env.taskset.seed", "1"] (verifiers' dotted flags)."""
+    out: list[str] = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += _flags(value, f"{prefix}{key}.")
+        else:
+            out += [f"--{prefix}{key}", str(value).replace(str(ENVS), str(PEER_ENVS))]
+    return out
+
+
+@pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell"])
+def test_peer_agrees(case, stub, tmp_path):
+    """verifiers 0.4.0's vf-eval on the original environment gives the mean reward hard-coded above."""
+    from vf.config import deep_merge
+
+    env_file, model, n, extra = CASES[case]
     peer = Path(os.environ["VF_VERIFIERS_PYTHON"]).parent / "vf-eval"
     env = {**os.environ, "PYTHONPATH": str(PEER_ENVS), "FAKE_KEY": "sk-test",
            "PATH": f"{peer.parent}:{os.environ['PATH']}"}
-    subprocess.run([str(peer), "echo_v1", "-n", "4", "-m", "echo", "--client.base-url", stub.url,
-                    "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich", "--env.agent.runtime.type",
-                    "subprocess", "--env.agent.harness.id", "null"], cwd=tmp_path, env=env, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run([str(peer), Path(env_file).stem, *(["-n", str(n)] if n else []), "-m", model,
+                    "--client.base-url", stub.url, "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich",
+                    "--env.agent.runtime.type", "subprocess",
+                    *_flags(deep_merge({"env": {"agent": {"harness": {"id": "null"}}}}, extra))],
+                   cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
     (traces,) = list((tmp_path / "outputs").glob("*/traces.jsonl"))
+    episodes = [json.loads(line) for line in traces.read_text().splitlines()]
     rewards = [sum(r["score"] * r["weight"] for r in t["rewards"].values() if r)
-               for line in traces.read_text().splitlines() for t in json.loads(line)["traces"]]
-    assert sum(rewards) / len(rewards) == pytest.approx(PEER["echo"]["mean"])
+               for e in episodes if e["ok"] for t in e["traces"]]
+    assert sum(rewards) / len(rewards) == pytest.approx(PEER[case]["mean"])
+    assert sum(not e["ok"] for e in episodes) == PEER[case]["errors"]
 
 
 @pytest.mark.slow
@@ -286,9 +312,10 @@ def test_bash_harness_runs_in_the_rollout_runtime(stub, tmp_path, command, rewar
     (ep,) = read_episodes(out / "traces.jsonl")
     trace = ep.traces[0]
     assert ep.ok and trace.reward == reward
-    assert [t["function"]["name"] for t in trace.tools] == ["bash"]
+    assert [t["function"]["name"] for t in trace.tools] == ["bash", "edit"]
+    assert trace.messages[0].content.startswith("You are a coding agent.")  # verifiers' bash harness prompt
     tool = trace.tool_messages[0]
-    assert ("timed out" in tool.content) == timed_out and ("exit code 0" in tool.content) != timed_out
+    assert ("timed out" in tool.content) == timed_out and (tool.content == "42\n") != timed_out
     assert (trace.info.get("tool_errors") == [{"tool": "bash", "type": "Timeout"}]) == timed_out
     assert trace.agent.runtime["type"] == "subprocess"
     assert not Path(trace.info["workdir"]).exists()  # the rollout's runtime was closed
@@ -427,3 +454,29 @@ def test_trace_api_views():
     t.state = vf.State()
     dumped = t.model_dump()
     assert t.reward == 1.0 and dumped["metrics"] == {"m1": 1.0, "m2": 2.5} and "state" not in dumped
+
+
+def test_bash_harness_edit_tool_replies_like_verifiers(tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    from vf.harness import HarnessConfig, make_harness
+    from vf.runtime import RuntimeConfig, make_runtime
+
+    async def go():
+        async with make_runtime(RuntimeConfig(type="subprocess")) as rt:
+            await rt.write("a.py", "x = 1\ny = 1\n")
+            rollout = SimpleNamespace(runtime=rt, task=None, trace=None)
+            edit = make_harness(HarnessConfig(id="bash")).extra_tools(rollout)["edit"][1]
+            replies = [await edit({"path": "a.py", "old_str": "x = 1", "new_str": "x = 2"}),
+                       await edit({"path": "a.py", "old_str": "= 1", "new_str": "= 3"}),  # occurs once now
+                       await edit({"path": "a.py", "old_str": "z", "new_str": "w"}),
+                       await edit({"path": "missing.py", "old_str": "a", "new_str": "b"}),
+                       await edit({"path": "a.py", "old_str": "", "new_str": "b"})]
+            return replies, (await rt.read("a.py")).decode()
+
+    replies, text = asyncio.run(go())
+    assert replies == ["Edited a.py", "Edited a.py", "error: old_str must appear exactly once in a.py (found 0)",
+                       "error: missing.py not found", "error: 'old_str' must be a non-empty string"]
+    assert text == "x = 2\ny = 3\n"
+    assert "edit" not in make_harness(HarnessConfig(id="bash", edit=False)).extra_tools(None)

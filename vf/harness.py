@@ -64,32 +64,88 @@ class NullHarness:
         """name → (OpenAI function schema, async fn(arguments dict) → str) beyond the toolsets'."""
         return {}
 
+    def system_prompt(self) -> str | None:
+        """Put before the task's own system prompt (None: the task's prompt alone)."""
+        return None
+
+
+def _function(name: str, description: str, properties: dict[str, str], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "required": required,
+                       "properties": {k: {"type": "string", "description": d} for k, d in properties.items()}}}}
+
 
 class BashHarness(NullHarness):
-    """The chat loop plus a shell tool that runs in the rollout's runtime."""
+    """The chat loop plus verifiers' `bash` harness tools, run in the rollout's runtime: `bash`
+    (its combined stdout and stderr come back) and `edit` (replace a string that occurs exactly
+    once in a file; `--env.agent.harness.edit false` leaves it out). The tools, their replies and
+    the system prompt are verifiers 0.4's, so a model sees the same conversation on both."""
 
     NEEDS_RUNTIME = True
-    SCHEMA = {"type": "function", "function": {
-        "name": "bash", "description": "Run a shell command in the task's working directory; "
-                                       "returns its exit code, stdout and stderr.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    BASH = _function("bash", "Run a bash command and return its combined stdout and stderr.",
+                     {"command": "The bash command to run."}, ["command"])
+    EDIT = _function("edit", "Replace a unique string in a file. old_str must appear exactly once in the file.",
+                     {"path": "File path (relative to cwd or absolute).",
+                      "old_str": "Exact string to find (must appear exactly once).",
+                      "new_str": "Replacement string."}, ["path", "old_str", "new_str"])
+    PROMPT = "You are a coding agent. You have access to a bash tool for running shell commands."
+    EDIT_PROMPT = "You also have an edit tool for single-occurrence string replacement in a file."
+
+    @property
+    def edit(self) -> bool:
+        return bool(getattr(self.config, "edit", True))
+
+    def system_prompt(self) -> str:
+        return f"{self.PROMPT} {self.EDIT_PROMPT}" if self.edit else self.PROMPT
 
     def extra_tools(self, rollout: Rollout):
         async def bash(arguments: dict[str, Any]) -> str:
             command = arguments.get("command")
             if not isinstance(command, str):
                 raise ToolError("bash needs a string argument 'command'")
-            result = await rollout.runtime.run(command, timeout=self.config.tool_timeout,
-                                               env=rollout.task.runtime_env() or None)
+            result = await rollout.runtime.run(command, rollout.task.runtime_env() or None,
+                                               timeout=self.config.tool_timeout)
             if result.timed_out:  # shown to the model and recorded; the rollout goes on
                 rollout.trace.info.setdefault("tool_errors", []).append({"tool": "bash", "type": "Timeout"})
                 return f"error: command timed out after {self.config.tool_timeout:g}s\n{result.stdout}{result.stderr}"
-            return f"exit code {result.exit_code}\n{result.stdout}{result.stderr}"
+            return result.stdout + result.stderr
 
-        return {"bash": (self.SCHEMA, bash)}
+        async def edit(arguments: dict[str, Any]) -> str:
+            path, old, new = (arguments.get(k) for k in ("path", "old_str", "new_str"))
+            if not isinstance(path, str) or not path:
+                return "error: 'path' is required"
+            if not isinstance(old, str) or not isinstance(new, str):
+                return "error: 'old_str' and 'new_str' must be strings"
+            if not old:  # '' occurs everywhere: it would insert, not replace
+                return "error: 'old_str' must be a non-empty string"
+            try:
+                content = (await rollout.runtime.read(path)).decode()
+            except FileNotFoundError:
+                return f"error: {path} not found"
+            except Exception as e:  # noqa: BLE001 - shown to the model, as verifiers does
+                return f"error: could not read {path}: {e}"
+            if (count := content.count(old)) != 1:
+                return f"error: old_str must appear exactly once in {path} (found {count})"
+            await rollout.runtime.write(path, content.replace(old, new, 1))
+            return f"Edited {path}"
+
+        tools = {"bash": (self.BASH, bash)}
+        if self.edit:
+            tools["edit"] = (self.EDIT, edit)
+        return tools
 
 
 HARNESSES: dict[str, type[NullHarness]] = {"null": NullHarness, "bash": BashHarness}
+
+
+def with_system_prompt(messages: list[dict[str, Any]], prompt: str | None) -> list[dict[str, Any]]:
+    """The harness's system prompt first, then the task's own (one system message, as verifiers)."""
+    if not prompt:
+        return messages
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": f"{prompt}\n\n{content_text(messages[0]['content'])}"}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
 
 
 def make_harness(config: HarnessConfig | dict | None) -> NullHarness:
@@ -164,7 +220,7 @@ class Rollout:
                            if n not in harness.disabled_tools}
             self.trace.tools = [s for s in tools.schemas if s["function"]["name"] not in harness.disabled_tools]
             self.trace.tools += [schema for schema, _ in self._extra.values()]
-            for message in self.task.messages():
+            for message in with_system_prompt(self.task.messages(), self.spec.harness.system_prompt()):
                 self.add(message)
             await call_hook(self.task.setup, self.hook_args())
         except Exception as e:  # noqa: BLE001 - task/toolset code is user code

@@ -91,18 +91,24 @@ class Runtime(ABC):
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     @abstractmethod
-    async def run(self, command: str | list[str], *, timeout: float | None = None,
-                  env: dict[str, str] | None = None, cwd: str | None = None,
+    async def run(self, command: str | list[str], env: dict[str, str] | None = None, *,
+                  timeout: float | None = None, cwd: str | None = None,
                   input: str | None = None) -> CommandResult:
-        """Run a shell command (a string) or an argv list in the working directory."""
+        """Run a shell command (a string) or an argv list in the working directory. `env` is
+        second and positional, as verifiers' `runtime.run(argv, env)` calls it."""
 
     async def write(self, path: str, data: str | bytes) -> None:
         target = self._resolve(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
 
-    async def read(self, path: str) -> str:
-        return self._resolve(path).read_text(errors="replace")
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes, as verifiers' `runtime.read` returns them; more than `max_bytes`
+        raises (a file written by something we do not control)."""
+        target = self._resolve(path)
+        if max_bytes is not None and target.stat().st_size > max_bytes:
+            raise UsageError(f"{path} is larger than max_bytes={max_bytes}")
+        return target.read_bytes()
 
     async def close(self) -> None:
         """Stop what still runs and remove the working directory (if this runtime made it)."""

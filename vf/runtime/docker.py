@@ -60,7 +60,7 @@ class DockerRuntime(SubprocessRuntime):
     def _env(self, env):
         return super()._env(None)  # the docker client's own env; the command's goes through -e below
 
-    async def run(self, command, *, timeout=None, env=None, cwd=None, input=None):
+    async def run(self, command, env=None, *, timeout=None, cwd=None, input=None):
         if env:
             command = ["env", *(f"{k}={v}" for k, v in env.items()),
                        *(["/bin/sh", "-c", command] if isinstance(command, str) else command)]

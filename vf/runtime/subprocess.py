@@ -49,7 +49,7 @@ class SubprocessRuntime(Runtime):
     def _spawn_kwargs(self) -> dict:
         return {}
 
-    async def run(self, command, *, timeout=None, env=None, cwd=None, input=None) -> CommandResult:
+    async def run(self, command, env=None, *, timeout=None, cwd=None, input=None) -> CommandResult:
         cwd_path = str(self._resolve(cwd) if cwd else self.workdir)
         proc = await asyncio.create_subprocess_exec(
             *self._argv(command, cwd_path), env=self._env(env),
