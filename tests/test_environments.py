@@ -174,7 +174,7 @@ def test_calculator_episode_calls_the_tool_over_http(stub):
     from vf.engines.openai_client import OpenAIEngine
 
     loaded = load_taskset("calculator", {"size": 1, "operations": ["add"], "seed": 3})
-    task = loaded.taskset.take(1)[0]
+    task = list(loaded.taskset.take(1))[0]
 
     async def go(url):
         engine = OpenAIEngine(base_url=url, model="calc", max_retries=0, timeout=10)
@@ -214,7 +214,7 @@ def test_vf_eval_calculator_cli(tmp_path, stub, cli):
 
 def test_reasoning_gym_unknown_dataset_is_a_usage_error(tmp_path, cli):
     with pytest.raises(UsageError) as err:
-        load_taskset("reasoning-gym:countdwn", {"size": 2}).taskset.take(1)
+        list(load_taskset("reasoning-gym:countdwn", {"size": 2}).taskset.take(1))
     assert "no dataset 'countdwn'" in err.value.message and "reasoning-gym:countdown" in err.value.hint
     proc = cli("vf-eval", "reasoning-gym:nope", "-n", "1", "--base-url", "http://127.0.0.1:9/v1",
                "-o", str(tmp_path / "r"), timeout=60)
@@ -225,5 +225,5 @@ def test_reasoning_gym_unknown_dataset_is_a_usage_error(tmp_path, cli):
 def test_reasoning_gym_missing_package_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what `import` sees when it is absent
     with pytest.raises(UsageError) as err:
-        load_taskset("reasoning-gym:chain_sum", {"size": 2, "seed": 12345}).taskset.take(1)
+        list(load_taskset("reasoning-gym:chain_sum", {"size": 2, "seed": 12345}).taskset.take(1))
     assert "pip install reasoning-gym" in err.value.hint

@@ -97,7 +97,7 @@ def _load(tmp_path, name):
 def _score(loaded, idx, replies):
     from vf.harness import score
 
-    task = loaded.taskset.take(idx + 1)[idx]
+    task = list(loaded.taskset.take(idx + 1))[idx]
     trace = Trace()
     for m in task.messages():
         trace.nodes.append(MessageNode(parent=len(trace.nodes) - 1 if trace.nodes else None, message=m))
@@ -125,7 +125,7 @@ def test_xml_math_rewards_match_v0(tmp_path, reply, correct, fmt, total):
     assert trace.rewards["format_reward_func"].score == pytest.approx(fmt)
     assert trace.rewards["format_reward_func"].weight == pytest.approx(0.2)
     assert trace.reward == pytest.approx(total)
-    data = loaded.taskset.take(3)
+    data = list(loaded.taskset.take(3))
     assert [t.data.answer for t in data] == ["1", "3", "5"]
     assert data[0].data.system_prompt.startswith("Think inside")
 
@@ -144,7 +144,7 @@ def test_calc_tools_toolset_and_rewards(tmp_path):
     from vf.toolset import ToolRunner
 
     loaded = _load(tmp_path, "calc_tools")
-    task = loaded.taskset.take(1)[0]
+    task = list(loaded.taskset.take(1))[0]
     runner = ToolRunner([cls() for cls in task.toolsets])
     assert sorted(runner.functions) == ["add", "multiply"]
     assert asyncio.run(runner.call("add", '{"a": 2, "b": 3}', {})) == "5"
@@ -190,7 +190,7 @@ def test_guess_game_multiturn_runs_env_response(tmp_path):
     assert loaded.env is not None
     engine = ScriptedEngine(["5", "8", "7", "unused"])
     spec = EpisodeSpec(engine=engine, model="m", env=loaded.env, max_turns=8)
-    ep = asyncio.run(run_episode(loaded.taskset.take(1)[0], spec))
+    ep = asyncio.run(run_episode(list(loaded.taskset.take(1))[0], spec))
     trace = ep.trace
     assert not trace.errors, trace.errors
     users = [m["content"] for m in trace.messages if m["role"] == "user"][1:]
@@ -209,7 +209,7 @@ def test_stateful_tools_get_state_from_setup_state(tmp_path):
     loaded = _load(tmp_path, "stateful_tools")
     call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "gold"}'}}
     engine = ScriptedEngine([{"role": "assistant", "content": None, "tool_calls": [call]}, "It is 42."])
-    ep = asyncio.run(run_episode(loaded.taskset.take(1)[0], EpisodeSpec(engine=engine, model="m")))
+    ep = asyncio.run(run_episode(list(loaded.taskset.take(1))[0], EpisodeSpec(engine=engine, model="m")))
     t = ep.trace
     assert not t.errors, t.errors
     assert [m["content"] for m in t.messages if m["role"] == "tool"] == ["42"]
@@ -222,7 +222,7 @@ def test_group_reward_scores_the_episode_traces(tmp_path):
     from vf.trace import Episode
 
     loaded = _load(tmp_path, "group_reward")
-    task = loaded.taskset.take(1)[0]
+    task = list(loaded.taskset.take(1))[0]
     traces = [_score(loaded, 0, [reply]) for reply in ("yes", "yes indeed")]
     episode = Episode(traces=traces)
     asyncio.run(loaded.env.finalize(task, episode))

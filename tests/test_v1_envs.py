@@ -44,6 +44,7 @@ PEER = {
     "tools": {"mean": 11 / 12, "errors": 0},
     "tools_offset": {"mean": 1 / 3, "errors": 0},
     "shell": {"mean": 1.0, "errors": 0},
+    "echo_select": {"mean": 1.25, "errors": 0},  # rows 0 (2.0) and 1 (0.5)
 }
 # verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
 PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
@@ -61,6 +62,9 @@ CASES = {
     "tools_offset": ("tools_v1.py", "calc", None, {"env": {"taskset": {"task": {"offset": 1}}}}),
     # the bash harness: setup writes a file into the rollout's runtime, the model cats it
     "shell": ("shell_v1.py", "bash:cat secret.txt", None, {"env": {"agent": {"harness": {"id": "bash"}}}}),
+    # --select views: include by name or idx range, exclude by id
+    "echo_select": ("echo_v1.py", "echo", None, {"select": {"include": {"names": ["greeting"], "idx": "1:3"},
+                                                            "exclude": {"ids": ["t2"]}}}),
 }
 
 
@@ -106,6 +110,42 @@ def test_same_mean_reward_as_verifiers(case, stub, tmp_path):
     summary, _ = evaluate(env, model, stub.url, tmp_path, n, extra)
     assert summary["mean_reward"] == pytest.approx(PEER[case]["mean"])
     assert summary["num_errors"] == PEER[case]["errors"]
+
+
+def test_select_views_pick_the_rows_verifiers_picks(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    _, out = evaluate(*CASES["echo_select"][:1], "echo", stub.url, tmp_path, extra=CASES["echo_select"][3])
+    assert sorted(e.task.data["idx"] for e in read_episodes(out / "traces.jsonl")) == [0, 1]
+
+
+def test_taskset_views_compose_lazily():
+    import vf
+    from vf.errors import UsageError
+
+    loaded_calls = []
+
+    class Endless(vf.Taskset):
+        INFINITE = True
+
+        def load(self):
+            i = 0
+            while True:
+                loaded_calls.append(i)
+                yield vf.TaskData(prompt=str(i), id=f"t{i}", name="even" if i % 2 == 0 else None)
+                i += 1
+
+    ts = Endless()
+    assert not ts.bounded and ts.take(5).bounded
+    assert [t.data.idx for t in ts.include(idx="5:8,20").exclude(idx=[6])] == [5, 7, 20]
+    assert len(loaded_calls) == 21  # reading stopped past the last closed range
+    assert [t.data.id for t in ts.take(10).include(names=["even"]).skip(1).take(2)] == ["t2", "t4"]
+    shuffled = [t.data.idx for t in ts.take(10).shuffle(seed=3)]
+    assert sorted(shuffled) == list(range(10)) and shuffled != list(range(10))
+    assert shuffled == [t.data.idx for t in ts.take(10).shuffle(seed=3)]
+    for bad in (lambda: ts.shuffle(), lambda: ts.include(ids=["t1"]), lambda: ts.exclude(idx="3:")):
+        with pytest.raises(UsageError):
+            bad()
 
 
 def test_rows_hash_like_verifiers(stub, tmp_path):
@@ -221,8 +261,6 @@ def test_generics_default_like_verifiers():
     assert vf.types.content_text(row.prompt[0].content) == "hi"
 
 
-@pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
-                    reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
 @pytest.mark.slow
 def _flags(tree: dict, prefix: str = "") -> list[str]:
     """{"env": {"taskset": {"seed": 1}}} -> ["--env.taskset.seed", "1"] (verifiers' dotted flags)."""
@@ -231,11 +269,14 @@ def _flags(tree: dict, prefix: str = "") -> list[str]:
         if isinstance(value, dict):
             out += _flags(value, f"{prefix}{key}.")
         else:
+            value = value[0] if isinstance(value, list) and len(value) == 1 else value
             out += [f"--{prefix}{key}", str(value).replace(str(ENVS), str(PEER_ENVS))]
     return out
 
 
-@pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell"])
+@pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
+                    reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
+@pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell", "echo_select"])
 def test_peer_agrees(case, stub, tmp_path):
     """verifiers 0.4.0's vf-eval on the original environment gives the mean reward hard-coded above."""
     from vf.config import deep_merge

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from vf.errors import ConfigError, UsageError
 
@@ -56,15 +58,110 @@ class EngineConfig(_Config):
         return self.type or ("openai" if self.base_url else "local")
 
 
+class TaskMatch(_Config):
+    """Tasks named by position or identity (verifiers' `TaskMatchConfig`); a task matches when
+    any list names it. `idx` takes ints and `start:stop:step` slices (`"100:"`, `":50"`,
+    `"0:10,17"`); a bare list or int given for the whole match means `idx`."""
+
+    idx: list[int | str] = Field(default_factory=list)
+    ids: list[str] = Field(default_factory=list)
+    """`TaskData.id` values."""
+    keys: list[str] = Field(default_factory=list)
+    """`Task.key` values, as recorded on each trace."""
+    names: list[str] = Field(default_factory=list)
+    """`TaskData.name` values."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_idx(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if isinstance(value, (int, str, list, tuple)):
+            return {"idx": value}
+        return value
+
+    @field_validator("idx", mode="before")
+    @classmethod
+    def _parse_idx(cls, value: Any) -> list[int | str]:
+        items = [value] if isinstance(value, (int, str)) else list(value or [])
+        out: list[int | str] = []
+        for item in items:
+            for part in item.split(",") if isinstance(item, str) else [item]:
+                out.append(_idx_item(part))
+        return out
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler):
+        # saved as before matches existed (None, or a list of positions), so the configs and
+        # digests of earlier run dirs stay equal on --resume
+        if self.empty:
+            return None
+        if not (self.ids or self.keys or self.names) and all(isinstance(i, int) for i in self.idx):
+            return list(self.idx)
+        return handler(self)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.idx or self.ids or self.keys or self.names)
+
+    def ranges(self) -> list[range]:
+        """`idx` as ranges; an open slice ends at `sys.maxsize`."""
+        out = []
+        for item in self.idx:
+            if isinstance(item, int):
+                out.append(range(item, item + 1))
+            else:
+                start, stop, step = ([*item.split(":"), ""])[:3]
+                out.append(range(int(start or 0), int(stop or sys.maxsize), int(step or 1)))
+        return out
+
+    @property
+    def stop(self) -> int | None:
+        """One past the last position this can match (only closed `idx` ranges), else None."""
+        ranges = self.ranges()
+        if not ranges or self.ids or self.keys or self.names:
+            return None
+        end = max(r.stop for r in ranges)
+        return None if end == sys.maxsize else end
+
+    @property
+    def open_tail(self) -> bool:
+        """An `idx` slice names every position from some start on."""
+        return any(r.stop == sys.maxsize and r.step == 1 for r in self.ranges())
+
+
+def _idx_item(item: int | str) -> int | str:
+    if isinstance(item, int):
+        if item < 0:
+            raise ValueError(f"idx {item} is negative")
+        return item
+    text = item.strip()
+    if text.isdigit():
+        return int(text)
+    m = re.fullmatch(r"(\d*):(\d*)(?::(\d*))?", text)
+    if m is None:
+        raise ValueError(f"idx {item!r} is not an int or a 'start:stop:step' slice")
+    start, stop, step = m.groups()
+    if step and int(step) == 0:
+        raise ValueError(f"idx slice {item!r} has step 0")
+    if stop and int(start or 0) >= int(stop):
+        raise ValueError(f"idx range {item!r} is empty")
+    return text
+
+
 class SelectConfig(_Config):
+    """Applied in a fixed order: `include` keeps tasks, `exclude` drops them, then `shuffle`,
+    `skip` and `limit` pick from what is left (verifiers' `--select.*`)."""
+
     limit: int | None = Field(None, ge=0)
     """Number of tasks (`-n`); None = all (infinite tasksets require it)."""
     shuffle: bool = False
     seed: int = 0
     skip: int = Field(0, ge=0)
-    include: list[int] | None = None
-    """Task indices (`idx`) to keep."""
-    exclude: list[int] | None = None
+    include: TaskMatch = Field(default_factory=TaskMatch)
+    """Keep only the tasks this names (`--select.include.idx 0:100`, `.ids`, `.keys`, `.names`)."""
+    exclude: TaskMatch = Field(default_factory=TaskMatch)
+    """Drop the tasks this names."""
 
 
 class EvalConfig(_Config):

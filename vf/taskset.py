@@ -36,17 +36,22 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
+import random
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Generic
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
-from vf.errors import ConfigError
+from vf.errors import ConfigError, UsageError
 from vf.trace import task_hash
 from vf.types import Message, content_text, to_wire
+
+if TYPE_CHECKING:
+    from vf.config import SelectConfig, TaskMatch
 
 # ---- data and config ---------------------------------------------------------------------------
 
@@ -402,15 +407,23 @@ class Taskset(Generic[T, TC]):
         """Toolsets shared by every rollout of a worker (override like `Task.toolsets`)."""
         return []
 
+    # views (include/exclude/shuffle/skip/take/select): a shallow copy whose iteration runs
+    # through `transform`, composed onto the parent's
+    transform: ClassVar[Callable[[Iterator[Task]], Iterator[Task]] | None] = None
+    _bounded: ClassVar[bool | None] = None
+    _ordered: ClassVar[bool] = True
+
     @property
     def bounded(self) -> bool:
-        return not self.INFINITE
+        """Whether iterating ends: `load()` is finite, or a view caps it (`take`, or `include`
+        with only closed `idx` ranges)."""
+        return not self.INFINITE if self._bounded is None else self._bounded
 
     def load(self) -> Iterable[TaskData | Task]:
         raise NotImplementedError(f"{type(self).__name__} must implement load()")
 
-    def tasks(self) -> Iterable[Task]:
-        """Iterate tasks with `idx` set to their position in the stream."""
+    def _stream(self) -> Iterator[Task]:
+        """`load()` with each task's `idx` set to its position and the config's system prompt."""
         task_cls = self.task_class()
         override = None
         if self.config.system_prompt:
@@ -424,15 +437,101 @@ class Taskset(Generic[T, TC]):
             data = data.model_copy(update=update)
             yield task_cls(data, task_config) if not isinstance(item, Task) else type(item)(data, task_config)
 
+    def tasks(self) -> Iterator[Task]:
+        """The tasks, lazily, through this view's transform (the plain `load()` order if none)."""
+        stream = self._stream()
+        return stream if self.transform is None else self.transform(stream)
+
     __iter__ = tasks
 
-    def take(self, n: int) -> list[Task]:
-        out = []
-        for t in self.tasks():
-            if len(out) >= n:
-                break
-            out.append(t)
-        return out
+    def _view(self, transform: Callable[[Iterator[Task]], Iterator[Task]]) -> Taskset:
+        view = copy.copy(self)
+        prev = self.transform
+        view.transform = transform if prev is None else (lambda tasks: transform(prev(tasks)))
+        return view
+
+    def include(self, match: TaskMatch | None = None, **fields: Any) -> Taskset:
+        """A view keeping the tasks `match` (or `idx=`/`ids=`/`keys=`/`names=`) names."""
+        match = _task_match(match, fields)
+        if not self.bounded and (match.ids or match.keys or match.names):
+            raise UsageError(f"{type(self).__name__} is endless: including by ids, keys or names may never end",
+                             hint="bound it first with closed idx ranges (--select.include.idx 0:1000)")
+        stop = match.stop if self._ordered else None
+        view = self._view(lambda tasks: _matching(tasks, match, True, stop))
+        if match.stop is not None:
+            view._bounded = True
+        return view
+
+    def exclude(self, match: TaskMatch | None = None, **fields: Any) -> Taskset:
+        """A view dropping the tasks `match` names."""
+        match = _task_match(match, fields)
+        if not self.bounded and match.open_tail:
+            raise UsageError(f"{type(self).__name__} is endless: excluding an open idx range drops every task after it",
+                             hint="exclude a closed range (e.g. 10:20)")
+        return self._view(lambda tasks: _matching(tasks, match, False, None))
+
+    def shuffle(self, seed: int = 0) -> Taskset:
+        """A view shuffled under `seed` (materialised on iteration; needs a bounded view)."""
+        if not self.bounded:
+            raise UsageError(f"{type(self).__name__} is an endless taskset and cannot be shuffled",
+                             hint="drop the shuffle (its tasks are generated at random), or bound it first "
+                                  "with closed include idx ranges (--select.include.idx 0:1000)")
+
+        def shuffled(tasks: Iterator[Task]) -> Iterator[Task]:
+            items = list(tasks)
+            random.Random(seed).shuffle(items)
+            return iter(items)
+
+        view = self._view(shuffled)
+        view._ordered = False
+        return view
+
+    def skip(self, n: int) -> Taskset:
+        """A view without the first `n` tasks."""
+        return self._view(lambda tasks: itertools.islice(tasks, n, None))
+
+    def take(self, n: int) -> Taskset:
+        """A lazy, always-finite view of the first `n` tasks (`list(ts.take(3))`)."""
+        view = self._view(lambda tasks: itertools.islice(tasks, n))
+        view._bounded = True
+        return view
+
+    def select(self, config: SelectConfig) -> Taskset:
+        """The views `config` describes, in its fixed order: include, exclude, shuffle, skip, take."""
+        view = self
+        if not config.include.empty:
+            view = view.include(config.include)
+        if not config.exclude.empty:
+            view = view.exclude(config.exclude)
+        if config.shuffle:
+            view = view.shuffle(config.seed)
+        if config.skip:
+            view = view.skip(config.skip)
+        if config.limit is not None:
+            view = view.take(config.limit)
+        return view
+
+
+def _task_match(match: TaskMatch | None, fields: dict[str, Any]) -> TaskMatch:
+    from vf.config import TaskMatch
+
+    return match if match is not None else TaskMatch(**fields)
+
+
+def _matching(tasks: Iterator[Task], match: TaskMatch, keep: bool, stop: int | None) -> Iterator[Task]:
+    """The tasks `match` names (keep) or does not name, reading no further than position `stop`."""
+    ranges = match.ranges()
+    ids, keys, names = set(match.ids), set(match.keys), set(match.names)
+    for task in tasks:
+        idx = task.data.idx
+        if stop is not None and idx >= stop:
+            return
+        named = (any(idx in r for r in ranges) or task.data.id in ids or task.data.name in names
+                 or (bool(keys) and task.key in keys))
+        if named == keep:
+            yield task
+        if stop is not None and idx + 1 >= stop:  # do not generate one task more than needed
+            return
 
 
 async def call_validate(task: Task) -> str | bool | None:

@@ -113,7 +113,7 @@ async def validate_taskset(loaded, n: int | None = None) -> ValidationReport:
     taskset = loaded.taskset
     if n is None and getattr(taskset, "INFINITE", False):
         raise UsageError(f"{loaded.id} is an endless taskset", hint="pass n to validate_taskset")
-    tasks = taskset.take(n) if n is not None else list(taskset.tasks())
+    tasks = list(taskset.take(n)) if n is not None else list(taskset.tasks())
     report = ValidationReport()
     for task in tasks:
         ok, reward, reason = await validate_task(task, loaded.env)

@@ -5,8 +5,8 @@ its prefix; rewards read the tool messages the model saw."""
 import re
 
 import vf
-from calc_tools import Calc, CalcConfig
-from notes_tools import Notes
+from tools_v1_calc import Calc, CalcConfig
+from tools_v1_notes import Notes
 
 __all__ = ["CalcTaskset"]
 
