@@ -45,6 +45,8 @@ PEER = {
     "tools_offset": {"mean": 1 / 3, "errors": 0},
     "shell": {"mean": 1.0, "errors": 0},
     "echo_select": {"mean": 1.25, "errors": 0},  # rows 0 (2.0) and 1 (0.5)
+    "slow": {"mean": 1 / 3, "errors": 0},
+    "tools_capped": {"mean": 0.0, "errors": 0},
 }
 # verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
 PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
@@ -65,6 +67,10 @@ CASES = {
     # --select views: include by name or idx range, exclude by id
     "echo_select": ("echo_v1.py", "echo", None, {"select": {"include": {"names": ["greeting"], "idx": "1:3"},
                                                             "exclude": {"ids": ["t2"]}}}),
+    # stage deadlines: setup (the seat's), agent (the task's own), none
+    "slow": ("slow_v1.py", "slow-1", None, {"env": {"agent": {"timeout": {"setup": 4}}}}),
+    # a token cap reached by the first reply leaves its tool call unexecuted
+    "tools_capped": ("tools_v1.py", "calc", None, {"env": {"agent": {"max_input_tokens": 1}}}),
 }
 
 
@@ -117,6 +123,19 @@ def test_select_views_pick_the_rows_verifiers_picks(stub, tmp_path):
 
     _, out = evaluate(*CASES["echo_select"][:1], "echo", stub.url, tmp_path, extra=CASES["echo_select"][3])
     assert sorted(e.task.data["idx"] for e in read_episodes(out / "traces.jsonl")) == [0, 1]
+
+
+@pytest.mark.slow
+def test_stage_deadlines_stop_like_verifiers(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    env_file, model, _, extra = CASES["slow"]
+    _, out = evaluate(env_file, model, stub.url, tmp_path, extra=extra)
+    stops = {e.task.data["idx"]: (e.ok, e.traces[0].stop_condition, e.traces[0].is_timeout, e.traces[0].metrics)
+             for e in read_episodes(out / "traces.jsonl")}
+    assert stops == {0: (True, "setup_timeout", True, {"finalized": 1.0}),
+                     1: (True, "agent_timeout", True, {"finalized": 1.0}),
+                     2: (True, "agent_completed", False, {"finalized": 1.0})}
 
 
 def test_taskset_views_compose_lazily():
@@ -276,7 +295,8 @@ def _flags(tree: dict, prefix: str = "") -> list[str]:
 
 @pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
                     reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
-@pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell", "echo_select"])
+@pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell", "echo_select",
+                                  "slow", "tools_capped"])
 def test_peer_agrees(case, stub, tmp_path):
     """verifiers 0.4.0's vf-eval on the original environment gives the mean reward hard-coded above."""
     from vf.config import deep_merge

@@ -56,6 +56,21 @@ class EnvTimeout(BaseModel):
     """Seconds one episode may take (all seats); None = the run's `episode_timeout`."""
 
 
+class AgentTimeout(BaseModel):
+    """Seconds each stage of one rollout may take (`--env.<seat>.timeout.*`); an unset stage takes
+    the task's own (`TaskData.timeout`), else has no limit. A stage past its deadline stops the
+    trace as `<stage>_timeout` (`is_timeout`), which is a stop, not an error: finalize and
+    scoring still run after a setup or agent timeout."""
+
+    model_config = ConfigDict(extra="forbid")
+    setup: float | None = Field(None, gt=0)
+    """Runtime, toolsets and the task's setup hook."""
+    rollout: float | None = Field(None, gt=0)
+    """The agent's solve attempt: one budget over all of its turns (the task's `timeout.agent`)."""
+    finalize: float | None = Field(None, gt=0)
+    scoring: float | None = Field(None, gt=0)
+
+
 class AgentConfig(BaseModel):
     """One seat: harness × model × runtime policy, and its caps (`--env.<seat>.*`)."""
 
@@ -69,8 +84,11 @@ class AgentConfig(BaseModel):
     """Merged onto the run's sampling for this seat."""
     max_turns: int | None = Field(None, gt=0)
     """Model replies per rollout; None = the run's `max_turns`."""
+    max_input_tokens: int | None = Field(None, gt=0)
+    """Prompt tokens summed over the rollout's model calls before it stops (`max_input_tokens`)."""
     max_output_tokens: int | None = Field(None, gt=0)
     max_total_tokens: int | None = Field(None, gt=0)
+    timeout: AgentTimeout = Field(default_factory=AgentTimeout)
 
 
 class EnvConfig(BaseModel):

@@ -139,6 +139,19 @@ class BashHarness(NullHarness):
 HARNESSES: dict[str, type[NullHarness]] = {"null": NullHarness, "bash": BashHarness}
 
 
+STAGES = ("setup", "agent", "finalize", "scoring")
+
+
+def stage_deadlines(agent_timeout, task_timeout) -> dict[str, float | None]:
+    """Seconds per rollout stage: the seat's `--env.<seat>.timeout.*` (its `rollout` is the agent
+    stage), else the task's `TaskData.timeout`, else None (no limit)."""
+    out = {}
+    for stage in STAGES:
+        mine = getattr(agent_timeout, "rollout" if stage == "agent" else stage, None) if agent_timeout else None
+        out[stage] = mine if mine is not None else getattr(task_timeout, stage, None)
+    return out
+
+
 def with_system_prompt(messages: list[dict[str, Any]], prompt: str | None) -> list[dict[str, Any]]:
     """The harness's system prompt first, then the task's own (one system message, as verifiers)."""
     if not prompt:
@@ -163,8 +176,11 @@ class SeatSpec:
     model: str
     sampling: Sampling = field(default_factory=Sampling)
     max_turns: int | None = 8
+    max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     max_total_tokens: int | None = None
+    timeout: Any = None
+    """The seat's `AgentTimeout` (stage deadlines; None = the task's own only)."""
     harness: NullHarness = field(default_factory=lambda: NullHarness(HarnessConfig()))
     runtime: Any = None
     """A `vf.runtime.RuntimeConfig` (None = subprocess)."""
@@ -181,6 +197,9 @@ class Rollout:
 
     def __init__(self, task: Task, trace: Trace, spec: SeatSpec):
         self.task, self.trace, self.spec = task, trace, spec
+        self.deadlines = stage_deadlines(spec.timeout, task.data.timeout)
+        self.agent_budget = self.deadlines["agent"]
+        """Seconds the agent has left: spent only while its own turns run."""
         self.state = task.state_class()()
         trace.state = self.state
         self.done = False
@@ -205,30 +224,43 @@ class Rollout:
         return any(needs_runtime(h) for h in hooks)
 
     async def open(self) -> bool:
-        """Runtime, toolsets, opening messages, `Task.setup`. False (recorded) if any failed."""
+        """Runtime, toolsets, opening messages, `Task.setup`. False (recorded) if any failed or
+        the setup deadline passed."""
         t0 = self.trace.timing.setdefault("start", time.time())
+        deadline = asyncio.timeout(self.deadlines["setup"])
         try:
-            if self._wants_runtime():
-                from vf.runtime import make_runtime
-
-                self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
-            harness = self.spec.harness.config
-            tools = await self._stack.enter_async_context(open_tools(
-                task_toolsets(self.task), self.state, shared=self.spec.shared_tools, timeout=harness.tool_timeout))
-            self.tools = tools if tools.functions else None
-            self._extra = {n: t for n, t in self.spec.harness.extra_tools(self).items()
-                           if n not in harness.disabled_tools}
-            self.trace.tools = [s for s in tools.schemas if s["function"]["name"] not in harness.disabled_tools]
-            self.trace.tools += [schema for schema, _ in self._extra.values()]
-            for message in with_system_prompt(self.task.messages(), self.spec.harness.system_prompt()):
-                self.add(message)
-            await call_hook(self.task.setup, self.hook_args())
+            async with deadline:
+                await self._open()
+        except TimeoutError as e:
+            if deadline.expired():
+                self.timeout("setup")
+            else:
+                self.fail(e, "error")
+            return False
         except Exception as e:  # noqa: BLE001 - task/toolset code is user code
             self.fail(e, "error")
             return False
         self.trace.timing["setup"] = {"start": t0, "end": time.time()}
         self.trace.timing["agent"] = {"start": time.time()}
         return True
+
+    async def _open(self) -> None:
+        """Runtime, toolsets, opening messages, `Task.setup` (under the setup deadline)."""
+        if self._wants_runtime():
+            from vf.runtime import make_runtime
+
+            self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
+        harness = self.spec.harness.config
+        tools = await self._stack.enter_async_context(open_tools(
+            task_toolsets(self.task), self.state, shared=self.spec.shared_tools, timeout=harness.tool_timeout))
+        self.tools = tools if tools.functions else None
+        self._extra = {n: t for n, t in self.spec.harness.extra_tools(self).items()
+                       if n not in harness.disabled_tools}
+        self.trace.tools = [s for s in tools.schemas if s["function"]["name"] not in harness.disabled_tools]
+        self.trace.tools += [schema for schema, _ in self._extra.values()]
+        for message in with_system_prompt(self.task.messages(), self.spec.harness.system_prompt()):
+            self.add(message)
+        await call_hook(self.task.setup, self.hook_args())
 
     async def close(self, scored: bool = True) -> Trace:
         """`Task.finalize`, scoring (error-free traces only), cleanup. Idempotent."""
@@ -244,14 +276,11 @@ class Rollout:
             agent["model"] = {"duration": sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)}
             if not trace.errors:
                 t = time.time()
-                try:
-                    await call_hook(self.task.finalize, self.hook_args())
-                except Exception as e:  # noqa: BLE001
-                    self.fail(e, "error")
+                await self._stage("finalize", call_hook(self.task.finalize, self.hook_args()))
                 trace.timing["finalize"] = {"start": t, "end": time.time()}
             if scored and not trace.errors:
                 t = time.time()
-                await score(self.task, trace, self.runtime)
+                await self._stage("scoring", score(self.task, trace, self.runtime))
                 trace.timing["scoring"] = {"start": t, "end": time.time()}
         finally:
             await self.cleanup()
@@ -267,6 +296,27 @@ class Rollout:
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.close()
+
+    async def _stage(self, stage: str, work) -> None:
+        """Run a finalize/scoring coroutine under its deadline; record a timeout or an error."""
+        deadline = asyncio.timeout(self.deadlines[stage])
+        try:
+            async with deadline:
+                await work
+        except TimeoutError as e:
+            if deadline.expired():
+                self.timeout(stage)
+            else:
+                self.fail(e, "error")
+        except Exception as e:  # noqa: BLE001 - task code is user code
+            self.fail(e, "error")
+
+    def timeout(self, stage: str) -> None:
+        """A stage passed its deadline: the trace stops as `<stage>_timeout` (replacing an earlier
+        stop), which is a stop, not an error, as verifiers records it."""
+        self.trace.is_timeout = True
+        self.trace.stop_condition = f"{stage}_timeout"
+        self.done = True
 
     def fail(self, exc: BaseException, condition: str) -> None:
         """Record an error on the trace and end the rollout."""
@@ -298,13 +348,12 @@ class Rollout:
         s, t = self.spec, self.trace
         if s.max_turns is not None and t.num_turns >= s.max_turns:
             return "max_turns"
+        inp = sum(int(c.usage.get("prompt_tokens", 0)) for c in t.calls)
         out = sum(int(c.usage.get("completion_tokens", 0)) for c in t.calls)
-        if s.max_output_tokens is not None and out >= s.max_output_tokens:
-            return "max_output_tokens"
-        if s.max_total_tokens is not None:
-            total = out + sum(int(c.usage.get("prompt_tokens", 0)) for c in t.calls)
-            if total >= s.max_total_tokens:
-                return "max_total_tokens"
+        for cap, used in (("max_input_tokens", inp), ("max_output_tokens", out), ("max_total_tokens", inp + out)):
+            limit = getattr(s, cap)
+            if limit is not None and used >= limit:
+                return cap
         return None
 
     async def turn(self, message: str | dict[str, Any] | list | None = None) -> None:
@@ -320,26 +369,45 @@ class Rollout:
             items = message if isinstance(message, list) else [message]
             for m in items:
                 self.add({"role": "user", "content": m} if isinstance(m, str) else to_wire(m))
+        deadline = asyncio.timeout(self.agent_budget)
+        started = time.monotonic()
         try:
-            while not self.done:
-                cap = self._cap_reached()
-                if cap:
-                    self.finish(cap)
-                    return
-                result = await self._call()
-                tool_calls = result.message.get("tool_calls") or []
-                if tool_calls and (self.tools is not None or self._extra):
-                    await self._run_tools(tool_calls)
-                    await self._check_stops()
-                    continue
-                await self._check_stops()
-                return
+            async with deadline:
+                await self._replies()
+        except TimeoutError as e:
+            if deadline.expired():
+                self.timeout("agent")
+            else:
+                self.fail(e, "error")
         except EngineError as e:
             self.fail(e, "provider_error")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - hook/tool code is user code
             self.fail(e, "error")
+        finally:
+            if self.agent_budget is not None:  # time between turns (another seat's) is not spent
+                self.agent_budget = max(self.agent_budget - (time.monotonic() - started), 1e-3)
+
+    async def _replies(self) -> None:
+        """Model replies (and the tool calls they make) until one is not a tool call."""
+        while not self.done:
+            cap = self._cap_reached()
+            if cap:
+                self.finish(cap)
+                return
+            result = await self._call()
+            tool_calls = result.message.get("tool_calls") or []
+            if tool_calls and (self.tools is not None or self._extra):
+                cap = self._cap_reached()
+                if cap:  # as verifiers: a capped rollout leaves its last tool calls unexecuted
+                    self.finish(cap)
+                    return
+                await self._run_tools(tool_calls)
+                await self._check_stops()
+                continue
+            await self._check_stops()
+            return
 
     async def _check_stops(self) -> None:
         for name, fn, _ in self.task.hooks("stop"):

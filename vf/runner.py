@@ -70,8 +70,9 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
                               hint=f"sampling keys: {', '.join(sorted(known))}")
         sampling = dataclasses.replace(sampling, **cfg.sampling)
     return SeatSpec(engine=spec.engine, model=cfg.model or spec.model, sampling=sampling,
-                    max_turns=cfg.max_turns or spec.max_turns, max_output_tokens=cfg.max_output_tokens,
-                    max_total_tokens=cfg.max_total_tokens, harness=make_harness(cfg.harness),
+                    max_turns=cfg.max_turns or spec.max_turns, max_input_tokens=cfg.max_input_tokens,
+                    max_output_tokens=cfg.max_output_tokens, max_total_tokens=cfg.max_total_tokens,
+                    timeout=cfg.timeout, harness=make_harness(cfg.harness),
                     runtime=cfg.runtime, require_tokens=spec.require_tokens and agent.trainable,
                     name=agent.name, trainable=agent.trainable, shared_tools=spec.shared_tools)
 
