@@ -47,6 +47,7 @@ PEER = {
     "echo_select": {"mean": 1.25, "errors": 0},  # rows 0 (2.0) and 1 (0.5)
     "slow": {"mean": 1 / 3, "errors": 0},
     "tools_capped": {"mean": 0.0, "errors": 0},
+    "retry": {"mean": 1.0, "errors": 1},  # row 1 recovers on its 2nd attempt, row 2 fails 3 times
 }
 # verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
 PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
@@ -71,6 +72,7 @@ CASES = {
     "slow": ("slow_v1.py", "slow-1", None, {"env": {"agent": {"timeout": {"setup": 4}}}}),
     # a token cap reached by the first reply leaves its tool call unexecuted
     "tools_capped": ("tools_v1.py", "calc", None, {"env": {"agent": {"max_input_tokens": 1}}}),
+    "retry": ("retry_v1.py", "echo", None, {"env": {"agent": {"retries": {"max_retries": 2}}}}),
 }
 
 
@@ -79,6 +81,7 @@ def evaluate(env: str, model: str, url: str, tmp_path: Path, n: int | None = Non
     from vf.config import deep_merge
     from vf.evaluate import execute, open_run, resolve_config
 
+    sys.modules.pop(Path(env).stem, None)  # a fresh import: module-level state (retry_v1's counter)
     over = deep_merge({"taskset": {"id": str(ENVS / env)}, "model": model,
                        "engine": {"base_url": url, "api_key_var": "FAKE_KEY"}, "select": {"limit": n}},
                       extra or {})
@@ -136,6 +139,33 @@ def test_stage_deadlines_stop_like_verifiers(stub, tmp_path):
     assert stops == {0: (True, "setup_timeout", True, {"finalized": 1.0}),
                      1: (True, "agent_timeout", True, {"finalized": 1.0}),
                      2: (True, "agent_completed", False, {"finalized": 1.0})}
+
+
+def test_retried_rollout_keeps_the_failed_attempts_errors(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    env_file, model, _, extra = CASES["retry"]
+    _, out = evaluate(env_file, model, stub.url, tmp_path, extra=extra)
+    got = {e.task.data["idx"]: (e.ok, [x.message for x in e.traces[0].errors], e.traces[0].metrics.get("attempts"))
+           for e in read_episodes(out / "traces.jsonl")}
+    assert got == {0: (True, [], 1.0), 1: (True, ["setup failed on attempt 1"], 2.0),
+                   2: (False, [f"setup failed on attempt {i}" for i in (1, 2, 3)], None)}
+
+
+def test_retry_rules_first_match_decides():
+    from vf.retries import RetryBudget, RetryConfig
+    from vf.trace import ErrorInfo
+
+    config = RetryConfig(max_retries=1, rules=[{"type": "EngineError", "status_code": ["5xx"], "max_retries": 2},
+                                               {"type": "EngineError", "max_retries": 0},
+                                               {"message": "flaky", "max_retries": 1}])
+    budget = RetryBudget(config)
+    e503, e400 = ErrorInfo(type="EngineError", status_code=503), ErrorInfo(type="EngineError", status_code=400)
+    assert [budget.take([e503]) for _ in range(3)] == [True, True, False]  # its rule's budget is 2
+    assert not budget.take([e400])  # the zero rule matches first: never retried
+    assert budget.take([ErrorInfo(type="X", message="a flaky disk")]) and not budget.take([ErrorInfo(type="X", message="flaky")])
+    assert budget.take([ErrorInfo(type="Other")]) and not budget.take([ErrorInfo(type="Other")])  # the default 1
+    assert budget.total == 4
 
 
 def test_taskset_views_compose_lazily():
@@ -296,7 +326,7 @@ def _flags(tree: dict, prefix: str = "") -> list[str]:
 @pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
                     reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
 @pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell", "echo_select",
-                                  "slow", "tools_capped"])
+                                  "slow", "tools_capped", "retry"])
 def test_peer_agrees(case, stub, tmp_path):
     """verifiers 0.4.0's vf-eval on the original environment gives the mean reward hard-coded above."""
     from vf.config import deep_merge

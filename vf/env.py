@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
 from vf.harness import HarnessConfig, Rollout, reply_text, segment_since
+from vf.retries import RetryBudget, RetryConfig, backoff
 from vf.runtime import RuntimeConfig
 from vf.taskset import Task, concrete_type
 
@@ -89,6 +90,8 @@ class AgentConfig(BaseModel):
     max_output_tokens: int | None = Field(None, gt=0)
     max_total_tokens: int | None = Field(None, gt=0)
     timeout: AgentTimeout = Field(default_factory=AgentTimeout)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    """Run this seat's rollout again when its trace ends with an error the rules allow."""
 
 
 class EnvConfig(BaseModel):
@@ -100,6 +103,8 @@ class EnvConfig(BaseModel):
     timeout: EnvTimeout = Field(default_factory=EnvTimeout)
     max_concurrent_agents: int = Field(1, gt=0)
     """Seats of one episode running at once (an env's `asyncio.gather` is bounded by it)."""
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    """Rerun the whole episode when it failed with an error the rules allow."""
 
 
 class SingleAgentEnvConfig(EnvConfig):
@@ -177,7 +182,21 @@ class Agent:
         self.trainable = True
 
     async def run(self, task: Task):
-        """One segment on the task's prompt (tool calls included), then finalize and score."""
+        """One segment on the task's prompt (tool calls included), then finalize and score; run
+        again from scratch while the trace ends with an error `retries` allows."""
+        budget, history = RetryBudget(self.config.retries), []
+        for attempt in range(budget.total + 1):
+            trace = await self._run_once(task)
+            if trace.ok or attempt == budget.total or not budget.take(trace.errors):
+                break
+            history.extend(trace.errors)
+            self._episode.discard(trace)  # one trace per seat: the retry replaces it
+            await asyncio.sleep(backoff(attempt))
+        if history:
+            trace.errors = history + trace.errors
+        return trace
+
+    async def _run_once(self, task: Task):
         async with self._episode.gate:
             rollout = await self._episode.open(self, task)
             try:
@@ -233,6 +252,10 @@ class EpisodeContext:
         raise NotImplementedError
 
     async def close(self, rollout: Rollout):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def discard(self, trace) -> None:  # pragma: no cover - interface
+        """Forget a closed rollout's trace (a retry replaces it)."""
         raise NotImplementedError
 
 

@@ -188,9 +188,12 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
             for trace in ep.traces:
                 trace.rewards, trace.metrics = {}, {}
                 trace.state = task.state_class()()
+                recorded = len(trace.errors)  # an ok trace may carry the errors of retried attempts
                 asyncio.run(score(task, trace))  # offline: hooks that name `runtime` get None
-                trace.ok = not trace.errors
+                trace.ok = trace.ok and len(trace.errors) == recorded
+            ok = all(t.ok for t in ep.traces)
             ep.finish()
+            ep.ok = ok
         episodes.append(ep)
     return episodes, taskset_id
 

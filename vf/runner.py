@@ -29,6 +29,7 @@ from vf.env import Agent, AgentConfig, Agents, Env, EpisodeContext, SingleAgentE
 from vf.errors import ConfigError, UsageError
 from vf.harness import Rollout, SeatSpec, make_harness
 from vf.loading import LoadedTaskset
+from vf.retries import RetryBudget, backoff
 from vf.selection import select_tasks
 from vf.taskset import Task
 from vf.toolset import SharedTools, open_shared_tools
@@ -102,6 +103,10 @@ class _EpisodeRun(EpisodeContext):
         await rollout.open()
         return rollout
 
+    def discard(self, trace: Trace) -> None:
+        self.completed.remove(trace)
+        self.rollouts = [r for r in self.rollouts if r.trace is not trace]
+
     async def close(self, rollout: Rollout) -> Trace:
         trace = await rollout.close()
         trace.agent["trainable"] = rollout.spec.trainable
@@ -121,9 +126,21 @@ async def with_shared_tools(spec: EpisodeSpec):
 
 
 async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
-    """One episode (see the module docstring); shared toolsets not yet started are started for it."""
+    """One episode (see the module docstring); shared toolsets not yet started are started for it.
+    A failed episode is rerun whole while `--env.retries` allows (`vf.retries`)."""
     async with with_shared_tools(spec) as started:
-        return await _run_episode(task, started, rollout)
+        env = started.env if started.env is not None else SingleAgentEnv()
+        budget, history = RetryBudget(getattr(env.config, "retries", None)), []
+        for attempt in range(budget.total + 1):
+            episode = await _run_episode(task, started, rollout)
+            errors = [*episode.errors, *(e for t in episode.traces if not t.ok for e in t.errors)]
+            if episode.ok or attempt == budget.total or not budget.take(errors):
+                break
+            history.extend(errors)
+            await asyncio.sleep(backoff(attempt))
+        if history:
+            episode.errors[:0] = history
+        return episode
 
 
 async def _run_episode(task: Task, spec: EpisodeSpec, rollout: int) -> Episode:
