@@ -48,6 +48,8 @@ PEER = {
     "slow": {"mean": 1 / 3, "errors": 0},
     "tools_capped": {"mean": 0.0, "errors": 0},
     "retry": {"mean": 1.0, "errors": 1},  # row 1 recovers on its 2nd attempt, row 2 fails 3 times
+    "best_of_n": {"mean": 1.25, "errors": 0},
+    "user_sim": {"mean": 0.5, "errors": 0},  # the assistant echoes the user's "yes" three times
 }
 # verifiers' own task hashes for flaky_v1's three rows (idx 0, 1, 2): rows hash alike in both.
 PEER_HASHES = ["9310573f1c65c416", "4a1515fba23fdb2d", "a06af86bd1cbddaa"]
@@ -73,6 +75,9 @@ CASES = {
     # a token cap reached by the first reply leaves its tool call unexecuted
     "tools_capped": ("tools_v1.py", "calc", None, {"env": {"agent": {"max_input_tokens": 1}}}),
     "retry": ("retry_v1.py", "echo", None, {"env": {"agent": {"retries": {"max_retries": 2}}}}),
+    # built-in envs over any taskset (`--env.id`)
+    "best_of_n": ("echo_v1.py", "echo", None, {"env": {"id": "best-of-n", "n": 2}}),
+    "user_sim": ("echo_v1.py", "echo", None, {"env": {"id": "user-sim", "user": {"model": "yes", "max_turns": 3}}}),
 }
 
 
@@ -166,6 +171,25 @@ def test_retry_rules_first_match_decides():
     assert budget.take([ErrorInfo(type="X", message="a flaky disk")]) and not budget.take([ErrorInfo(type="X", message="flaky")])
     assert budget.take([ErrorInfo(type="Other")]) and not budget.take([ErrorInfo(type="Other")])  # the default 1
     assert budget.total == 4
+
+
+def test_builtin_envs_over_any_taskset(stub, tmp_path):
+    from vf.trace import read_episodes
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    _, out = evaluate(*CASES["best_of_n"][:2], stub.url, tmp_path / "a", extra=CASES["best_of_n"][3])
+    for ep in read_episodes(out / "traces.jsonl"):
+        assert len(ep.traces) == 2 and all(t.metrics["best"] == 1.0 for t in ep.traces)
+        assert {t.metrics["pass_at_n"] for t in ep.traces} == {float(ep.traces[0].reward >= 1.0)}
+    _, out = evaluate(*CASES["user_sim"][:2], stub.url, tmp_path / "b", extra=CASES["user_sim"][3])
+    for ep in read_episodes(out / "traces.jsonl"):
+        assistant, user = ep.traces
+        assert (assistant.agent.name, assistant.trainable, user.agent.name, user.trainable) == (
+            "assistant", True, "user", False)
+        assert user.messages[0].content.startswith("You are role-playing a USER")
+        prompt = ep.task.data["prompt"]
+        assert not isinstance(prompt, str) or prompt in user.messages[0].content  # the scenario
+        assert user.stop_condition == "max_turns" and assistant.metrics["user_turns"] == 3.0
 
 
 def test_taskset_views_compose_lazily():
@@ -323,10 +347,17 @@ def _flags(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def peer_seats(extra: dict) -> dict:
+    """The peer's per-seat flags for our defaults: host subprocess runtime, the null harness."""
+    user_sim = extra.get("env", {}).get("id") == "user-sim"
+    seats = {"assistant": {"harness": {"id": "null"}}, "user": {}} if user_sim else {"agent": {"harness": {"id": "null"}}}
+    return {"env": {name: {"runtime": {"type": "subprocess"}, **seat} for name, seat in seats.items()}}
+
+
 @pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
                     reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
 @pytest.mark.parametrize("case", ["echo", "counter", "tools", "tools_offset", "flaky", "shell", "echo_select",
-                                  "slow", "tools_capped", "retry"])
+                                  "slow", "tools_capped", "retry", "best_of_n", "user_sim"])
 def test_peer_agrees(case, stub, tmp_path):
     """verifiers 0.4.0's vf-eval on the original environment gives the mean reward hard-coded above."""
     from vf.config import deep_merge
@@ -337,13 +368,12 @@ def test_peer_agrees(case, stub, tmp_path):
            "PATH": f"{peer.parent}:{os.environ['PATH']}"}
     subprocess.run([str(peer), Path(env_file).stem, *(["-n", str(n)] if n else []), "-m", model,
                     "--client.base-url", stub.url, "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich",
-                    "--env.agent.runtime.type", "subprocess",
-                    *_flags(deep_merge({"env": {"agent": {"harness": {"id": "null"}}}}, extra))],
+                    *_flags(deep_merge(peer_seats(extra), extra))],
                    cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
     (traces,) = list((tmp_path / "outputs").glob("*/traces.jsonl"))
     episodes = [json.loads(line) for line in traces.read_text().splitlines()]
     rewards = [sum(r["score"] * r["weight"] for r in t["rewards"].values() if r)
-               for e in episodes if e["ok"] for t in e["traces"]]
+               for e in episodes if e["ok"] for t in e["traces"] if t["agent"].get("trainable", True)]
     assert sum(rewards) / len(rewards) == pytest.approx(PEER[case]["mean"])
     assert sum(not e["ok"] for e in episodes) == PEER[case]["errors"]
 

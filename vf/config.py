@@ -209,11 +209,18 @@ RESUME_FREE_KEYS = {
 
 
 def parse_value(text: str) -> Any:
-    """CLI value → typed value, the YAML way (`0.5`, `true`, `[1, 2]`, `null`)."""
+    """CLI value → typed value, the YAML way (`0.5`, `true`, `[1, 2]`, `null`), minus YAML 1.1's
+    surprises: `yes`/`no`/`on`/`off` stay strings (a model named `yes`), and so do `1:3`-style
+    slices (sexagesimal ints in YAML 1.1)."""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+        return text
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and ":" in text:
+        return text
+    return value
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

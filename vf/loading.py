@@ -251,4 +251,19 @@ def load_taskset(taskset_id: str, fields: dict[str, Any] | None = None,
         raise ConfigError(config_errors(e, "taskset"),
                           hint=f"fields of {taskset_id}: {', '.join(sorted(config_cls.model_fields))}") from None
     taskset = cls(config)
-    return LoadedTaskset(id=taskset_id, taskset=taskset, env=build_env(env_class(cls), env_fields))
+    return LoadedTaskset(id=taskset_id, taskset=taskset, env=build_env(chosen_env(cls, env_fields), env_fields))
+
+
+def chosen_env(taskset_cls: type[Taskset], env_fields: dict[str, Any] | None) -> type[Env]:
+    """`--env.id ID` picks a built-in env (`best-of-n`, `user-sim`, `single-agent`) over any
+    taskset; without it, the taskset's own (`env_class`)."""
+    from vf.envs import BUILTIN_ENVS
+
+    env_id = (env_fields or {}).get("id")
+    if not env_id:
+        return env_class(taskset_cls)
+    key = normalize_id(env_id)
+    if key not in BUILTIN_ENVS:
+        raise TasksetNotFound(f"unknown env id {env_id!r}",
+                              hint=f"built-in envs: {', '.join(k.replace('_', '-') for k in BUILTIN_ENVS)}")
+    return BUILTIN_ENVS[key]
