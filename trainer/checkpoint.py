@@ -2,11 +2,13 @@
 
     RUN/checkpoints/step_N/          N = optimizer steps completed (the model is policy version N)
       trainer.json + .safetensors   model (full state dict), optimizer, scheduler
-      dcp/                          under torchrun instead: model + optimizer as a
+      dcp/                          under torchrun instead: model + optimizer tensors as a
                                     torch.distributed.checkpoint (each rank writes its own FSDP
                                     shards, no full optimizer state on one rank); trainer.* then
-                                    holds the scheduler and the saving world size. DCP reshards on
-                                    load, so a run may resume with another number of processes.
+                                    holds the scheduler, the optimizer's param_groups and the
+                                    saving world size. DCP reshards on load, so a run may resume
+                                    with another number of processes. Read with `safe_reader`
+                                    (DCP's own reader unpickles).
       rollout.json + .safetensors   weight snapshots of older versions that batches ≥ N will still be
                                     generated from (async_level / drift.stale_steps > 0), so a resumed
                                     run regenerates them from the very same weights
@@ -15,7 +17,9 @@
 
 Nothing here is a pickle: each part is a JSON tree whose tensors live in the safetensors file next
 to it (`{"$tensor": key}`; tuples and non-string-keyed dicts are tagged too), so loading a run dir
-someone sent you reads data and never runs code. Checkpoints from before this format (`*.pt`
+someone sent you reads data and never runs code. (Under torchrun, DCP's `.metadata` and shard
+records are pickles; they are read with allow-lists: `safe_reader`, `torch.load(weights_only=True)`.)
+Checkpoints from before this format (`*.pt`
 pickles) are refused with a hint; `convert()` (`vf-train --convert-checkpoint RUN_DIR`) rewrites
 them once, reading each pickle with `torch.load(weights_only=True)` (torch's allow-list of plain
 containers and tensors) and only with `trust_pickle=True` as a full pickle.
@@ -27,10 +31,13 @@ the whole directory or none; `latest()` only considers complete ones. Old ones b
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +137,11 @@ def save_run(run_dir: Path, version: int, learner, state, rollouts, keep_last: i
 
 def save_sharded(run_dir: Path, step: int, learner, snapshots: dict[int, dict], progress: dict[str, Any],
                  keep_last: int) -> Path:
-    """Under torchrun: model and optimizer as a DCP checkpoint (`SHARDED/`), each rank writing
-    its own FSDP shards (no full state on one rank); rank 0 adds the rest as usual. The run dir
-    must be on a filesystem every rank sees (one machine, or a shared mount across nodes)."""
+    """Under torchrun: model and optimizer tensors as a DCP checkpoint (`SHARDED/`), each rank
+    writing its own FSDP shards (no full state on one rank); rank 0 adds the rest as usual, with
+    the optimizer's param_groups (plain numbers) in trainer.json, so the DCP part holds tensors
+    only (see `SafeReader`). The run dir must be on a filesystem every rank sees (one machine, or a
+    shared mount across nodes)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from vf.trainer import distributed
@@ -143,36 +152,104 @@ def save_sharded(run_dir: Path, step: int, learner, snapshots: dict[int, dict], 
         tmp = _begin(run_dir, step)
     distributed.barrier(d)
     model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / SHARDED))
+    dcp.save({"model": model_state, "optimizer": {"state": optim_state["state"]}}, checkpoint_id=str(tmp / SHARDED))
     final = root(run_dir) / f"step_{step}"
     if d.is_main:
-        trainer = {"scheduler": learner.scheduler.state_dict(), "sharded": {"world_size": d.world_size}}
+        trainer = {"scheduler": learner.scheduler.state_dict(), "param_groups": optim_state["param_groups"],
+                   "sharded": {"world_size": d.world_size}}
         _finish(run_dir, step, tmp, trainer, snapshots, progress, keep_last)
     distributed.barrier(d)
     return final
 
 
-def load_sharded(path: Path, learner, saved_world_size: int) -> None:
+def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
     """Load a DCP checkpoint's model and optimizer into `learner` (collective under torchrun).
 
     DCP reshards on load, so the world size may differ from the one that saved it (tested from 2
-    processes to 1 and to 2); a failure says what happened and how to go on."""
+    processes to 1); a failure says what happened and how to go on."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)  # also creates AdamW's state
-    state = {"model": model_state, "optimizer": optim_state}
+    state = {"model": model_state, "optimizer": {"state": optim_state["state"]}}
+    saved_world, d = restore["sharded"]["world_size"], learner.d
     try:
-        dcp.load(state, checkpoint_id=str(Path(path) / SHARDED))
-    except Exception as e:  # noqa: BLE001 - DCP raises many types (CheckpointException, RuntimeError, ...)
-        d = learner.d
-        raise UsageError(f"cannot load the sharded checkpoint {path} (saved by {saved_world_size} processes) "
-                         f"into {d.world_size}: {str(e).splitlines()[0][:300]}",
-                         hint=f"resume with the same number of processes (torchrun --nproc_per_node {saved_world_size})"
-                         if saved_world_size != d.world_size else
-                         "the checkpoint is damaged; resume from an older one (delete this step dir)") from None
+        with _quiet_dcp():
+            dcp.load(state, storage_reader=safe_reader(Path(path) / SHARDED))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's failure
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        raise UsageError(f"cannot load the sharded checkpoint {path} (saved by {saved_world} processes) into "
+                         f"{d.world_size}: {(lines[-1] if lines else type(e).__name__)[:300]}",
+                         hint="if the checkpoint is damaged, resume from an older one (delete this step dir)"
+                         + (f"; else resume with the number of processes that saved it (torchrun --nproc_per_node "
+                            f"{saved_world})" if saved_world != d.world_size else "")) from None
     set_state_dict(learner.policy, learner.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict={"state": state["optimizer"]["state"], "param_groups": restore["param_groups"]})
+
+
+@contextlib.contextmanager
+def _quiet_dcp():
+    """DCP logs each failed metadata read with its traceback (the error raised after says it all)
+    and warns that a load without a process group is a single-process load (it is)."""
+    log = logging.getLogger()  # DCP's loader logs to the root logger
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
+    finally:
+        log.setLevel(level)
+
+
+def _safe_reader():
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import metadata as md
+
+    allowed = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("torch", "Size"),
+               ("torch.serialization", "_get_layout"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    allowed |= {("torch.distributed.checkpoint.metadata", n) for n in
+                ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+                 "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")}
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+    class SafeReader(FileSystemReader):
+        """DCP's FileSystemReader, without running code from the checkpoint: DCP writes its
+        metadata as a pickle and loads non-tensor entries with `torch.load(weights_only=False)`.
+        Here the metadata is unpickled with an allow-list of DCP's own metadata classes, and a
+        checkpoint with anything but tensors is refused (ours hold tensors only); the tensors
+        themselves DCP already reads with `torch.load(weights_only=True)`."""
+
+        def read_metadata(self, *args, **kwargs):
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = Unpickler(f).load()
+            if not isinstance(metadata, md.Metadata):
+                raise pickle.UnpicklingError(f"{path} is not DCP metadata")
+            odd = [k for k, v in metadata.state_dict_metadata.items() if not isinstance(v, md.TensorStorageMetadata)]
+            if odd:
+                raise pickle.UnpicklingError(f"non-tensor entries (refused: loading them can run code): {odd[:3]}")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = md.StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader
+
+
+def safe_reader(path: Path):
+    """A `SafeReader` of the DCP checkpoint at `path` (the class is built on first use: torch
+    is imported lazily)."""
+    return _safe_reader()(str(path))
 
 
 def load(path: Path) -> dict[str, Any]:

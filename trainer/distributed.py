@@ -88,12 +88,30 @@ def optimizer_state(policy, optimizer, d: Dist) -> dict[str, Any]:
 
 
 def load_optimizer_state(policy, optimizer, state: dict[str, Any], d: Dist) -> None:
+    """Load a full optimizer state saved by one process (`optimizer.state_dict()`, keyed by
+    parameter index) or by torchrun ranks (keyed by parameter name), into either."""
+    state = keyed_optimizer_state(state, [name for name, _ in policy.named_parameters()], by_name=d.enabled)
     if not d.enabled:
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(policy, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def keyed_optimizer_state(state: dict[str, Any], names: list[str], by_name: bool) -> dict[str, Any]:
+    """`state` with its parameters keyed by name (torch.distributed's form) or by index
+    (`Optimizer.state_dict()`'s); `names` are the parameter names in the optimizer's order."""
+    if by_name:
+        key = {i: n for i, n in enumerate(names)}
+    else:
+        key = {n: i for i, n in enumerate(names)}
+
+    def k(p):
+        return key.get(p, p)
+
+    return {"state": {k(p): v for p, v in state["state"].items()},
+            "param_groups": [{**g, "params": [k(p) for p in g["params"]]} for g in state["param_groups"]]}
 
 
 def broadcast(obj: Any, d: Dist) -> Any:

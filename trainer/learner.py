@@ -79,7 +79,7 @@ class Learner:
             from vf.trainer import checkpoint
 
             if "sharded" in restore:
-                checkpoint.load_sharded(restore["path"], learner, restore["sharded"]["world_size"])
+                checkpoint.load_sharded(restore["path"], learner, restore)
             else:
                 distributed.load_optimizer_state(policy, optimizer, restore["optimizer"], d)
             scheduler.load_state_dict(restore["scheduler"])
