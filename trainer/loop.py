@@ -16,7 +16,7 @@ Server mode (`engine.base_url`): rollouts and evaluations share one server, whic
 policy at a time. An evaluation pushes the version it evaluates (`HttpPush`, a no-op when the
 server already holds it), so it runs only where no rollout from another version can be in flight:
 before training, after the warm-up (the first RL batch uses that same version), at the end, and
-at `eval.every` steps only with `async_level` 0; other evaluations are skipped and said so. The
+at `eval.every` steps only with `--async.deterministic --async.level 0`; other evaluations are skipped and said so. The
 final weights are pushed at the end, so the server serves the trained policy afterwards.
 """
 
@@ -232,9 +232,9 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         if eval_engine is None:
             return None
         if server:
-            if not (step in (0, W, total) or config.orchestrator.async_level == 0):
+            if not (step in (0, W, total) or (config.async_.deterministic and config.async_.level == 0)):
                 say(f"eval {label} skipped: the server would serve two policies at once "
-                    "(server mode evaluates mid-run only with --orchestrator.async-level 0)")
+                    "(server mode evaluates mid-run only with --async.deterministic --async.level 0)")
                 return None
             http_push.push(cur, step)
             evaluated = _hf_model(model.config, cur)  # saved as RUN/evals/LABEL/model
@@ -251,7 +251,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         progress.reward_before = s["mean_reward"] if s else None
 
     if rl and d.is_main:
-        from vf.trainer.orchestrator import Orchestrator
+        from vf.trainer import orchestrator
         from vf.trainer.weights import EmbeddedPush
 
         from vf.runner import EpisodeSpec, taskset_toolsets
@@ -269,12 +269,10 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
                            run={"type": "train", "id": run_dir.name}, require_tokens=True,
                            shared_toolsets=taskset_toolsets(loaded))
         o = config.orchestrator
-        orch = Orchestrator(source=TaskSource(tasks, config.seed), spec=spec, pusher=pusher,
-                            group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
-                            seed=config.seed, first=max(start, W), last=total, first_rl_step=W,
-                            async_level=o.async_level, stale_steps=config.drift.stale_steps,
-                            std_norm=o.std_norm, max_off_policy_steps=o.max_off_policy_steps,
-                            max_concurrent=o.max_concurrent)
+        orch = orchestrator.make(config, source=TaskSource(tasks, config.seed), spec=spec, pusher=pusher,
+                                 group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
+                                 seed=config.seed, first=max(start, W), last=total, first_rl_step=W,
+                                 std_norm=o.std_norm, max_concurrent=o.max_concurrent)
         for v, snap in snapshots.items():
             orch.publish(v, snap)
         orch.publish(start, cur)
@@ -377,6 +375,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             "step_time": mean("step_time", rows), "rl_step_time": mean("step_time"),
             "tokens_per_s": mean("tokens_per_s", rows),
             **{k: int(v) for k, v in progress.counters.items()},
+            "off_policy_hist": _histogram(rl_rows),
             "wall_time": time.time() - wall0, "resumed_from": start if resume else None,
             "run_dir": str(run_dir), "world_size": d.world_size,
         }
@@ -401,17 +400,26 @@ def _record(step, phase, result, batch, wait, step_time, n_tokens, scheduler, pr
         "step": step, "phase": phase, "loss": result.loss, "reward": batch.metrics.get("reward"),
         "masked_fraction": m.get("masked_fraction") if phase == "rl" else 0.0,
         "mismatch_kl": m.get("mismatch_kl") if phase == "rl" else None,
-        "staleness": batch.metrics.get("staleness", 0.0),
+        "staleness": batch.metrics.get("off_policy/mean", 0.0),
         "tokens_per_s": result.num_tokens * d.world_size / max(step_time, 1e-9),
         "step_time": step_time, "train_time": result.seconds, "wait_time": wait,
         "lr": scheduler.get_last_lr()[0], "grad_norm": result.grad_norm, "num_loss_tokens": n_tokens,
         **{k: v for k, v in m.items() if k not in ("masked_fraction", "mismatch_kl")},
         **{k: v for k, v in batch.metrics.items() if k not in ("reward", "staleness")},
     }
-    for k in ("dropped_stale_groups", "zero_variance_groups", "errored_rollouts"):
+    for k in ("dropped", "zero_variance_groups", "errored_rollouts"):
         progress.counters[k] = progress.counters.get(k, 0) + batch.metrics.get(k, 0)
     progress.counters["skipped_steps"] = progress.counters.get("skipped_steps", 0) + int(result.skipped)
     return row
+
+
+def _histogram(rows: list[dict]) -> dict[str, int]:
+    """{staleness: groups trained on} summed over the steps' `off_policy/hist`."""
+    total: dict[int, int] = {}
+    for r in rows:
+        for lag, n in (r.get("off_policy/hist") or {}).items():
+            total[int(lag)] = total.get(int(lag), 0) + int(n)
+    return {str(k): total[k] for k in sorted(total)}
 
 
 def _hf_model(model_config, state: dict):
