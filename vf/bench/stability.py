@@ -1,7 +1,7 @@
 """`stability` suite: the same short RL run (`vf.trainer.loop.run`, the built-in tiny model on
 reverse-text) under each loss, once with inference drifted on purpose and once not.
 
-Drift (`vf.trainer.drift`): rollouts up to `async_level + stale_steps` = 8 policy versions behind
+Drift (`vf.trainer.drift`): rollouts up to `async.level + stale_steps` = 8 policy versions behind
 the trainer, and Gaussian noise on the engine's copy of the weights at every push (μ ≠ π even at
 staleness 0). Losses: ipo at eps 0.1 / 0.2 / 0.3, icepop, ppo, cispo, and "no masking" (ipo with
 eps 1e9, so its trust region never masks). Every run starts from the same SFT-warmed checkpoint
@@ -56,8 +56,9 @@ WARMUP = {"lr": 3e-3, "batch_size": 32}
 def _base(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"steps": cfg["rl_steps"], "seed": 0, "optim": {"lr": RL_LR},
             "sampling": {"max_tokens": cfg["max_tokens"]},
-            "orchestrator": {"batch_size": cfg["batch_size"], "group_size": cfg["group_size"], "async_level": 1,
-                             "max_off_policy_steps": 8},
+            "orchestrator": {"batch_size": cfg["batch_size"], "group_size": cfg["group_size"]},
+            # drift.stale_steps replays older policies: the fixed-lag mode
+            "async": {"deterministic": True, "level": 1, "max_off_policy_steps": 8},
             # the final reward is an evaluation of the trained policy (drift-free), not the train reward
             # of rollouts that a stale engine generated
             "eval": {"at_start": True, "at_end": True, "every": 0, "select": {"limit": cfg["eval_tasks"]},
@@ -208,7 +209,7 @@ def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str,
         cases.append(Case(name=r["name"], ours=fig, ref=ref, ours_label=f"{r['loss']} {r['params'] or ''}".strip(),
                           ref_label=f"no masking ({drift})" if ref else "—", ratios=ratios,
                           checks=checks))
-    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async_level 1 (rollouts up to 8 versions old) and "
+    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async.level 1 (rollouts up to 8 versions old) and "
               f"weight noise {DRIFT['weight_noise']}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} rollouts "
               f"after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
     extra: dict[str, Any] = {"curves": {k: v["curve"] for k, v in res.items()}}  # per-step, to re-plot
