@@ -180,10 +180,14 @@ class DriftSection(_Section):
                   `off_policy/mean`). Continuous mode has real staleness instead.
     weight_noise: Gaussian noise of this std (relative to each weight's std) is added to the
                   engine's copy of the weights at every push, so μ ≠ π even at staleness 0.
+    engine_dtype: the embedded rollout engine runs in this dtype (e.g. bfloat16) while the trainer
+                  keeps model.dtype: a low-precision engine whose weights and kernels round
+                  differently, the real source of mismatch between vLLM-style engines and trainers.
     """
 
     stale_steps: int = Field(0, ge=0)
     weight_noise: float = Field(0.0, ge=0)
+    engine_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
 class TrainConfig(_Section):
@@ -318,7 +322,8 @@ def check(config: TrainConfig) -> None:
                             f"({o.batch_size}), or no batch could fill")
     if config.data.path is not None and config.loss.name != "sft":
         problems.append(f"data.path (--data) trains on saved traces, which needs --loss sft (got {config.loss.name!r})")
-    if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps):
+    if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps
+                                                    or config.drift.engine_dtype):
         problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")
     if config.trainer.seq_len < s.max_tokens + 2:
         problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "

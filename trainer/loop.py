@@ -259,7 +259,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         if server:
             rollout_engine, pusher = engines.server(config), http_push
         else:
-            rollout_engine = engines.embedded(path, tokenizer, config.model.dtype,
+            rollout_engine = engines.embedded(path, tokenizer, config.drift.engine_dtype or config.model.dtype,
                                               "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
                                               config.model.impl)
             pusher = EmbeddedPush(rollout_engine, config.drift.weight_noise, config.seed)

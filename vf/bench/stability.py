@@ -111,21 +111,26 @@ def measure(path: str, cfg: dict[str, Any], runs: list[dict[str, Any]]) -> dict[
     from vf.trainer.config import resolve
     from vf.trainer.loop import run as train
 
+    from vf.config import deep_merge
+
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in runs:
             over = _base(cfg)
             over.update(model={"path": path}, loss={"name": r["loss"], "params": r["params"]},
                         drift=r["drift"], warmup={"steps": 0})
-            config = resolve(over, base={})
+            config = resolve(deep_merge(over, r.get("over", {})), base={})  # a setup's own keys on top
             rows: list[dict[str, Any]] = []
             t = time.perf_counter()
             run_dir = Path(tmp) / r["name"].replace(" ", "_").replace("[", "").replace("]", "")
             run_dir.mkdir()
             summary = train(config, run_dir, on_step=rows.append)
             rl = [x for x in rows if x.get("phase") == "rl"]
-            out[r["name"]] = {**summarize(rl, summary.get("reward_before"), summary.get("reward_after")), "seconds": round(time.perf_counter() - t, 1),
-                              "curve": {k: [x.get(k) for x in rl] for k in ("reward", "masked_fraction", "mismatch_kl")}}
+            out[r["name"]] = {**summarize(rl, summary.get("reward_before"), summary.get("reward_after")),
+                              "seconds": round(time.perf_counter() - t, 1),
+                              "off_policy_hist": summary.get("off_policy_hist"), "dropped": summary.get("dropped"),
+                              "curve": {k: [x.get(k) for x in rl] for k in ("reward", "masked_fraction", "mismatch_kl",
+                                                                            "staleness")}}
     return out
 
 
