@@ -9,8 +9,8 @@ import pytest
 from test_trainer_cli import SMALL, train
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture
+def engine():  # one per test: an orchestrator closes its engine when it stops
     from vf.engines.local import LocalEngine
 
     e = LocalEngine.from_model("tiny-random", max_batch=16)
@@ -58,21 +58,26 @@ def test_weight_update_lands_between_decode_steps(engine):
     assert mixed.logprobs[-8:] != plain.logprobs[-8:]
 
 
-def test_continuous_orchestrator_drops_what_is_too_stale(engine):
+def setup(engine, max_tokens=6):
     from vf.engines.base import Sampling
     from vf.loading import load_taskset
     from vf.selection import select_tasks
-    from vf.trainer.orchestrator import ContinuousOrchestrator, TaskSource
-    from vf.trainer.weights import EmbeddedPush
 
     from vf.config import SelectConfig
     from vf.runner import EpisodeSpec
 
-    loaded = load_taskset("reverse-text", {"size": 20})
-    tasks = select_tasks(loaded.taskset, SelectConfig())
+    tasks = select_tasks(load_taskset("reverse-text", {"size": 20}).taskset, SelectConfig())
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    spec = EpisodeSpec(engine=engine, model="tiny-random", sampling=Sampling(temperature=1.0, max_tokens=6),
+    spec = EpisodeSpec(engine=engine, model="tiny-random", sampling=Sampling(temperature=1.0, max_tokens=max_tokens),
                        run={"type": "train"}, require_tokens=True)
+    return tasks, state, spec
+
+
+def test_continuous_orchestrator_drops_what_is_too_stale(engine):
+    from vf.trainer.orchestrator import ContinuousOrchestrator, TaskSource
+    from vf.trainer.weights import EmbeddedPush
+
+    tasks, state, spec = setup(engine)
 
     class Counting(EmbeddedPush):
         versions: list[int] = []
@@ -106,6 +111,37 @@ def test_continuous_orchestrator_drops_what_is_too_stale(engine):
         assert all(e.run["step"] == 3 for e in b3.episodes)
     finally:
         orch.close()
+
+
+def test_push_cancels_groups_that_can_only_go_stale(engine):
+    """At a push, a running group dispatched more than K versions before the next batch is
+    cancelled (its rollouts leave the engine) and counted; a younger one keeps running."""
+    from vf.trainer.orchestrator import ContinuousOrchestrator, TaskSource
+    from vf.trainer.weights import EmbeddedPush
+
+    tasks, state, spec = setup(engine, max_tokens=4000)  # replies long enough to be in flight
+    orch = ContinuousOrchestrator(max_inflight=8, source=TaskSource(tasks, 0), spec=spec, pusher=EmbeddedPush(engine),
+                                  group_size=4, groups_per_step=1, seed=0, first=0, last=10, first_rl_step=0,
+                                  std_norm=False, max_off_policy_steps=2)
+
+    async def main():
+        old = asyncio.create_task(orch._group(spec, 0, tasks[0], 0))
+        young = asyncio.create_task(orch._group(spec, 1, tasks[1], 4))
+        await asyncio.sleep(0.05)
+        orch._next_step = 5  # the next batch is step 5: version 0 is 5 > K behind, version 4 is 1
+        orch.publish(5, state)
+        await orch._push_latest({old: 0, young: 4})
+        await asyncio.gather(old, return_exceptions=True)
+        assert old.cancelled() and not young.done()
+        assert orch._cancelled == 1 and engine.policy_version == 5
+        young.cancel()
+        await asyncio.gather(young, return_exceptions=True)
+
+    asyncio.run(main())
+    deadline = time.time() + 10
+    while engine.scheduler.load and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.scheduler.load == 0  # cancelled requests left the engine
 
 
 @pytest.mark.slow
