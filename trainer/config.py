@@ -109,6 +109,7 @@ class OrchestratorSection(_Section):
     std_norm: bool = False
     """Divide advantages by the group's reward std (GRPO); off = Dr-GRPO style."""
     max_concurrent: int = Field(256, gt=0)
+    """Rollouts run at once in deterministic replay (continuous dispatch: async.max_inflight)."""
     max_turns: int = Field(8, gt=0)
 
 
