@@ -2,7 +2,7 @@
 (IPO's probability trust region, IcePop's ratio band) are exercised and visible on CPU, where the
 embedded engine otherwise reproduces the trainer's log-probs almost exactly.
 
-Two knobs (config section `drift`, e.g. `--drift.stale-steps 2 --drift.weight-noise 0.05`):
+Three knobs (config section `drift`, e.g. `--drift.weight-noise 0.05`):
 
 - stale_steps K (deterministic replay only, `--async.deterministic`): batch b is generated with
   the policy of step b − async.level − K (instead of b − async.level). The traces record that
