@@ -59,12 +59,11 @@ def test_weight_update_lands_between_decode_steps(engine):
 
 
 def setup(engine, max_tokens=6):
+    from vf.config import SelectConfig
     from vf.engines.base import Sampling
     from vf.loading import load_taskset
-    from vf.selection import select_tasks
-
-    from vf.config import SelectConfig
     from vf.runner import EpisodeSpec
+    from vf.selection import select_tasks
 
     tasks = select_tasks(load_taskset("reverse-text", {"size": 20}).taskset, SelectConfig())
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -80,7 +79,7 @@ def test_continuous_orchestrator_drops_what_is_too_stale(engine):
     tasks, state, spec = setup(engine)
 
     class Counting(EmbeddedPush):
-        versions: list[int] = []
+        versions: list[int] = []  # noqa: RUF012 (one pusher per test)
 
         def push(self, state, version):
             self.versions.append(version)

@@ -108,10 +108,9 @@ def measure(path: str, cfg: dict[str, Any], runs: list[dict[str, Any]]) -> dict[
     """(child) Every run in turn from the warmed checkpoint; {run name: figures + per-step curves}."""
     import tempfile
 
+    from vf.config import deep_merge
     from vf.trainer.config import resolve
     from vf.trainer.loop import run as train
-
-    from vf.config import deep_merge
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,44 +180,54 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    cfg = {**SIZES[size], "size": size, "drift": DRIFT, "taskset": "reverse-text (trainer default)"}
+def study(suite: str, cfg: dict[str, Any], runs: list[dict[str, Any]], checks, notes: list[str],
+          plot_path: str | None, t0: float) -> dict[str, Any]:
+    """Run `runs` (each {name: "LOSS [SETUP]", loss, params, drift, over?}) from the warmed
+    checkpoint and tabulate them: figures, the ratio to the same setup's no-masking run, and
+    `checks(loss_name, setup, figures)` -> {check: passed}."""
     try:
         import vf.trainer.loop  # noqa: F401  (the trainer must be present)
     except ImportError as e:
-        return suite_result("stability", cfg, [], skipped=f"the trainer is not available ({e})")
+        return suite_result(suite, cfg, [], skipped=f"the trainer is not available ({e})")
     path = run_child("vf.bench.stability:warm_model", {"warmup_steps": cfg["warmup_steps"],
                                                         "batch_size": WARMUP["batch_size"]}, timeout=3600)["path"]
-    by_name = {n: (loss, params) for n, loss, params in LOSSES}
-    runs = [{"name": f"{n} [drifted]", "loss": by_name[n][0], "params": by_name[n][1], "drift": DRIFT}
-            for n in cfg["losses"]]
-    runs += [{"name": f"{n} [undrifted]", "loss": by_name[n][0], "params": by_name[n][1],
-              "drift": {"stale_steps": 0, "weight_noise": 0.0}} for n in cfg["undrifted"]]
     res = run_child("vf.bench.stability:measure", {"path": path, "cfg": cfg, "runs": runs}, timeout=7200)
     res.pop("_child_peak_rss_mib", None)
     cases = []
     for r in runs:
         n, drift = r["name"][:-1].split(" [")
         fig = {k: v for k, v in res[r["name"]].items() if k != "curve"}
-        ref_name = f"{NOMASK} [{drift}]"
-        ref = {k: v for k, v in res.get(ref_name, {}).items() if k != "curve"} if n != NOMASK else {}
+        ref = {k: v for k, v in res.get(f"{NOMASK} [{drift}]", {}).items() if k != "curve"} if n != NOMASK else {}
         ratios = {}
-        if n != NOMASK and ref:
+        if ref:
             ratios["reward_vs_nomask"] = Ratio(ratio(fig["final_reward"], ref.get("final_reward")), "higher")
-        checks = {}
-        if n == "ipo eps0.3" and drift == "undrifted":
-            checks["masked_fraction < 1%"] = fig["masked_fraction"] is not None and fig["masked_fraction"] < 0.01
-        if n == "ipo eps0.3" and drift == "drifted":
-            checks["stable (not diverged)"] = not fig["diverged"]
         cases.append(Case(name=r["name"], ours=fig, ref=ref, ours_label=f"{r['loss']} {r['params'] or ''}".strip(),
                           ref_label=f"no masking ({drift})" if ref else "—", ratios=ratios,
-                          checks=checks))
-    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async.level 1 (rollouts up to 8 versions old) and "
-              f"weight noise {DRIFT['weight_noise']}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} rollouts "
-              f"after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
+                          checks=checks(n, drift, fig)))
     extra: dict[str, Any] = {"curves": {k: v["curve"] for k, v in res.items()}}  # per-step, to re-plot
     if plot_path:
         plot(res, Path(plot_path))
         extra["plot"] = plot_path
-    return suite_result("stability", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1), **extra)
+    return suite_result(suite, cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1), **extra)
+
+
+def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cfg = {**SIZES[size], "size": size, "drift": DRIFT, "taskset": "reverse-text (trainer default)"}
+    by_name = {n: (loss, params) for n, loss, params in LOSSES}
+    runs = [{"name": f"{n} [drifted]", "loss": by_name[n][0], "params": by_name[n][1], "drift": DRIFT}
+            for n in cfg["losses"]]
+    runs += [{"name": f"{n} [undrifted]", "loss": by_name[n][0], "params": by_name[n][1],
+              "drift": {"stale_steps": 0, "weight_noise": 0.0}} for n in cfg["undrifted"]]
+
+    def checks(n: str, drift: str, fig: dict[str, Any]) -> dict[str, bool]:
+        if n == "ipo eps0.3" and drift == "undrifted":
+            return {"masked_fraction < 1%": fig["masked_fraction"] is not None and fig["masked_fraction"] < 0.01}
+        if n == "ipo eps0.3" and drift == "drifted":
+            return {"stable (not diverged)": not fig["diverged"]}
+        return {}
+
+    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async.level 1 (rollouts up to 8 versions old) and "
+              f"weight noise {DRIFT['weight_noise']}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} rollouts "
+              f"after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
+    return study("stability", cfg, runs, checks, notes, plot_path, t0)

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vf.bench.common import Case, Ratio, ratio, run_child, suite_result
-from vf.bench.stability import LOSSES, NOMASK, RL_LR, WARMUP, plot
+from vf.bench.stability import LOSSES, NOMASK, RL_LR, study
 
 HIGH_LR = 5 * RL_LR
 
@@ -54,39 +53,22 @@ def setups(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = {**SIZES[size], "size": size, "lr": HIGH_LR, "taskset": "reverse-text (trainer default)"}
-    try:
-        import vf.trainer.loop  # noqa: F401  (the trainer must be present)
-    except ImportError as e:
-        return suite_result("stability_real", cfg, [], skipped=f"the trainer is not available ({e})")
-    path = run_child("vf.bench.stability:warm_model", {"warmup_steps": cfg["warmup_steps"],
-                                                        "batch_size": WARMUP["batch_size"]}, timeout=3600)["path"]
     by_name = {n: (loss, params) for n, loss, params in LOSSES}
     over = setups(cfg)
     none = {"stale_steps": 0, "weight_noise": 0.0}
     runs = [{"name": f"{n} [{d}]", "loss": by_name[n][0], "params": by_name[n][1], "drift": none, "over": over[d]}
             for d, names in (("drifted", cfg["losses"]), ("undrifted", cfg["undrifted"])) for n in names]
-    res = run_child("vf.bench.stability:measure", {"path": path, "cfg": cfg, "runs": runs}, timeout=7200)
-    res.pop("_child_peak_rss_mib", None)
-    cases = []
-    for r in runs:
-        n, drift = r["name"][:-1].split(" [")
-        fig = {k: v for k, v in res[r["name"]].items() if k != "curve"}
-        ref = {k: v for k, v in res.get(f"{NOMASK} [{drift}]", {}).items() if k != "curve"} if n != NOMASK else {}
-        ratios = {}
-        if ref:
-            ratios["reward_vs_nomask"] = Ratio(ratio(fig["final_reward"], ref.get("final_reward")), "higher")
-        checks = {}
-        if drift == "drifted":  # the setup did what it says: late rollouts, a real mismatch
-            checks["staleness reached"] = max(int(k) for k in (fig.get("off_policy_hist") or {"0": 0})) >= cfg["stale"] // 2
-        cases.append(Case(name=r["name"], ours=fig, ref=ref, ours_label=f"{r['loss']} {r['params'] or ''}".strip(),
-                          ref_label=f"no masking ({drift})" if ref else "—", ratios=ratios, checks=checks))
+
+    def checks(_n: str, drift: str, fig: dict[str, Any]) -> dict[str, bool]:
+        if drift != "drifted":
+            return {}
+        # the setup did what it says: rollouts reached the trainer late
+        oldest = max((int(k) for k in fig.get("off_policy_hist") or {}), default=0)
+        return {"staleness reached": oldest >= cfg["stale"] // 2}
+
     notes = [(f"drifted = bfloat16 embedded engine (trainer fp32) + continuous dispatch with {cfg['stale']} batches "
               f"in flight (staleness up to {cfg['stale']}, max_off_policy_steps {cfg['stale']}); undrifted = fp32 "
               f"engine, one batch in flight; lr {HIGH_LR:g}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} "
               f"rollouts after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
-    extra: dict[str, Any] = {"curves": {k: v["curve"] for k, v in res.items()}}
-    if plot_path:  # next to the `stability` suite's plot
-        own = Path(plot_path).with_name(Path(plot_path).stem + "-real.png")
-        plot(res, own)
-        extra["plot"] = str(own)
-    return suite_result("stability_real", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1), **extra)
+    own_plot = str(Path(plot_path).with_name(Path(plot_path).stem + "-real.png")) if plot_path else None
+    return study("stability_real", cfg, runs, checks, notes, own_plot, t0)
