@@ -310,7 +310,6 @@ class ContinuousOrchestrator(_Generator):
         self.max_groups = max(self.groups_per_step, max_inflight // self.group_size)
         self._latest: tuple[int, dict] | None = None
         self._finished: collections.deque[_Group] = collections.deque()
-        self._running = 0
         self._next_step = self.first  # the batch the trainer takes next
         self._cancelled = 0  # groups cancelled in flight since the last batch
         self._aloop: asyncio.AbstractEventLoop | None = None
