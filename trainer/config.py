@@ -317,7 +317,8 @@ def check(config: TrainConfig) -> None:
         if config.drift.stale_steps:
             problems.append("drift.stale_steps replays an older policy, which needs --async.deterministic "
                             "(continuous dispatch has real staleness: bound it with --max-off-policy-steps)")
-        if config.max_inflight < o.batch_size or config.max_inflight % o.group_size:
+        rl = config.data.path is None  # SFT on saved data generates nothing
+        if rl and (config.max_inflight < o.batch_size or config.max_inflight % o.group_size):
             problems.append(f"async.max_inflight ({config.max_inflight}) must be a multiple of "
                             f"orchestrator.group_size ({o.group_size}) and at least orchestrator.batch_size "
                             f"({o.batch_size}), or no batch could fill")
