@@ -4,8 +4,15 @@ every step's loss, gradient norm, reward and masked fraction where they were.
 The run is the embedded default (`vf-train -o DIR`) shortened: 3 SFT warm-up steps on gold
 replies, 3 IPO steps from the orchestrator in deterministic replay (async.level 1), one thread, seed 0,
 no evaluations; then 2 SFT steps on the first run's saved traces (`--data`). That covers the three
-batch sources (gold warm-up, saved data, rollouts). CPU fp32 with one thread repeats bit for bit;
-the tolerance (rel 1e-6) only leaves room for a different BLAS/torch build.
+batch sources (gold warm-up, saved data, rollouts).
+
+Tolerances: SFT steps (no engine involved) repeat bit for bit on CPU fp32 with one thread; rel
+1e-6 only leaves room for another BLAS/torch build. RL steps also use the engine's log-probs μ,
+which the embedded engine computes in continuous batches whose composition depends on thread
+timing (which requests were admitted together), so μ varies in its last float32 bits from run to
+run (observed: mismatch_kl 2.232938e-3 vs 2.232940e-3). The RL loss and mismatch_kl, small
+differences of such numbers, therefore get an absolute 1e-7 on top; sampled tokens, rewards and
+loss-token counts stay exact. Any real change to a batch or an update moves these numbers by far more.
 
 Regenerate (only when a change is MEANT to move the numbers, and say so in the commit):
     python tests/test_train_golden.py
@@ -22,6 +29,8 @@ import pytest
 PY = sys.executable
 ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 GOLDEN = Path(__file__).parent / "golden" / "train_tiny.json"
+ENGINE_NOISE = {"loss": 1e-7, "mismatch_kl": 1e-7, "grad_norm": 1e-7}
+"""Absolute slack for numbers that depend on the engine's log-probs (RL steps), see above."""
 KEYS = ("phase", "loss", "grad_norm", "reward", "masked_fraction", "mismatch_kl", "num_loss_tokens")
 
 # Deterministic replay of the orchestrator: continuous dispatch (the default) depends on timing.
@@ -60,7 +69,8 @@ def test_short_default_run_matches_the_golden_numbers(tmp_path):
         for step, (g, want) in enumerate(zip(got[run], golden[run])):
             for key in KEYS:
                 if isinstance(want[key], float):
-                    assert g[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (run, step, key)
+                    slack = ENGINE_NOISE.get(key, 1e-9) if want["phase"] == "rl" else 1e-9
+                    assert g[key] == pytest.approx(want[key], rel=1e-6, abs=slack), (run, step, key)
                 else:
                     assert g[key] == want[key], (run, step, key)
 

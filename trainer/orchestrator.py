@@ -447,3 +447,15 @@ def make(config, **kw) -> ReplayOrchestrator | ContinuousOrchestrator:
         return ReplayOrchestrator(async_level=a.level, stale_steps=config.drift.stale_steps,
                                   max_off_policy_steps=a.max_off_policy_steps, **kw)
     return ContinuousOrchestrator(max_inflight=config.max_inflight, max_off_policy_steps=a.max_off_policy_steps, **kw)
+
+
+Orchestrator = ReplayOrchestrator | ContinuousOrchestrator
+
+
+def off_policy_histogram(rows: list[dict]) -> dict[str, int]:
+    """{staleness: groups trained on} summed over metrics rows' `off_policy/hist` (summary.json)."""
+    total: dict[int, int] = {}
+    for r in rows:
+        for lag, n in (r.get("off_policy/hist") or {}).items():
+            total[int(lag)] = total.get(int(lag), 0) + int(n)
+    return {str(k): total[k] for k in sorted(total)}
