@@ -16,7 +16,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 EPILOG = options.epilog(
-    "Suites: trainer, loss, engine, serve, harness, stability, or all. "
+    "Suites: trainer, loss, engine, serve, harness, stability, stability_real, or all. "
     "The stability suite also writes a PNG next to --out (else in the temp dir).",
     "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold.",
     examples=[
@@ -49,7 +49,7 @@ def print_suite(res: dict[str, Any]) -> None:
         console.print(f"[bold]{title}[/]: {'skipped' if res.get('skipped') else 'FAILED'} — "
                       f"{res.get('skipped') or res.get('error')}", markup=True)
         return
-    if res["suite"] == "stability":
+    if res["suite"] in ("stability", "stability_real"):
         return print_stability(res, title)
     t = Table(title=title, title_justify="left")
     for col in ("case", "ours", "reference", "ratios (ours vs reference)"):
@@ -81,8 +81,8 @@ def print_stability(res: dict[str, Any], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
-    for col in ("loss", "drift", "final reward", "masked frac", "mismatch KL", "diverged", "reward vs no-mask",
-                "checks"):
+    for col in ("loss", "drift", "final reward", "masked frac", "mismatch KL", "staleness", "diverged",
+                "reward vs no-mask", "checks"):
         t.add_column(col)
     for c in res["cases"]:
         loss, _, drift = c["name"].rstrip("]").partition(" [")
@@ -90,7 +90,8 @@ def print_stability(res: dict[str, Any], title: str) -> None:
         r = c["ratios"].get("reward_vs_nomask", {}).get("value")
         checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in (c.get("checks") or {}).items())
         t.add_row(loss, drift, _fmt(o.get("final_reward")), _fmt(o.get("masked_fraction")),
-                  _fmt(o.get("mismatch_kl")), "YES" if o.get("diverged") else "no", _fmt(r), checks)
+                  _fmt(o.get("mismatch_kl")), _fmt(o.get("staleness")), "YES" if o.get("diverged") else "no", _fmt(r),
+                  checks)
     _tables().print(t)
 
     for note in res.get("notes") or []:
@@ -118,7 +119,7 @@ def print_compare(cmp: dict[str, Any]) -> None:
 @app.command(epilog=EPILOG)
 @guarded
 def command(
-    suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, all."),
+    suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, stability_real, all."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: about a minute per suite on 2 CPU cores."),
     size: Optional[str] = typer.Option(None, "--size", help="full | quick | tiny (tiny: seconds, for tests; overrides --quick)."),
     as_json: options.Json = False,

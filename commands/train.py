@@ -14,7 +14,7 @@ EPILOG = options.epilog(
     "With no argument but -o it runs the embedded default: the built-in random model (tiny-random) "
     "learns reverse-text (one word) on CPU — an SFT warm-up on gold replies, then IPO — in a few minutes.",
     "Any config key can be set as a dotted flag or in the YAML config: --optim.lr 1e-3, "
-    "--orchestrator.async-level 2, --loss.params.kl-tau 0.01, --sampling.max-tokens 32, "
+    "--async.deterministic (exact replay), --loss.params.kl-tau 0.01, --sampling.max-tokens 32, "
     "--drift.weight-noise 0.05, --warmup.steps 0, --eval.every 10 --eval.taskset ID -n 20.",
     "Writes RUN_DIR/config.yaml, version.json, metrics.jsonl, metrics.png, traces.jsonl (rollouts trained "
     "on), checkpoints/, evals/, summary.json.",
@@ -83,7 +83,9 @@ def command(
     batch_size: int | None = typer.Option(None, "--batch-size", help="Rollouts per step (multiple of --group-size)."),
     group_size: int | None = typer.Option(None, "--group-size", help="Rollouts per task (the advantage baseline group)."),
     lr: float | None = typer.Option(None, "--lr", help="Learning rate (RL phase)."),
-    max_off_policy_steps: int | None = typer.Option(None, "--max-off-policy-steps", help="Drop groups staler than this."),
+    max_inflight: int | None = typer.Option(None, "--max-inflight", help="Rollouts in flight, not yet trained on (default --batch-size)."),
+    max_off_policy_steps: int | None = typer.Option(
+        None, "--max-off-policy-steps", help="Cancel or drop groups started more than K policy versions back (default 8)."),
     ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps (always at the end)."),
     output: options.Output = None,
     config_opt: options.ConfigFile = None,
@@ -125,7 +127,7 @@ def command(
         "loss.name": loss, "loss.params.eps": eps, "model.path": model, "engine.base_url": base_url,
         "engine.api_key_var": api_key_var, "taskset.id": taskset, "steps": steps,
         "orchestrator.batch_size": batch_size, "orchestrator.group_size": group_size, "optim.lr": lr,
-        "orchestrator.max_off_policy_steps": max_off_policy_steps, "ckpt.every": ckpt_every, "seed": seed,
+        "async.max_inflight": max_inflight, "async.max_off_policy_steps": max_off_policy_steps, "ckpt.every": ckpt_every, "seed": seed,
         "data.path": data, "eval.select.limit": num_eval}, config_file)
     if resume is not None:
         if output is not None:

@@ -2,7 +2,7 @@
 every step's loss, gradient norm, reward and masked fraction where they were.
 
 The run is the embedded default (`vf-train -o DIR`) shortened: 3 SFT warm-up steps on gold
-replies, 3 IPO steps from the orchestrator with async_level 1 (the default), one thread, seed 0,
+replies, 3 IPO steps from the orchestrator in deterministic replay (async.level 1), one thread, seed 0,
 no evaluations; then 2 SFT steps on the first run's saved traces (`--data`). That covers the three
 batch sources (gold warm-up, saved data, rollouts).
 
@@ -33,9 +33,8 @@ ENGINE_NOISE = {"loss": 1e-7, "mismatch_kl": 1e-7, "grad_norm": 1e-7}
 """Absolute slack for numbers that depend on the engine's log-probs (RL steps), see above."""
 KEYS = ("phase", "loss", "grad_norm", "reward", "masked_fraction", "mismatch_kl", "num_loss_tokens")
 
-# Deterministic replay of the orchestrator (today's only mode). When continuous dispatch becomes
-# the default, put its deterministic switch here (e.g. ["--async.deterministic", "true"]).
-DETERMINISTIC: list[str] = []
+# Deterministic replay of the orchestrator: continuous dispatch (the default) depends on timing.
+DETERMINISTIC = ["--async.deterministic"]
 RL_RUN = ["--warmup.steps", "3", "--steps", "3", "--eval.at-start", "false", "--eval.at-end", "false",
           "--seed", "0", "--trainer.threads", "1", *DETERMINISTIC]
 SFT_RUN = ["--loss", "sft", "--steps", "2", "--batch-size", "8", "--eval.at-start", "false",

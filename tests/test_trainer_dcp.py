@@ -16,7 +16,8 @@ ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS"
 # 2 SFT warm-up steps, then 3 RL steps; a checkpoint after step 3 (mid-RL, with a weight snapshot)
 ARGS = ["--warmup.steps", "2", "--warmup.batch-size", "8", "--batch-size", "8", "--group-size", "4",
         "--eval.at-start", "false", "--eval.at-end", "false", "--seed", "7", "--trainer.threads", "1",
-        "--trainer.micro-batch-size", "1", "--trainer.seq-len", "96", "--steps", "3", "--ckpt-every", "3"]
+        "--trainer.micro-batch-size", "1", "--trainer.seq-len", "96", "--steps", "3", "--ckpt-every", "3",
+        "--async.deterministic"]  # exact repeats need the fixed-lag replay
 
 
 class Boom:

@@ -73,7 +73,8 @@ def policy_starts(traces: Path) -> dict[int, set[int]]:
 
 def test_train_against_vf_serve(server, tmp_path):
     run = tmp_path / "run"
-    proc = train(server, run, "--warmup.steps", str(W), "--steps", str(RL))
+    # deterministic replay: exact versions per batch (continuous dispatch pushes every version)
+    proc = train(server, run, "--warmup.steps", str(W), "--steps", str(RL), "--async.deterministic")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     from test_serve import leaked

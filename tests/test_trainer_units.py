@@ -99,13 +99,16 @@ def test_stale_groups_dropped_and_counted():
     flat = [episode(0.5, 9), episode(0.5, 9)]
     broken = [episode(1.0, 9), episode(0.0, 9, ok=False), episode(0.0, 9)]
     b = build_batch(10, [fresh, stale, flat, broken], std_norm=False, max_off_policy_steps=2)
-    assert b.metrics["dropped_stale_groups"] == 1
+    assert b.metrics["dropped"] == 1
     assert b.metrics["zero_variance_groups"] == 1
     assert b.metrics["errored_rollouts"] == 1
-    assert b.metrics["staleness_max"] == 4
+    # staleness of the groups trained on (the dropped one is not), and its histogram
+    assert b.metrics["off_policy/max"] == 1 and b.metrics["off_policy/hist"] == {1: 3}
+    assert len(b.episodes) == 7  # the dropped group's rollouts are not recorded as trained on
     assert sorted(s.advantage for s in b.samples) == pytest.approx([-0.5, -0.5, 0.5, 0.5])
     b2 = build_batch(10, [stale], std_norm=False, max_off_policy_steps=4)
-    assert b2.metrics["dropped_stale_groups"] == 0 and len(b2.samples) == 2
+    assert b2.metrics["dropped"] == 0 and len(b2.samples) == 2
+    assert b2.metrics["off_policy/mean"] == 4 and b2.metrics["off_policy/max"] == 4
 
 
 def test_task_order_is_a_function_of_seed_and_step():

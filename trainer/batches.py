@@ -19,7 +19,7 @@ from typing import Protocol
 
 from vf.trainer import distributed
 from vf.trainer.config import DataSection, OrchestratorSection, TrainConfig
-from vf.trainer.orchestrator import Batch, Orchestrator, TaskSource, derive_seed
+from vf.trainer.orchestrator import Batch, Orchestrator, TaskSource, derive_seed, make
 from vf.trainer.samples import Sample, trace_samples
 
 from vf.errors import UsageError
@@ -104,7 +104,7 @@ class Rollouts:
         if push is not None:
             engine = engines.server(config)
         else:
-            engine = engines.embedded(learner.path, learner.tokenizer, config.model.dtype,
+            engine = engines.embedded(learner.path, learner.tokenizer, config.drift.engine_dtype or config.model.dtype,
                                       "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
                                       config.model.impl)
             push = EmbeddedPush(engine, config.drift.weight_noise, config.seed)
@@ -114,12 +114,10 @@ class Rollouts:
                            run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
                            shared_toolsets=taskset_toolsets(loaded))
         W = config.warmup.steps
-        orch = Orchestrator(source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
-                            group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
-                            seed=config.seed, first=max(start, W), last=config.total_steps, first_rl_step=W,
-                            async_level=o.async_level, stale_steps=config.drift.stale_steps,
-                            std_norm=o.std_norm, max_off_policy_steps=o.max_off_policy_steps,
-                            max_concurrent=o.max_concurrent)
+        orch = make(config, source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
+                    group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
+                    seed=config.seed, first=max(start, W), last=config.total_steps, first_rl_step=W,
+                    std_norm=o.std_norm, max_concurrent=o.max_concurrent)
         for v, snap in snapshots.items():
             orch.publish(v, snap)
         orch.publish(start, weights)

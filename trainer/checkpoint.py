@@ -10,8 +10,9 @@
                                     with another number of processes. Read with `safe_reader`
                                     (DCP's own reader unpickles).
       rollout.json + .safetensors   weight snapshots of older versions that batches ≥ N will still be
-                                    generated from (async_level / drift.stale_steps > 0), so a resumed
-                                    run regenerates them from the very same weights
+                                    generated from in deterministic replay (async.level /
+                                    drift.stale_steps > 0), so a resumed run regenerates them
+                                    from the very same weights; empty in continuous mode
       rng.json + .safetensors       python / torch RNG states
       progress.json                 step, cumulative counters, before-training eval reward
 

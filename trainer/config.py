@@ -9,7 +9,8 @@
       loss          {name, params}          e.g. {name: ipo, params: {eps: 0.3}}
       optim         lr, betas, weight_decay, grad_clip, warmup_steps (LR), scheduler
       trainer       seq_len (packing bin), micro_batch_size (bins per forward), logprob chunk
-      orchestrator  batch_size, group_size, async_level, max_off_policy_steps, std_norm
+      orchestrator  batch_size, group_size, std_norm, max_turns
+      async         (key `async`) deterministic, max_inflight, max_off_policy_steps, level
       warmup        SFT warm-up steps on the taskset's gold replies (the tiny model is random-init)
       data          SFT / offline data: a run dir of traces (`--data DIR`), reward filter
       ckpt          every, keep_last
@@ -105,16 +106,33 @@ class OrchestratorSection(_Section):
     batch_size: int = Field(64, gt=0)
     """Rollouts per optimizer step (a multiple of group_size)."""
     group_size: int = Field(8, gt=1)
-    async_level: int = Field(1, ge=0)
-    """Batch k is generated with the policy of step k − async_level: generation of the next batch
-    overlaps training on this one (0 = synchronous)."""
-    max_off_policy_steps: int = Field(8, ge=0)
-    """Groups whose rollouts started more than this many steps before the step that trains on
-    them are dropped (and counted)."""
     std_norm: bool = False
     """Divide advantages by the group's reward std (GRPO); off = Dr-GRPO style."""
     max_concurrent: int = Field(256, gt=0)
+    """Rollouts run at once in deterministic replay (continuous dispatch: async.max_inflight)."""
     max_turns: int = Field(8, gt=0)
+
+
+class AsyncSection(_Section):
+    """How rollouts overlap training (config key `async`: `--async.max-inflight 128`).
+
+    Continuous (default): up to `max_inflight` rollouts run against whatever policy the engine
+    holds; every new version is pushed at once (only the latest is kept); batches are filled
+    with groups in completion order. Deterministic (`--async.deterministic`): batch b comes
+    entirely from version b − level, so a seed repeats exactly (resume, 1-vs-N ranks).
+    """
+
+    deterministic: bool = False
+    max_inflight: int | None = Field(None, gt=0)
+    """Rollouts dispatched and not yet trained on (running, or finished and waiting for a batch);
+    a multiple of orchestrator.group_size, at least orchestrator.batch_size. None: batch_size
+    (rollouts for step s+1 run while step s trains: staleness 1, like a one-step overlap); more
+    keeps the engine busy while the trainer is slower, at the price of older rollouts."""
+    max_off_policy_steps: int = Field(8, ge=0)
+    """A group whose rollouts started more than this many policy versions before the step that
+    would train on it is cancelled (in flight) or dropped (finished), and counted in `dropped`."""
+    level: int = Field(1, ge=0)
+    """Deterministic mode only: batch b is generated with the policy of step b − level (0 = synchronous)."""
 
 
 class WarmupSection(_Section):
@@ -158,17 +176,24 @@ class EvalSection(_Section):
 class DriftSection(_Section):
     """Make inference differ from the trainer on purpose (to exercise and plot the masks on CPU).
 
-    stale_steps:  the engine gets the policy from K steps further back than async_level implies
-                  (the traces then record the older version; counted in `staleness`).
+    stale_steps:  deterministic mode: the engine gets the policy from K steps further back than
+                  async.level implies (the traces then record the older version; counted in
+                  `off_policy/mean`). Continuous mode has real staleness instead.
     weight_noise: Gaussian noise of this std (relative to each weight's std) is added to the
                   engine's copy of the weights at every push, so μ ≠ π even at staleness 0.
+    engine_dtype: the embedded rollout engine runs in this dtype (e.g. bfloat16) while the trainer
+                  keeps model.dtype: a low-precision engine whose weights and kernels round
+                  differently, the real source of mismatch between vLLM-style engines and trainers.
     """
 
     stale_steps: int = Field(0, ge=0)
     weight_noise: float = Field(0.0, ge=0)
+    engine_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
 class TrainConfig(_Section):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
+                              serialize_by_alias=True)  # `async` is a Python keyword: field async_
     model: ModelSection = Field(default_factory=ModelSection)
     taskset: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_TASKSET))
     sampling: TrainSampling = Field(default_factory=TrainSampling)
@@ -177,6 +202,7 @@ class TrainConfig(_Section):
     optim: OptimSection = Field(default_factory=OptimSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     orchestrator: OrchestratorSection = Field(default_factory=OrchestratorSection)
+    async_: AsyncSection = Field(default_factory=AsyncSection, alias="async")
     warmup: WarmupSection = Field(default_factory=WarmupSection)
     data: DataSection = Field(default_factory=DataSection)
     ckpt: CkptSection = Field(default_factory=CkptSection)
@@ -189,6 +215,11 @@ class TrainConfig(_Section):
     @property
     def total_steps(self) -> int:
         return self.warmup.steps + self.steps
+
+    @property
+    def max_inflight(self) -> int:
+        """Rollouts in flight (continuous mode), the default resolved."""
+        return self.async_.max_inflight or self.orchestrator.batch_size
 
 
 EMBEDDED_DEFAULT: dict[str, Any] = {
@@ -206,8 +237,9 @@ def resolve(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> Tr
 
     A different taskset id replaces the base taskset's fields (they belong to the old taskset);
     `eval.taskset` may be given as a bare id."""
-    base = dict(base if base is not None else EMBEDDED_DEFAULT)
+    base = _migrate_saved(dict(base if base is not None else EMBEDDED_DEFAULT))
     overrides = dict(overrides)
+    _refuse_moved(overrides)
     ts = overrides.get("taskset")
     if isinstance(ts, str):
         overrides["taskset"] = ts = {"id": ts}
@@ -221,6 +253,36 @@ def resolve(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> Tr
     config = validate(TrainConfig, deep_merge(base, overrides))
     check(config)  # type: ignore[arg-type]
     return config  # type: ignore[return-value]
+
+
+MOVED = {"async_level": "async.level", "max_off_policy_steps": "async.max_off_policy_steps"}
+"""orchestrator.* keys that moved to the `async` section."""
+
+
+def _migrate_saved(base: dict[str, Any]) -> dict[str, Any]:
+    """A run dir saved before the `async` section existed was trained with the fixed lag: its
+    orchestrator.async_level / max_off_policy_steps move to async.*, deterministic, so a resume
+    continues it exactly."""
+    orch = dict(base.get("orchestrator") or {})
+    old = {k: orch.pop(k) for k in MOVED if k in orch}
+    if not old:
+        return base
+    section = {"deterministic": True, **dict(base.get("async") or {})}
+    if "async_level" in old:
+        section["level"] = old["async_level"]
+    if "max_off_policy_steps" in old:
+        section["max_off_policy_steps"] = old["max_off_policy_steps"]
+    return {**base, "orchestrator": orch, "async": section}
+
+
+def _refuse_moved(overrides: dict[str, Any]) -> None:
+    orch = overrides.get("orchestrator") or {}
+    moved = [k for k in MOVED if k in orch]
+    if moved:
+        raise ConfigError(
+            [f"orchestrator.{k} moved to {MOVED[k]} (--{MOVED[k].replace('_', '-')})" for k in moved],
+            hint="rollouts are dispatched continuously by default; the fixed lag (async.level) applies "
+                 "with --async.deterministic; --max-off-policy-steps K bounds staleness in both modes")
 
 
 def check(config: TrainConfig) -> None:
@@ -244,14 +306,26 @@ def check(config: TrainConfig) -> None:
     if o.batch_size % o.group_size and config.data.path is None:
         problems.append(f"orchestrator.batch_size ({o.batch_size}) must be a multiple of "
                         f"orchestrator.group_size ({o.group_size})")
-    lag = o.async_level + config.drift.stale_steps
-    if lag > o.max_off_policy_steps:
-        problems.append(f"orchestrator.async_level + drift.stale_steps = {lag} exceeds "
-                        f"orchestrator.max_off_policy_steps = {o.max_off_policy_steps}: every group "
-                        "would be dropped as stale; raise max_off_policy_steps or lower the lag")
+    a = config.async_
+    if a.deterministic:
+        lag = a.level + config.drift.stale_steps
+        if lag > a.max_off_policy_steps:
+            problems.append(f"async.level + drift.stale_steps = {lag} exceeds async.max_off_policy_steps = "
+                            f"{a.max_off_policy_steps}: every group would be dropped as stale; raise "
+                            "--max-off-policy-steps or lower the lag")
+    else:
+        if config.drift.stale_steps:
+            problems.append("drift.stale_steps replays an older policy, which needs --async.deterministic "
+                            "(continuous dispatch has real staleness: bound it with --max-off-policy-steps)")
+        rl = config.data.path is None  # SFT on saved data generates nothing
+        if rl and (config.max_inflight < o.batch_size or config.max_inflight % o.group_size):
+            problems.append(f"async.max_inflight ({config.max_inflight}) must be a multiple of "
+                            f"orchestrator.group_size ({o.group_size}) and at least orchestrator.batch_size "
+                            f"({o.batch_size}), or no batch could fill")
     if config.data.path is not None and config.loss.name != "sft":
         problems.append(f"data.path (--data) trains on saved traces, which needs --loss sft (got {config.loss.name!r})")
-    if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps):
+    if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps
+                                                    or config.drift.engine_dtype):
         problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")
     if config.trainer.seq_len < s.max_tokens + 2:
         problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "

@@ -2,11 +2,14 @@
 (IPO's probability trust region, IcePop's ratio band) are exercised and visible on CPU, where the
 embedded engine otherwise reproduces the trainer's log-probs almost exactly.
 
-Two knobs (config section `drift`, e.g. `--drift.stale-steps 2 --drift.weight-noise 0.05`):
+Three knobs (config section `drift`, e.g. `--drift.weight-noise 0.05`):
 
-- stale_steps K: batch b is generated with the policy of step b − async_level − K (instead of
-  b − async_level). The traces record that older version; `staleness` in metrics.jsonl shows it,
-  and `async_level + K` must stay within `max_off_policy_steps`.
+- stale_steps K (deterministic replay only, `--async.deterministic`): batch b is generated with
+  the policy of step b − async.level − K (instead of b − async.level). The traces record that
+  older version; `off_policy/mean` in metrics.jsonl shows it, and `async.level + K` must stay
+  within `async.max_off_policy_steps`. (Continuous dispatch has real staleness instead.)
+- engine_dtype (`--drift.engine-dtype bfloat16`): the embedded engine runs in low precision
+  while the trainer stays fp32 (`trainer/loop.py` builds the engine in that dtype).
 - weight_noise σ: every weight push adds N(0, (σ·std(W))²) to each engine weight matrix W
   (seeded by (seed, version), so runs stay repeatable). μ then differs from π at every step, like
   a low-precision or quantised inference engine would.
@@ -18,7 +21,7 @@ from __future__ import annotations
 def rollout_version(batch: int, first_rl_step: int, async_level: int, stale_steps: int = 0) -> int:
     """Policy version (optimizer steps applied) that generates RL batch `batch`.
 
-    Batch b trains at step b. With async_level a, it is generated while the trainer works on step
+    Batch b trains at step b. With async.level a (deterministic replay), it is generated while the trainer works on step
     b − a … b − 1, from the weights after step b − a − 1, i.e. version b − a; never from before
     the SFT warm-up ended (version first_rl_step)."""
     return max(first_rl_step, batch - async_level - stale_steps)

@@ -81,7 +81,8 @@ class Evaluations:
     Embedded engine: its own copy of the model, updated in process. Server mode: the server that
     also serves the rollouts, which holds one policy at a time, so an evaluation (which pushes the
     version it evaluates) runs only where no rollout of another version can be in flight: before
-    training, after the warm-up, at the end, and mid-run only with async_level 0; other
+    training, after the warm-up, at the end, and mid-run only in deterministic replay with
+    async.level 0; other
     evaluations are skipped and said so."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, engine, push=None, model_config=None, tokenizer=None,
@@ -113,9 +114,9 @@ class Evaluations:
             return None
         if self.push is not None:
             c = self.config
-            if not (version in (0, c.warmup.steps, c.total_steps) or c.orchestrator.async_level == 0):
+            if not (version in (0, c.warmup.steps, c.total_steps) or (c.async_.deterministic and c.async_.level == 0)):
                 self.say(f"eval {label} skipped: the server would serve two policies at once "
-                         "(server mode evaluates mid-run only with --orchestrator.async-level 0)")
+                         "(server mode evaluates mid-run only with --async.deterministic --async.level 0)")
                 return None
             self.push.push(weights, version)
             from vf.models import build_model

@@ -35,6 +35,7 @@ from vf.trainer.config import TrainConfig
 from vf.trainer.evaluation import Evaluations
 from vf.trainer.learner import Learner
 from vf.trainer.metrics import plot
+from vf.trainer.orchestrator import off_policy_histogram
 from vf.trainer.run_state import RunFiles, RunState
 
 SUMMARY_FILE = "summary.json"
@@ -188,6 +189,7 @@ def summarize(config: TrainConfig, state: RunState, run_dir: Path, d, resume: bo
         "step_time": state.mean("step_time", None), "rl_step_time": state.mean("step_time"),
         "tokens_per_s": state.mean("tokens_per_s", None),
         **{k: int(v) for k, v in state.counters.items()},
+        "off_policy_hist": off_policy_histogram(rl_rows),
         "wall_time": wall_time, "resumed_from": state.start if resume else None,
         "run_dir": str(run_dir), "world_size": d.world_size,
     }

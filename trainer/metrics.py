@@ -1,9 +1,10 @@
 """metrics.jsonl (one JSON object per optimizer step) and the PNG plot of the curves.
 
 Every line has at least: step, phase (warmup | rl | sft), loss, reward, masked_fraction,
-mismatch_kl, staleness, tokens_per_s, step_time; plus the loss's other metrics (ratio min/max,
-mean |Δp|, masked fraction by advantage sign, ...), orchestrator counts (dropped_stale_groups,
-zero_variance_groups, errored_rollouts), lr, grad_norm, and eval_reward / eval_pass@k on steps
+mismatch_kl, staleness (= off_policy/mean), tokens_per_s, step_time; plus the loss's other
+metrics (ratio min/max, mean |Δp|, masked fraction by advantage sign, ...), orchestrator figures
+(off_policy/mean, off_policy/max, off_policy/hist, dropped, zero_variance_groups,
+errored_rollouts, weight_pushes, push_time in continuous mode), lr, grad_norm, and eval_reward / eval_pass@k on steps
 that ran an evaluation. Non-finite numbers are written as null (JSON has no NaN).
 """
 

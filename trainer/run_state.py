@@ -15,7 +15,7 @@ from typing import Any
 from vf.trainer.metrics import MetricsLog
 from vf.trainer.orchestrator import Batch
 
-COUNTED = ("dropped_stale_groups", "zero_variance_groups", "errored_rollouts")
+COUNTED = ("dropped", "zero_variance_groups", "errored_rollouts")
 """Batch metrics summed over the run (summary.json)."""
 
 
@@ -50,7 +50,7 @@ class RunState:
             "step": step, "phase": phase, "loss": result.loss, "reward": batch.metrics.get("reward"),
             "masked_fraction": m.get("masked_fraction") if phase == "rl" else 0.0,
             "mismatch_kl": m.get("mismatch_kl") if phase == "rl" else None,
-            "staleness": batch.metrics.get("staleness", 0.0),
+            "staleness": batch.metrics.get("off_policy/mean", 0.0),
             "tokens_per_s": result.num_tokens * world_size / max(step_time, 1e-9),
             "step_time": step_time, "train_time": result.seconds, "wait_time": wait,
             "lr": lr, "grad_norm": result.grad_norm, "num_loss_tokens": n_tokens,

@@ -3,7 +3,7 @@
     from vf.bench import SUITES, run_suite
     result = run_suite("loss", size="quick")      # one suite's record (see vf.bench.common)
 
-Suites (one module each): trainer, loss, engine, serve, harness, stability. Sizes: "full" (the
+Suites (one module each): trainer, loss, engine, serve, harness, stability, stability_real. Sizes: "full" (the
 recorded numbers), "quick" (about a minute per suite on 2 CPU cores; the CI smoke test), "tiny"
 (seconds; for the CLI's own tests, no meaningful figures). Importing this package does not
 import torch; every measurement runs in a child process.
@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "serve": "requests/s and latency percentiles through vf-serve with the openai client",
     "harness": "episodes/s of the eval harness vs bare engine calls against a zero-latency server",
     "stability": "a short RL run with injected drift/staleness under ipo/icepop/ppo/cispo/no-mask",
+    "stability_real": "the same losses with real drift: a bf16 engine, staleness up to 64 steps, a higher LR",
 }
 SIZES = ("full", "quick", "tiny")
 

@@ -1,7 +1,7 @@
 """`stability` suite: the same short RL run (`vf.trainer.loop.run`, the built-in tiny model on
 reverse-text) under each loss, once with inference drifted on purpose and once not.
 
-Drift (`vf.trainer.drift`): rollouts up to `async_level + stale_steps` = 8 policy versions behind
+Drift (`vf.trainer.drift`): rollouts up to `async.level + stale_steps` = 8 policy versions behind
 the trainer, and Gaussian noise on the engine's copy of the weights at every push (μ ≠ π even at
 staleness 0). Losses: ipo at eps 0.1 / 0.2 / 0.3, icepop, ppo, cispo, and "no masking" (ipo with
 eps 1e9, so its trust region never masks). Every run starts from the same SFT-warmed checkpoint
@@ -56,8 +56,9 @@ WARMUP = {"lr": 3e-3, "batch_size": 32}
 def _base(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"steps": cfg["rl_steps"], "seed": 0, "optim": {"lr": RL_LR},
             "sampling": {"max_tokens": cfg["max_tokens"]},
-            "orchestrator": {"batch_size": cfg["batch_size"], "group_size": cfg["group_size"], "async_level": 1,
-                             "max_off_policy_steps": 8},
+            "orchestrator": {"batch_size": cfg["batch_size"], "group_size": cfg["group_size"]},
+            # drift.stale_steps replays older policies: the fixed-lag mode
+            "async": {"deterministic": True, "level": 1, "max_off_policy_steps": 8},
             # the final reward is an evaluation of the trained policy (drift-free), not the train reward
             # of rollouts that a stale engine generated
             "eval": {"at_start": True, "at_end": True, "every": 0, "select": {"limit": cfg["eval_tasks"]},
@@ -107,6 +108,7 @@ def measure(path: str, cfg: dict[str, Any], runs: list[dict[str, Any]]) -> dict[
     """(child) Every run in turn from the warmed checkpoint; {run name: figures + per-step curves}."""
     import tempfile
 
+    from vf.config import deep_merge
     from vf.trainer.config import resolve
     from vf.trainer.loop import run as train
 
@@ -116,15 +118,18 @@ def measure(path: str, cfg: dict[str, Any], runs: list[dict[str, Any]]) -> dict[
             over = _base(cfg)
             over.update(model={"path": path}, loss={"name": r["loss"], "params": r["params"]},
                         drift=r["drift"], warmup={"steps": 0})
-            config = resolve(over, base={})
+            config = resolve(deep_merge(over, r.get("over", {})), base={})  # a setup's own keys on top
             rows: list[dict[str, Any]] = []
             t = time.perf_counter()
             run_dir = Path(tmp) / r["name"].replace(" ", "_").replace("[", "").replace("]", "")
             run_dir.mkdir()
             summary = train(config, run_dir, on_step=rows.append)
             rl = [x for x in rows if x.get("phase") == "rl"]
-            out[r["name"]] = {**summarize(rl, summary.get("reward_before"), summary.get("reward_after")), "seconds": round(time.perf_counter() - t, 1),
-                              "curve": {k: [x.get(k) for x in rl] for k in ("reward", "masked_fraction", "mismatch_kl")}}
+            out[r["name"]] = {**summarize(rl, summary.get("reward_before"), summary.get("reward_after")),
+                              "seconds": round(time.perf_counter() - t, 1),
+                              "off_policy_hist": summary.get("off_policy_hist"), "dropped": summary.get("dropped"),
+                              "curve": {k: [x.get(k) for x in rl] for k in ("reward", "masked_fraction", "mismatch_kl",
+                                                                            "staleness")}}
     return out
 
 
@@ -175,44 +180,54 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    cfg = {**SIZES[size], "size": size, "drift": DRIFT, "taskset": "reverse-text (trainer default)"}
+def study(suite: str, cfg: dict[str, Any], runs: list[dict[str, Any]], checks, notes: list[str],
+          plot_path: str | None, t0: float) -> dict[str, Any]:
+    """Run `runs` (each {name: "LOSS [SETUP]", loss, params, drift, over?}) from the warmed
+    checkpoint and tabulate them: figures, the ratio to the same setup's no-masking run, and
+    `checks(loss_name, setup, figures)` -> {check: passed}."""
     try:
         import vf.trainer.loop  # noqa: F401  (the trainer must be present)
     except ImportError as e:
-        return suite_result("stability", cfg, [], skipped=f"the trainer is not available ({e})")
+        return suite_result(suite, cfg, [], skipped=f"the trainer is not available ({e})")
     path = run_child("vf.bench.stability:warm_model", {"warmup_steps": cfg["warmup_steps"],
                                                         "batch_size": WARMUP["batch_size"]}, timeout=3600)["path"]
-    by_name = {n: (loss, params) for n, loss, params in LOSSES}
-    runs = [{"name": f"{n} [drifted]", "loss": by_name[n][0], "params": by_name[n][1], "drift": DRIFT}
-            for n in cfg["losses"]]
-    runs += [{"name": f"{n} [undrifted]", "loss": by_name[n][0], "params": by_name[n][1],
-              "drift": {"stale_steps": 0, "weight_noise": 0.0}} for n in cfg["undrifted"]]
     res = run_child("vf.bench.stability:measure", {"path": path, "cfg": cfg, "runs": runs}, timeout=7200)
     res.pop("_child_peak_rss_mib", None)
     cases = []
     for r in runs:
         n, drift = r["name"][:-1].split(" [")
         fig = {k: v for k, v in res[r["name"]].items() if k != "curve"}
-        ref_name = f"{NOMASK} [{drift}]"
-        ref = {k: v for k, v in res.get(ref_name, {}).items() if k != "curve"} if n != NOMASK else {}
+        ref = {k: v for k, v in res.get(f"{NOMASK} [{drift}]", {}).items() if k != "curve"} if n != NOMASK else {}
         ratios = {}
-        if n != NOMASK and ref:
+        if ref:
             ratios["reward_vs_nomask"] = Ratio(ratio(fig["final_reward"], ref.get("final_reward")), "higher")
-        checks = {}
-        if n == "ipo eps0.3" and drift == "undrifted":
-            checks["masked_fraction < 1%"] = fig["masked_fraction"] is not None and fig["masked_fraction"] < 0.01
-        if n == "ipo eps0.3" and drift == "drifted":
-            checks["stable (not diverged)"] = not fig["diverged"]
         cases.append(Case(name=r["name"], ours=fig, ref=ref, ours_label=f"{r['loss']} {r['params'] or ''}".strip(),
                           ref_label=f"no masking ({drift})" if ref else "—", ratios=ratios,
-                          checks=checks))
-    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async_level 1 (rollouts up to 8 versions old) and "
-              f"weight noise {DRIFT['weight_noise']}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} rollouts "
-              f"after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
+                          checks=checks(n, drift, fig)))
     extra: dict[str, Any] = {"curves": {k: v["curve"] for k, v in res.items()}}  # per-step, to re-plot
     if plot_path:
         plot(res, Path(plot_path))
         extra["plot"] = plot_path
-    return suite_result("stability", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1), **extra)
+    return suite_result(suite, cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1), **extra)
+
+
+def run(size: str = "full", plot_path: str | None = None, **_: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    cfg = {**SIZES[size], "size": size, "drift": DRIFT, "taskset": "reverse-text (trainer default)"}
+    by_name = {n: (loss, params) for n, loss, params in LOSSES}
+    runs = [{"name": f"{n} [drifted]", "loss": by_name[n][0], "params": by_name[n][1], "drift": DRIFT}
+            for n in cfg["losses"]]
+    runs += [{"name": f"{n} [undrifted]", "loss": by_name[n][0], "params": by_name[n][1],
+              "drift": {"stale_steps": 0, "weight_noise": 0.0}} for n in cfg["undrifted"]]
+
+    def checks(n: str, drift: str, fig: dict[str, Any]) -> dict[str, bool]:
+        if n == "ipo eps0.3" and drift == "undrifted":
+            return {"masked_fraction < 1%": fig["masked_fraction"] is not None and fig["masked_fraction"] < 0.01}
+        if n == "ipo eps0.3" and drift == "drifted":
+            return {"stable (not diverged)": not fig["diverged"]}
+        return {}
+
+    notes = [(f"drifted = stale_steps {DRIFT['stale_steps']} + async.level 1 (rollouts up to 8 versions old) and "
+              f"weight noise {DRIFT['weight_noise']}; {cfg['rl_steps']} RL steps of {cfg['batch_size']} rollouts "
+              f"after a {cfg['warmup_steps']}-step SFT warm-up; no masking = ipo eps 1e9")]
+    return study("stability", cfg, runs, checks, notes, plot_path, t0)

@@ -14,8 +14,9 @@ ended a reply; `message.content` is the decoded text without special tokens, cut
 string, with `<tool_call>` blocks moved into `tool_calls`.
 
 `policy_version` on a result is the version when the request was admitted (its prompt's KV came
-from that policy); a weight update lands between decode steps and later tokens of in-flight
-requests use the new weights (the usual in-flight update semantics of async RL).
+from that policy), `policy_version_end` the version that sampled its last token: a weight update
+lands between decode steps and later tokens of in-flight requests use the new weights (the usual
+in-flight update semantics of async RL; the KV of earlier tokens is kept).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class LocalEngine:
             message=message, finish_reason=finish,
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(seq.token_ids)),
             prompt_token_ids=prompt_ids, token_ids=list(seq.token_ids), logprobs=list(seq.logprobs),
-            policy_version=seq.policy_version, model=request.model or self.model_name,
+            policy_version=seq.policy_version, policy_version_end=seq.policy_version_end, model=request.model or self.model_name,
         )
 
     # -- weights -----------------------------------------------------------------------------

@@ -4,7 +4,10 @@ Contract:
     Scheduler(model, max_batch, max_len, eos_ids, decode_tail).submit(seq) -> None   (thread-safe)
     Each Seq gets `done(seq)` called from the scheduler thread when it finishes (or fails:
     seq.error set). `on_token(token_id, logprob)` (optional) is called per sampled token.
-    `lock` is held for each step; weight updates take it so they land between decode steps.
+    `lock` is held for each step; weight updates take it so they land between decode steps: a
+    sequence in flight keeps its KV cache and samples its next tokens from the new weights. Each
+    Seq records the version at admission (`policy_version`) and at its last token
+    (`policy_version_end`), so a reply that spans an update says so.
 
 One iteration: admit waiting sequences into free rows (up to max_batch) and prefill them as one
 right-padded block (their first token is sampled from the prefill logits); then one decode step
@@ -51,7 +54,8 @@ class Seq:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: Any = None  # the stop string or token id that ended it
-    policy_version: int | None = None
+    policy_version: int | None = None  # the version that processed the prompt (admission)
+    policy_version_end: int | None = None  # the version that sampled the last token
     error: BaseException | None = None
     cancelled: bool = False
     generator: torch.Generator | None = None
@@ -226,6 +230,7 @@ class Scheduler:
             reason = self._check_stop(s, tok)
             if reason is not None:
                 s.finish_reason = reason
+                s.policy_version_end = self.version()  # under self.lock: no update mid-step
                 finished.append(start + r)
         if finished:
             self._free(finished)
