@@ -7,11 +7,20 @@
 - Server (`engine.base_url` set): the OpenAI-compatible client; weights arrive as HF checkpoint
   files + an HTTP reload (`weights.HttpPush`). Evaluations go through the same server
   (`server_for_eval`), after the weights to evaluate were pushed.
+- vLLM (`engine.type vllm`): `vf.engines.vllm_engine.VLLMEngine` over servers it starts
+  (`engine.servers`) or attaches to (`engine.base_url URL[,URL...]`); weights arrive through vLLM's
+  RL routes (`weights.VLLMPush`, or `weights.NcclPush` with `engine.weight_transfer nccl`).
+  Rollouts and evaluations share the fleet.
+
+`connect(...)` builds whichever applies: `Inference(rollout, pusher, eval)`; the loop calls
+`pusher.push(state, version)` before an evaluation on a server and `close()` at the end.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64,
@@ -68,3 +77,78 @@ class ServerEvalEngine:
 
 def server_for_eval(config) -> ServerEvalEngine:
     return ServerEvalEngine(config)
+
+
+class Shared:
+    """An engine lent to a user that closes what it is given (the orchestrator, the evaluations):
+    `close()` is a no-op; the owner (`Inference.close`) stops the engine."""
+
+    def __init__(self, engine):
+        self.engine, self.name, self.supports_tokens = engine, engine.name, engine.supports_tokens
+
+    async def generate(self, request):
+        return await self.engine.generate(request)
+
+    async def close(self) -> None:
+        pass
+
+
+def vllm(config, run_dir: Path, say=None):
+    """The run's vLLM fleet (started servers log to RUN/logs/)."""
+    from vf.engines.vllm_engine import VLLMEngine
+
+    e = config.engine
+    return VLLMEngine(model=config.model.path, servers=e.servers, base_urls=e.base_urls, python=e.python,
+                      dtype=e.dtype, max_model_len=e.max_model_len, kv_cache_gb=e.kv_cache_gb,
+                      startup_timeout=e.startup_timeout, timeout=max(e.timeout, 600.0), extra_args=e.extra_args,
+                      log_dir=Path(run_dir) / "logs", on_event=say)
+
+
+@dataclass
+class Inference:
+    """Where a run's rollouts and evaluations come from, and the pusher that updates it."""
+
+    rollout: Any = None
+    pusher: Any = None
+    eval: Any = None
+    fleet: Any = None  # the VLLMEngine, when vLLM serves
+
+    def metrics(self) -> dict[str, float]:
+        """Per-step numbers for metrics.jsonl: the last weight sync's seconds (and vLLM's health)."""
+        out: dict[str, float] = {}
+        if self.pusher is not None:
+            out["weight_sync_time"] = float(getattr(self.pusher, "seconds", 0.0))
+        if self.fleet is not None:
+            out["vllm_servers_healthy"] = sum(s.healthy for s in self.fleet.servers)
+            out["vllm_restarts"] = sum(s.restarts for s in self.fleet.servers)
+        return out
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.shutdown()
+
+
+def connect(config, run_dir: Path, model_config, path: Path, tokenizer, device: str, *, rollouts: bool,
+            evals: bool, say=None) -> Inference:
+    """The engines and pusher for a run (rank 0): embedded, an OpenAI-compatible server, or vLLM."""
+    from vf.trainer.weights import EmbeddedPush, HttpPush, NcclPush, VLLMPush
+
+    kind = config.engine.resolved_type
+    if kind == "vllm":
+        fleet = vllm(config, run_dir, say)
+        fleet.start()
+        pusher = NcclPush(fleet, model_config) if config.engine.weight_transfer == "nccl" \
+            else VLLMPush(fleet, run_dir, model_config)
+        return Inference(Shared(fleet) if rollouts else None, pusher, Shared(fleet) if evals else None, fleet)
+    if kind != "local":
+        # one pusher for the orchestrator and the evaluations (it skips re-pushing a version)
+        pusher = HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
+        return Inference(server(config) if rollouts else None, pusher, server_for_eval(config) if evals else None)
+    dev = "cpu" if device == "cpu" else device
+    inf = Inference()
+    if evals:
+        inf.eval = embedded(path, tokenizer, config.model.dtype, dev, config.engine.max_batch, config.model.impl)
+    if rollouts:
+        inf.rollout = embedded(path, tokenizer, config.model.dtype, dev, config.engine.max_batch, config.model.impl)
+        inf.pusher = EmbeddedPush(inf.rollout, config.drift.weight_noise, config.seed)
+    return inf

@@ -209,22 +209,16 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     # -- engines (rank 0): rollouts, evaluation ---------------------------------------------------
     eval_engine = orch = http_push = None
     server = config.engine.resolved_type != "local"
+    inference = engines.Inference()
 
     def full_state():
         return distributed.full_state_dict(policy, d)
 
     if d.is_main:
-        need_eval = config.eval.at_start or config.eval.at_end or config.eval.every
-        if server:
-            from vf.trainer.weights import HttpPush
-
-            # one pusher for the orchestrator and the evaluations (it skips re-pushing a version)
-            http_push = HttpPush(config.engine.base_url, run_dir, model.config,
-                                 api_key_var=config.engine.api_key_var)
-            eval_engine = engines.server_for_eval(config) if need_eval else None
-        elif need_eval:
-            eval_engine = engines.embedded(path, tokenizer, config.model.dtype, "cpu" if d.device == "cpu" else d.device,
-                                           config.engine.max_batch, config.model.impl)
+        need_eval = bool(config.eval.at_start or config.eval.at_end or config.eval.every)
+        inference = engines.connect(config, run_dir, model.config, path, tokenizer, d.device, rollouts=rl,
+                                    evals=need_eval, say=say)
+        eval_engine, http_push = inference.eval, (inference.pusher if server else None)
     need_weights = eval_engine is not None or http_push is not None
     cur = full_state() if (d.enabled or rl or need_weights) else None
 
@@ -252,17 +246,10 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     if rl and d.is_main:
         from vf.trainer.orchestrator import Orchestrator
-        from vf.trainer.weights import EmbeddedPush
 
         from vf.runner import EpisodeSpec, taskset_toolsets
 
-        if server:
-            rollout_engine, pusher = engines.server(config), http_push
-        else:
-            rollout_engine = engines.embedded(path, tokenizer, config.model.dtype,
-                                              "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
-                                              config.model.impl)
-            pusher = EmbeddedPush(rollout_engine, config.drift.weight_noise, config.seed)
+        rollout_engine, pusher = inference.rollout, inference.pusher
         spec = EpisodeSpec(engine=rollout_engine, model=model_name,
                            sampling=_sampling(config),
                            max_turns=config.orchestrator.max_turns, env=loaded.env, env_id=loaded.id,
@@ -319,6 +306,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             step_time = time.perf_counter() - t0
             if d.is_main:
                 row = _record(step, phase, result, batch, wait, step_time, n_tokens, scheduler, progress, d)
+                row.update(inference.metrics())
                 for ep in batch.episodes:
                     traces.append(ep)
                 evaluated = False
@@ -348,6 +336,9 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         # final checkpoint (every rank joins the collectives)
         if total > start:
             _save(run_dir, total, policy, optimizer, scheduler, orch, progress, config, d, cur)
+    except BaseException:
+        inference.close()  # stop the vLLM servers this run started
+        raise
     finally:
         if orch is not None:
             orch.close()
@@ -389,6 +380,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         import asyncio
 
         asyncio.run(eval_engine.close())
+    inference.close()
     distributed.barrier(d)
     distributed.shutdown(d)
     return summary
