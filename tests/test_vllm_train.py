@@ -84,7 +84,6 @@ def hf_logprobs(state: dict, model_config, prompt: list[int], completion: list[i
 
     import torch
     from transformers import AutoModelForCausalLM
-
     from vf.models import build_model, save_hf
 
     m = build_model(model_config)
@@ -102,10 +101,10 @@ def hf_logprobs(state: dict, model_config, prompt: list[int], completion: list[i
 def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
     """vf-train attached to two servers: ≥3 pushes; after each push, the log-probs the servers
     returned for their replies equal transformers' on the trainer's weights of that version."""
+    from vf.models import read_config
     from vf.trainer import checkpoint
 
     from vf.engines.local import resolve_model_path
-    from vf.models import read_config
 
     run = tmp_path / "attach"
     urls = ",".join(s.url + "/v1" for s in fleet.servers)
@@ -157,11 +156,11 @@ def test_started_server_killed_mid_run_is_restarted(tmp_path):
             time.sleep(1)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         servers = [int(line.split()[0]) for line in subprocess.run(
-            ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.splitlines()
+            ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True, check=True).stdout.splitlines()
             if "vllm.entrypoints" in line]
         assert len(servers) == 1
         os.killpg(servers[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=TIMEOUT)
+        _, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()

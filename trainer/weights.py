@@ -157,7 +157,8 @@ class NcclPush(_Versioned):
         class HFSource(WeightSource):
             """The pushed state under HF names (vLLM's `load_weights` reads checkpoint names)."""
 
-            tensors: dict = {}
+            def __init__(self):
+                self.tensors: dict = {}
 
             def metadata(self):
                 return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors.items()]

@@ -432,7 +432,8 @@ class VLLMEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         import httpx
 
-        await asyncio.to_thread(self.start)
+        if not self._ready:
+            await asyncio.to_thread(self.start)
         tok = self.tokenizer
         prompt_ids = self.turns.prompt(tok, request.messages, request.tools)
         body = self._body(request, prompt_ids)
