@@ -12,15 +12,13 @@
   RL routes (`weights.VLLMPush`, or `weights.NcclPush` with `engine.weight_transfer nccl`).
   Rollouts and evaluations share the fleet.
 
-`connect(...)` builds whichever applies: `Inference(rollout, pusher, eval)`; the loop calls
-`pusher.push(state, version)` before an evaluation on a server and `close()` at the end.
+`server_push(...)` builds the server modes' pusher (for vLLM it starts or attaches the fleet);
+`server(config, push)` / `server_for_eval(config, push)` hand out the engine behind it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 
 def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64,
@@ -36,7 +34,11 @@ def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = 
     return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path))
 
 
-def server(config):
+def server(config, push=None):
+    """The rollout engine in server mode: the vLLM fleet behind `push` (`engine.type vllm`), else
+    an OpenAI-compatible client of `engine.base_url`."""
+    if getattr(push, "engine", None) is not None:
+        return Shared(push.engine)
     from vf.engines import create_engine
 
     e = config.engine
@@ -44,6 +46,18 @@ def server(config):
                          timeout=e.timeout, max_retries=e.max_retries, max_connections=64)
 
 
+def server_push(config, run_dir: Path, model_config, say=None):
+    """Server mode's one weight pusher, shared by the rollouts and the evaluations: vLLM servers
+    (started here, or attached) or an OpenAI-compatible server with vf-serve's reload route."""
+    from vf.trainer.weights import HttpPush, NcclPush, VLLMPush
+
+    if config.engine.resolved_type == "vllm":
+        fleet = vllm(config, run_dir, say)
+        fleet.start()
+        if config.engine.weight_transfer == "nccl":
+            return NcclPush(fleet, model_config)
+        return VLLMPush(fleet, run_dir, model_config)
+    return HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
 class ServerEvalEngine:
     """The openai engine for the trainer's evaluations, which run each evaluation in its own
     `asyncio.run()`: an httpx client's pooled connections belong to the event loop that opened
@@ -75,13 +89,16 @@ class ServerEvalEngine:
         pass  # nothing outlives a batch of calls
 
 
-def server_for_eval(config) -> ServerEvalEngine:
+def server_for_eval(config, push=None):
+    """The evaluations' engine in server mode (the same server(s) as the rollouts)."""
+    if getattr(push, "engine", None) is not None:
+        return Shared(push.engine)
     return ServerEvalEngine(config)
 
 
 class Shared:
     """An engine lent to a user that closes what it is given (the orchestrator, the evaluations):
-    `close()` is a no-op; the owner (`Inference.close`) stops the engine."""
+    `close()` is a no-op; the owner (the pusher's `close()`) stops the engine."""
 
     def __init__(self, engine):
         self.engine, self.name, self.supports_tokens = engine, engine.name, engine.supports_tokens
@@ -104,51 +121,3 @@ def vllm(config, run_dir: Path, say=None):
                       log_dir=Path(run_dir) / "logs", on_event=say)
 
 
-@dataclass
-class Inference:
-    """Where a run's rollouts and evaluations come from, and the pusher that updates it."""
-
-    rollout: Any = None
-    pusher: Any = None
-    eval: Any = None
-    fleet: Any = None  # the VLLMEngine, when vLLM serves
-
-    def metrics(self) -> dict[str, float]:
-        """Per-step numbers for metrics.jsonl: the last weight sync's seconds (and vLLM's health)."""
-        out: dict[str, float] = {}
-        if self.pusher is not None:
-            out["weight_sync_time"] = float(getattr(self.pusher, "seconds", 0.0))
-        if self.fleet is not None:
-            out["vllm_servers_healthy"] = sum(s.healthy for s in self.fleet.servers)
-            out["vllm_restarts"] = sum(s.restarts for s in self.fleet.servers)
-        return out
-
-    def close(self) -> None:
-        if self.fleet is not None:
-            self.fleet.shutdown()
-
-
-def connect(config, run_dir: Path, model_config, path: Path, tokenizer, device: str, *, rollouts: bool,
-            evals: bool, say=None) -> Inference:
-    """The engines and pusher for a run (rank 0): embedded, an OpenAI-compatible server, or vLLM."""
-    from vf.trainer.weights import EmbeddedPush, HttpPush, NcclPush, VLLMPush
-
-    kind = config.engine.resolved_type
-    if kind == "vllm":
-        fleet = vllm(config, run_dir, say)
-        fleet.start()
-        pusher = NcclPush(fleet, model_config) if config.engine.weight_transfer == "nccl" \
-            else VLLMPush(fleet, run_dir, model_config)
-        return Inference(Shared(fleet) if rollouts else None, pusher, Shared(fleet) if evals else None, fleet)
-    if kind != "local":
-        # one pusher for the orchestrator and the evaluations (it skips re-pushing a version)
-        pusher = HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
-        return Inference(server(config) if rollouts else None, pusher, server_for_eval(config) if evals else None)
-    dev = "cpu" if device == "cpu" else device
-    inf = Inference()
-    if evals:
-        inf.eval = embedded(path, tokenizer, config.model.dtype, dev, config.engine.max_batch, config.model.impl)
-    if rollouts:
-        inf.rollout = embedded(path, tokenizer, config.model.dtype, dev, config.engine.max_batch, config.model.impl)
-        inf.pusher = EmbeddedPush(inf.rollout, config.drift.weight_noise, config.seed)
-    return inf

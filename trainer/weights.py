@@ -65,6 +65,27 @@ class _Versioned:
     def _push(self, state: dict, version: int) -> None:
         raise NotImplementedError
 
+    def metrics(self) -> dict[str, float]:
+        """Per-step numbers for metrics.jsonl: the last push's seconds."""
+        return {"weight_sync_time": self.seconds}
+
+    def close(self) -> None:
+        pass
+
+
+class _ToVLLM(_Versioned):
+    """Pushers into a `VLLMEngine` fleet; they own it (`close()` stops the servers it started)."""
+
+    engine = None
+
+    def metrics(self) -> dict[str, float]:
+        servers = self.engine.servers
+        return {**super().metrics(), "vllm_servers_healthy": sum(s.healthy for s in servers),
+                "vllm_restarts": sum(s.restarts for s in servers)}
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
 
 class CheckpointFiles:
     """`RUN/broadcasts/step_N/`: HF checkpoints of pushed versions, the newest `keep` kept."""
@@ -124,7 +145,7 @@ class HttpPush(_Versioned):
         self.files.prune()
 
 
-class VLLMPush(_Versioned):
+class VLLMPush(_ToVLLM):
     """Weights to vLLM servers through our `vf_safetensors` backend (the trainer and the servers
     share a filesystem: the same machine, or RUN on a shared mount)."""
 
@@ -139,7 +160,7 @@ class VLLMPush(_Versioned):
         self.files.prune()
 
 
-class NcclPush(_Versioned):
+class NcclPush(_ToVLLM):
     """GPU: vLLM's own `nccl` weight-transfer backend (trainer rank 0 → every inference worker,
     layer by layer from the live parameters; no files, no gather on one host's CPU). The servers
     must be started with `--weight-transfer-config '{"backend": "nccl"}'`.
