@@ -102,7 +102,7 @@ class Rollouts:
         from vf.runner import EpisodeSpec, taskset_toolsets
 
         if push is not None:
-            engine = engines.server(config)
+            engine = engines.server(config, push)
         else:
             engine = engines.embedded(learner.path, learner.tokenizer, config.drift.engine_dtype or config.model.dtype,
                                       "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,

@@ -7,6 +7,13 @@
 - Server (`engine.base_url` set): the OpenAI-compatible client; weights arrive as HF checkpoint
   files + an HTTP reload (`weights.HttpPush`). Evaluations go through the same server
   (`server_for_eval`), after the weights to evaluate were pushed.
+- vLLM (`engine.type vllm`): `vf.engines.vllm_engine.VLLMEngine` over servers it starts
+  (`engine.servers`) or attaches to (`engine.base_url URL[,URL...]`); weights arrive through vLLM's
+  RL routes (`weights.VLLMPush`, or `weights.NcclPush` with `engine.weight_transfer nccl`).
+  Rollouts and evaluations share the fleet.
+
+`server_push(...)` builds the server modes' pusher (for vLLM it starts or attaches the fleet);
+`server(config, push)` / `server_for_eval(config, push)` hand out the engine behind it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = 
     return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path))
 
 
-def server(config):
+def server(config, push=None):
+    """The rollout engine in server mode: the vLLM fleet behind `push` (`engine.type vllm`), else
+    an OpenAI-compatible client of `engine.base_url`."""
+    if getattr(push, "engine", None) is not None:
+        return Shared(push.engine)
     from vf.engines import create_engine
 
     e = config.engine
@@ -35,6 +46,18 @@ def server(config):
                          timeout=e.timeout, max_retries=e.max_retries, max_connections=64)
 
 
+def server_push(config, run_dir: Path, model_config, say=None):
+    """Server mode's one weight pusher, shared by the rollouts and the evaluations: vLLM servers
+    (started here, or attached) or an OpenAI-compatible server with vf-serve's reload route."""
+    from vf.trainer.weights import HttpPush, NcclPush, VLLMPush
+
+    if config.engine.resolved_type == "vllm":
+        fleet = vllm(config, run_dir, say)
+        fleet.start()
+        if config.engine.weight_transfer == "nccl":
+            return NcclPush(fleet, model_config)
+        return VLLMPush(fleet, run_dir, model_config)
+    return HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
 class ServerEvalEngine:
     """The openai engine for the trainer's evaluations, which run each evaluation in its own
     `asyncio.run()`: an httpx client's pooled connections belong to the event loop that opened
@@ -66,5 +89,35 @@ class ServerEvalEngine:
         pass  # nothing outlives a batch of calls
 
 
-def server_for_eval(config) -> ServerEvalEngine:
+def server_for_eval(config, push=None):
+    """The evaluations' engine in server mode (the same server(s) as the rollouts)."""
+    if getattr(push, "engine", None) is not None:
+        return Shared(push.engine)
     return ServerEvalEngine(config)
+
+
+class Shared:
+    """An engine lent to a user that closes what it is given (the orchestrator, the evaluations):
+    `close()` is a no-op; the owner (the pusher's `close()`) stops the engine."""
+
+    def __init__(self, engine):
+        self.engine, self.name, self.supports_tokens = engine, engine.name, engine.supports_tokens
+
+    async def generate(self, request):
+        return await self.engine.generate(request)
+
+    async def close(self) -> None:
+        pass
+
+
+def vllm(config, run_dir: Path, say=None):
+    """The run's vLLM fleet (started servers log to RUN/logs/)."""
+    from vf.engines.vllm_engine import VLLMEngine
+
+    e = config.engine
+    return VLLMEngine(model=config.model.path, servers=e.servers, base_urls=e.base_urls, python=e.python,
+                      dtype=e.dtype, max_model_len=e.max_model_len, kv_cache_gb=e.kv_cache_gb,
+                      startup_timeout=e.startup_timeout, timeout=max(e.timeout, 600.0), extra_args=e.extra_args,
+                      log_dir=Path(run_dir) / "logs", on_event=say)
+
+

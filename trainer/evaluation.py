@@ -99,7 +99,7 @@ class Evaluations:
         engine = None
         if e.at_start or e.at_end or e.every:
             if push is not None:
-                engine = engines.server_for_eval(config)
+                engine = engines.server_for_eval(config, push)
             else:
                 d = learner.d
                 engine = engines.embedded(learner.path, learner.tokenizer, config.model.dtype,

