@@ -1,7 +1,10 @@
 """Native model config: one small dataclass for every family, mapped to/from HF config.json.
 
 Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air), deepseek_v3
-(multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention). Family-specific HF keys are read and written through
+(multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention);
+hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
+transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
+text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern). Family-specific HF keys are read and written through
 `FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
 (router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 

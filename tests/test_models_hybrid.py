@@ -238,7 +238,7 @@ def test_vf_train_runs_rl_steps_on_hybrid(family, saved, tmp_path):
     run = tmp_path / "run"
     proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",
                   "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
-                  "--seed", "7", "--trainer.threads", "1")
+                  "--seed", "7", "--trainer.threads", "1", "--sampling.max-tokens", "12")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
