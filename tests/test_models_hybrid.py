@@ -13,8 +13,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_models_families import _train, check_round_trip
 from test_models_parity import hf_logits
-from vf.models import ModelConfig, ModelLoadError, load_model, save_hf
+from vf.models import ModelConfig, ModelLoadError, load_model
 
 V = 512  # the built-in tiny tokenizer's vocabulary, so the checkpoints also run under vf-train
 _DELTA = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -145,20 +146,7 @@ def test_hybrid_chunked_prefill_then_recurrent_decode_equals_full_pass(family, s
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_hybrid_round_trip_bit_exact_and_loadable_by_transformers(family, saved, tmp_path):
-    from safetensors.torch import load_file
-
-    hf, d = saved[family]
-    a = load_model(d)
-    save_hf(a, tmp_path)
-    b = load_model(tmp_path)
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert b.config.to_hf_dict() == a.config.to_hf_dict()
-    orig, ours = load_file(d / "model.safetensors"), load_file(tmp_path / "model.safetensors")
-    assert orig.keys() == ours.keys() and all(torch.equal(orig[k], ours[k]) for k in orig)
-    reloaded = type(hf).from_pretrained(tmp_path).eval()
-    reloaded.config._attn_implementation = "eager"
-    assert (hf_logits(reloaded, IDS) - hf_logits(hf, IDS)).abs().max().item() == 0.0
+    check_round_trip(*saved[family], tmp_path, IDS)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -220,16 +208,6 @@ def test_hybrid_config_errors(saved):
         ModelConfig.from_hf_dict({**cfg, "layer_types": ["linear_attention", "mamba", "full_attention", "full_attention"]})
     derived = ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "layer_types"} | {"full_attention_interval": 2})
     assert derived.layer_types == ["linear_attention", "full_attention"] * 2
-
-
-def _train(*args):
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vf.commands.train", *args], capture_output=True, text=True,
-                          timeout=240, env=env, check=False)
 
 
 @pytest.mark.slow
