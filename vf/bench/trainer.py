@@ -60,7 +60,31 @@ GLM_4_5_AIR = {  # GLM-4.5-Air /8: hidden 4096, moe_intermediate 1408, dense 109
     "expert_bias": True, "attention_bias": True, "partial_rotary_factor": 0.5, "rope_theta": 1_000_000.0,
     "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
 }
-SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-30b-a3b": QWEN3_30B_A3B, "glm-4.5-air": GLM_4_5_AIR}
+# Hybrids scaled to CPU: a gated-DeltaNet hybrid (Qwen3-Next-80B-A3B's layout: 3 DeltaNet layers per
+# gated-attention layer, head_dim 256, partial rotary 0.25, 128-dim linear heads with twice as many
+# value heads as key heads, MoE with a gated shared expert; hidden 2048 -> 512, 512 experts top-10 ->
+# 64 top-4) and a Mamba-2 hybrid (Nemotron-H's M-M-M*-ME pattern: Mamba-2 with 64-dim heads and
+# 128-dim states, relu² MLP, attention without rope, a relu² MoE; hidden 4096 -> 512).
+QWEN3_NEXT = {
+    "architecture": "qwen3_next", "vocab_size": 4096, "hidden_size": 512, "num_layers": 4, "num_heads": 4,
+    "num_kv_heads": 1, "head_dim": 256, "intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 4,
+    "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "shared_expert_gate": True,
+    "norm_topk_prob": True, "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "partial_rotary_factor": 0.25, "rope_theta": 10_000_000.0,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"], "max_position_embeddings": 262144,
+}
+NEMOTRON_H = {
+    "architecture": "nemotron_h", "vocab_size": 4096, "hidden_size": 512, "num_layers": 8, "num_heads": 8,
+    "num_kv_heads": 2, "head_dim": 64, "intermediate_size": 1536, "rms_norm_eps": 1e-5, "mlp_act": "relu2",
+    "layer_types": ["linear_attention", "mlp", "linear_attention", "mlp", "linear_attention", "full_attention",
+                    "linear_attention", "moe"],
+    "ssm_state_size": 128, "mamba_num_heads": 16, "mamba_head_dim": 64, "mamba_n_groups": 4, "mamba_chunk_size": 128,
+    "mamba_dt_min": 0.001, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "router_scoring": "sigmoid",
+    "expert_bias": True, "expert_act": "relu2", "max_position_embeddings": 8192,
+}
+SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-30b-a3b": QWEN3_30B_A3B, "glm-4.5-air": GLM_4_5_AIR,
+          "qwen3-next": QWEN3_NEXT, "nemotron-h": NEMOTRON_H}
 
 # case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
 # steps: timed steps after the warm-up step (0: the warm-up step is the timed one). interleave:
@@ -75,6 +99,10 @@ SIZES: dict[str, list[dict[str, Any]]] = {
          "steps": 3, "interleave": True},
         {"name": "glm-4.5-air-4L-V4k", "shape": "glm-4.5-air", "layers": 4, "batch": 1, "seq": 1024,
          "steps": 3, "interleave": True},
+        {"name": "qwen3-next-4L-V4k", "shape": "qwen3-next", "layers": None, "batch": 1, "seq": 2048, "steps": 3,
+         "interleave": True},
+        {"name": "nemotron-h-8L-V4k", "shape": "nemotron-h", "layers": None, "batch": 1, "seq": 2048, "steps": 3,
+         "interleave": True},
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
@@ -84,6 +112,10 @@ SIZES: dict[str, list[dict[str, Any]]] = {
          "steps": 3, "interleave": True},
         {"name": "glm-4.5-air-2L-V4k", "shape": "glm-4.5-air", "layers": 2, "batch": 1, "seq": 256,
          "steps": 3, "interleave": True},
+        {"name": "qwen3-next-4L-V4k", "shape": "qwen3-next", "layers": None, "batch": 1, "seq": 256, "steps": 3,
+         "interleave": True},
+        {"name": "nemotron-h-8L-V4k", "shape": "nemotron-h", "layers": None, "batch": 1, "seq": 256, "steps": 3,
+         "interleave": True},
     ],
     "tiny": [{"name": "tiny", "shape": "tiny", "batch": 2, "seq": 64, "steps": 1}],
 }
@@ -125,9 +157,12 @@ def prepare(shape: str, layers: int | None) -> dict[str, Any]:
     return {"path": str(path)}
 
 
-def flops_per_token(cfg, seq: int) -> float:
+def flops_per_token(cfg, seq: int) -> float | None:
     """6·N_matmul + 12·L·(heads·head_dim)·T (attention scores and values, forward + backward).
-    MoE layers count the weights a token uses: the router, its k experts and the shared experts."""
+    MoE layers count the weights a token uses: the router, its k experts and the shared experts.
+    None for the linear-attention / SSM hybrids (no MFU reported: their scans are not matmul-shaped)."""
+    if getattr(cfg, "hybrid", False):
+        return None
     h, L = cfg.hidden_size, cfg.num_layers
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     n_mm = cfg.vocab_size * h
@@ -264,7 +299,7 @@ def run(size: str = "full", peak: dict[str, Any] | None = None, **_: Any) -> dic
         mcfg = read_config(path)
         fpt = flops_per_token(mcfg, spec["seq"])
         for side in (ours, ref, ckpt):
-            if side is not None and peak_flops:
+            if side is not None and peak_flops and fpt:
                 side["mfu_pct"] = round(100 * fpt * side["tokens_per_s"] / peak_flops, 2)
         big, moe = mcfg.vocab_size >= 100_000, mcfg.num_experts > 0
         name = f"{spec['name']} B{spec['batch']}xT{spec['seq']}"

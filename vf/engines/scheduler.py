@@ -73,8 +73,11 @@ class Scheduler:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         streams = model.kv_streams() if hasattr(model, "kv_streams") else None
+        kinds = model.cache_kinds() if hasattr(model, "cache_kinds") else None  # hybrids: kv / state / none
         self.cache = SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_batch, max_len,
-                                 p.dtype, p.device, streams=streams)
+                                 p.dtype, p.device, streams=streams,
+                                 kv_layers=None if kinds is None else [i for i, k in enumerate(kinds) if k == "kv"],
+                                 state_shapes=model.state_shapes() if kinds is not None else None)
         self.lock = threading.RLock()
         from vf.engines.fastpath import FastDecoder
 
@@ -174,10 +177,10 @@ class Scheduler:
                 s.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(m, T)
-        self.cache.begin_prefill(start, m, T)
+        lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
+        self.cache.begin_prefill(start, m, T, lens)
         hidden = self.model(ids, positions, self.cache)  # [m, T, H]
         self.cache.advance(T)
-        lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         logits = last_h @ self.head_t
         self.rows.extend(block)
