@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError
-from vf.models.transformer import NativeModel
+from vf.models.transformer import NativeModel, model_class
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -123,7 +123,7 @@ def load_model(
         config.set_moe_impl(moe_impl)
     where = _weight_files(path)
     with torch.device("meta"):
-        model = NativeModel(config)
+        model = model_class(config)(config)
     handles: dict[Path, object] = {}
 
     def get(name: str) -> torch.Tensor:
