@@ -336,7 +336,7 @@ def default_path() -> Path:
 
 TRAINED_PATH = Path(__file__).parent / "tiny_trained"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-BUILTIN_MODELS = ("tiny", "tiny-random")
+BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vl")
 
 
 def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
@@ -351,6 +351,10 @@ def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
         return TRAINED_PATH
     if str(name) == "tiny-random":
         return ensure_tiny_model()
+    if str(name) == "tiny-vl":  # the random-init vision-language model (vf.models.tiny_vl)
+        from vf.models.tiny_vl import ensure_tiny_vl_model
+
+        return ensure_tiny_vl_model()
     return None
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
-from vf.engines.chat import parse_tool_calls, render_prompt
+from vf.engines.chat import expand_image_tokens, image_refs, parse_tool_calls, render_prompt
 from vf.errors import EngineError, UsageError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -87,10 +87,18 @@ class LocalEngine:
     supports_tokens = True
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
-                 max_len: int | None = None, path: Path | None = None, fast_decode: bool = True, **_: Any):
+                 max_len: int | None = None, path: Path | None = None, fast_decode: bool = True,
+                 image_roots: list[str | os.PathLike] | None = None, **_: Any):
         from vf.engines.scheduler import Scheduler
 
         self.model = model.eval()
+        # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
+        self.multimodal = bool(getattr(model, "is_multimodal", False))
+        self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]
+        if self.multimodal:
+            from vf.models.image_processor import processor_for
+
+            self.processor = processor_for(model, path)
         self.tokenizer = tokenizer
         self.model_name = model_name or "local"
         self.path = path
@@ -129,6 +137,21 @@ class LocalEngine:
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return render_prompt(self.tokenizer, messages, tools)
 
+    def encode_multimodal(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
+        """(prompt ids with each image's tokens, the model's image inputs or None) for a VL model."""
+        from vf.models.image_processor import pixel_inputs
+
+        refs = image_refs(messages)
+        ids = render_prompt(self.tokenizer, messages, tools, images=True)
+        if not refs:
+            return ids, None
+        p = next(self.model.parameters())
+        mm = pixel_inputs(self.processor, refs, self.image_roots, device=p.device, dtype=p.dtype)
+        grids = mm["image_grid_thw"].tolist()
+        ids = expand_image_tokens(ids, self.model.image_token_id, [self.model.image_tokens(g) for g in grids])
+        mm["rope_delta"] = self.model.rope_delta(ids, grids)
+        return ids, mm
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
             raise EngineError(
@@ -141,9 +164,11 @@ class LocalEngine:
             raise EngineError(f"prompt token ids must be integers in [0, {V})", type="BadRequest", status_code=400)
 
     async def generate_ids(self, prompt_ids: list[int], sampling: Sampling, *, ignore_eos: bool = False,
-                           min_tokens: int = 0, stop_token_ids: list[int] | None = None, on_token=None):
+                           min_tokens: int = 0, stop_token_ids: list[int] | None = None, on_token=None,
+                           mm: dict | None = None):
         """Token-level generation. Returns the finished `Seq` (token_ids, logprobs, finish_reason,
-        stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token."""
+        stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token;
+        `mm` holds a VL model's image inputs for the prompt (`encode_multimodal`)."""
         from vf.engines.scheduler import Seq
 
         self._check_prompt(prompt_ids)
@@ -162,7 +187,7 @@ class LocalEngine:
             temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=int(sampling.top_k or 0),
             min_p=float(sampling.min_p or 0.0), seed=sampling.seed, stop=[s for s in (sampling.stop or []) if s],
             stop_token_ids=list(stop_token_ids or []), ignore_eos=ignore_eos, min_tokens=int(min_tokens),
-            on_token=token_cb if on_token is not None else None, done=done,
+            on_token=token_cb if on_token is not None else None, done=done, mm=mm,
         )
         try:
             self.scheduler.submit(seq)
@@ -195,8 +220,11 @@ class LocalEngine:
         return message, calls
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        prompt_ids = self.encode_chat(request.messages, request.tools)
-        seq = await self.generate_ids(prompt_ids, request.sampling)
+        if self.multimodal:
+            prompt_ids, mm = await asyncio.to_thread(self.encode_multimodal, request.messages, request.tools)
+        else:
+            prompt_ids, mm = self.encode_chat(request.messages, request.tools), None
+        seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm)
         message, calls = self.build_message(self.finish_text(seq), bool(request.tools))
         finish = "tool_calls" if calls else seq.finish_reason
         return GenerateResult(

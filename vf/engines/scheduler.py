@@ -55,6 +55,7 @@ class Seq:
     error: BaseException | None = None
     cancelled: bool = False
     generator: torch.Generator | None = None
+    mm: dict | None = None  # a VL model's image inputs for the prompt (pixel_values, image_grid_thw, rope_delta)
 
 
 class Scheduler:
@@ -74,13 +75,17 @@ class Scheduler:
         self.lock = threading.RLock()
         from vf.engines.fastpath import FastDecoder
 
-        self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) else None
+        self.multimodal = bool(getattr(model, "is_multimodal", False))
+        self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) \
+            and not self.multimodal else None
         self.refresh_head()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Seq] = collections.deque()
         self.rows: list[Seq] = []  # row i of the cache
         self.pos = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # tokens stored per row
         self.last = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # sampled, not yet stored
+        # VL models: rotary position = stored position + this row's rope delta (0 for text-only prompts)
+        self.delta = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self._params = None
         self._gen = torch.Generator(device="cpu")
         self._gen.seed()
@@ -171,7 +176,13 @@ class Scheduler:
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(m, T)
         self.cache.begin_prefill(start, m, T)
-        hidden = self.model(ids, positions, self.cache)  # [m, T, H]
+        mm = [s.mm for s in block if s.mm]
+        extra = {} if not mm else {"pixel_values": torch.cat([x["pixel_values"] for x in mm]),
+                                   "image_grid_thw": torch.cat([x["image_grid_thw"] for x in mm])}
+        self.delta[start:start + m] = torch.tensor([int((s.mm or {}).get("rope_delta", 0)) for s in block])
+        hidden = self.model(ids, positions, self.cache, **extra)  # [m, T, H]
+        for s in block:
+            s.mm = None  # the pixels are in the KV cache now
         self.cache.advance(T)
         lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
@@ -189,7 +200,8 @@ class Scheduler:
             hidden = self.fast.forward(self.last[:n], pos)  # [n, H]
         else:
             self.cache.begin_decode(n, pos)
-            hidden = self.model(self.last[:n, None], pos[:, None], self.cache)[:, 0]  # [n, H]
+            rope_pos = pos + self.delta[:n] if self.multimodal else pos
+            hidden = self.model(self.last[:n, None], rope_pos[:, None], self.cache)[:, 0]  # [n, H]
             self.cache.advance(1)
         self.pos[:n] += 1
         self.steps += 1
@@ -258,6 +270,7 @@ class Scheduler:
                 self.rows[row] = moved
                 self.pos[row] = self.pos[last]
                 self.last[row] = self.last[last]
+                self.delta[row] = self.delta[last]
             self.rows.pop()
             self._finish(seq, seq.finish_reason)
         self._params = None
