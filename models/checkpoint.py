@@ -160,6 +160,10 @@ def load_model(
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     config.torch_dtype = str(dtype).removeprefix("torch.")
+    if getattr(model, "is_multimodal", False):
+        from vf.models.image_processor import processor_for
+
+        model.processor = processor_for(model, path)
     return model.eval()
 
 

@@ -81,6 +81,21 @@ class Qwen3VLModel(NativeModel):
         self.merge = self.visual.merge
         self.rotary = MRotary(config)
 
+    processor = None  # the model directory's ImageProcessor (set by load_model), else one built from the tower
+
+    def image_inputs(self, refs: list[str], roots=()) -> dict:
+        """Image references (data URLs, local files under `roots`, default the working directory)
+        -> pixel_values, image_grid_thw."""
+        from pathlib import Path
+
+        from vf.models.image_processor import pixel_inputs, processor_for
+
+        roots = roots or (Path.cwd(),)
+        if self.processor is None:
+            self.processor = processor_for(self)
+        p = self.embed_tokens.weight
+        return pixel_inputs(self.processor, refs, roots, device=p.device, dtype=p.dtype)
+
     @property
     def image_token_id(self) -> int:
         return int(self.config.image_token_id)

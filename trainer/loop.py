@@ -75,9 +75,9 @@ def load_tasks(config: TrainConfig):
 # ---- batches that need no engine ------------------------------------------------------------
 
 
-def gold_samples(tasks, tokenizer) -> list[Sample]:
+def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:
     """SFT samples from the tasks' gold replies (`Task.validate()` returning a string)."""
-    from vf.engines.chat import render_prompt
+    from vf.engines.chat import image_refs, render_multimodal, render_prompt
 
     out = []
     for task in tasks:
@@ -85,9 +85,12 @@ def gold_samples(tasks, tokenizer) -> list[Sample]:
         if not isinstance(gold, str):
             raise UsageError(f"task {task.data.key} has no gold reply (validate() returned {type(gold).__name__})",
                              hint="set --warmup.steps 0 for tasksets without gold replies")
-        prompt = render_prompt(tokenizer, task.messages())
+        multimodal = getattr(model, "is_multimodal", False)
+        prompt = render_multimodal(tokenizer, model, task.messages())[0] if multimodal \
+            else render_prompt(tokenizer, task.messages())
         reply = list(tokenizer.encode(gold, add_special_tokens=False)) + [tokenizer.eos_token_id]
-        out.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply))))
+        out.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
+                          images=image_refs(task.messages()) if multimodal else []))
     return out
 
 
@@ -203,7 +206,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
     data = load_data(config.data.path, config.data.min_reward) if sft_data else []
-    gold = gold_samples(tasks, tokenizer) if W and not sft_data else []
+    gold = gold_samples(tasks, tokenizer, model) if W and not sft_data else []
     model_name = str(config.model.path)
 
     # -- engines (rank 0): rollouts, evaluation ---------------------------------------------------
@@ -304,7 +307,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             needs_lp = phase == "rl"
             n_tokens = count_loss_tokens(batch.samples, config.trainer.seq_len, needs_logprobs=needs_lp)
             mbs = micro_batches(batch.samples, config.trainer.seq_len, config.trainer.micro_batch_size,
-                                pad_id=tokenizer.pad_token_id or 0, rank=d.rank, world_size=d.world_size)
+                                pad_id=tokenizer.pad_token_id or 0, rank=d.rank, world_size=d.world_size,
+                                image_token_id=getattr(model.config, "image_token_id", None))
             result = train_step(policy, optimizer, scheduler, mbs, loss_fn, params, n_tokens,
                                 temperature=temperature if phase == "rl" else 1.0, grad_clip=config.optim.grad_clip,
                                 world_size=d.world_size)

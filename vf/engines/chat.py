@@ -75,6 +75,22 @@ def expand_image_tokens(ids: list[int], image_token_id: int, counts: list[int]) 
     return out + ids[last:]
 
 
+def render_multimodal(tokenizer, model, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                      roots=()) -> tuple[list[int], dict | None]:
+    """A VL model's prompt: (token ids with each image's tokens in place, its image inputs or None).
+    The inputs are `pixel_values`, `image_grid_thw` (tensors on the model's device) and
+    `rope_delta` (see `vf.models.qwen3_vl`). Images are read from data URLs or files under `roots`."""
+    ids = render_prompt(tokenizer, messages, tools, images=True)
+    refs = image_refs(messages)
+    if not refs:
+        return ids, None
+    mm = model.image_inputs(refs, roots)
+    grids = mm["image_grid_thw"].tolist()
+    ids = expand_image_tokens(ids, model.image_token_id, [model.image_tokens(g) for g in grids])
+    mm["rope_delta"] = model.rope_delta(ids, grids)
+    return ids, mm
+
+
 def normalize_messages(messages: list[dict[str, Any]], images: bool = False) -> list[dict[str, Any]]:
     """Messages as the chat template gets them: content as text, or (`images`) as text and image parts."""
     out = []

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
-from vf.engines.chat import expand_image_tokens, image_refs, parse_tool_calls, render_prompt
+from vf.engines.chat import parse_tool_calls, render_multimodal, render_prompt
 from vf.errors import EngineError, UsageError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -95,10 +95,6 @@ class LocalEngine:
         # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
         self.multimodal = bool(getattr(model, "is_multimodal", False))
         self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]
-        if self.multimodal:
-            from vf.models.image_processor import processor_for
-
-            self.processor = processor_for(model, path)
         self.tokenizer = tokenizer
         self.model_name = model_name or "local"
         self.path = path
@@ -137,21 +133,6 @@ class LocalEngine:
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return render_prompt(self.tokenizer, messages, tools)
 
-    def encode_multimodal(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
-        """(prompt ids with each image's tokens, the model's image inputs or None) for a VL model."""
-        from vf.models.image_processor import pixel_inputs
-
-        refs = image_refs(messages)
-        ids = render_prompt(self.tokenizer, messages, tools, images=True)
-        if not refs:
-            return ids, None
-        p = next(self.model.parameters())
-        mm = pixel_inputs(self.processor, refs, self.image_roots, device=p.device, dtype=p.dtype)
-        grids = mm["image_grid_thw"].tolist()
-        ids = expand_image_tokens(ids, self.model.image_token_id, [self.model.image_tokens(g) for g in grids])
-        mm["rope_delta"] = self.model.rope_delta(ids, grids)
-        return ids, mm
-
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
             raise EngineError(
@@ -168,7 +149,7 @@ class LocalEngine:
                            mm: dict | None = None):
         """Token-level generation. Returns the finished `Seq` (token_ids, logprobs, finish_reason,
         stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token;
-        `mm` holds a VL model's image inputs for the prompt (`encode_multimodal`)."""
+        `mm` holds a VL model's image inputs for the prompt (`chat.render_multimodal`)."""
         from vf.engines.scheduler import Seq
 
         self._check_prompt(prompt_ids)
@@ -221,7 +202,8 @@ class LocalEngine:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.multimodal:
-            prompt_ids, mm = await asyncio.to_thread(self.encode_multimodal, request.messages, request.tools)
+            prompt_ids, mm = await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, request.messages,
+                                                     request.tools, self.image_roots)
         else:
             prompt_ids, mm = self.encode_chat(request.messages, request.tools), None
         seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm)
