@@ -133,6 +133,13 @@ class LocalEngine:
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return render_prompt(self.tokenizer, messages, tools)
 
+    async def encode_request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
+        """(prompt ids, image inputs or None). A VL model reads the image parts (decoded off the
+        event loop); a text-only one refuses them (`chat.normalize_messages`)."""
+        if not self.multimodal:
+            return self.encode_chat(messages, tools), None
+        return await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, messages, tools, self.image_roots)
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
             raise EngineError(
@@ -201,11 +208,7 @@ class LocalEngine:
         return message, calls
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if self.multimodal:
-            prompt_ids, mm = await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, request.messages,
-                                                     request.tools, self.image_roots)
-        else:
-            prompt_ids, mm = self.encode_chat(request.messages, request.tools), None
+        prompt_ids, mm = await self.encode_request(request.messages, request.tools)
         seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm)
         message, calls = self.build_message(self.finish_text(seq), bool(request.tools))
         finish = "tool_calls" if calls else seq.finish_reason
