@@ -283,3 +283,34 @@ def test_text_only_engine_refuses_images():
     with pytest.raises(EngineError, match="reads text only") as e:
         render_prompt(Tok(), messages)
     assert e.value.status_code == 400
+
+
+@pytest.mark.slow
+def test_vf_serve_reads_image_url_parts_and_vf_eval_keeps_references(tiny_vl, cli, tmp_path):
+    """vf-eval image-colors → the OpenAI client → vf-serve (tiny-vl): image parts reach the model
+    (prompt tokens include each image's tokens), traces keep the data URLs inline; a URL we may not
+    fetch answers 400 (a text-only model's 400: test_text_only_engine_refuses_images)."""
+    import httpx
+    from test_serve import start_server
+
+    proc, base = start_server(str(tiny_vl), "--threads", "1")
+    try:
+        out = tmp_path / "run"
+        r = cli("vf-eval", "image-colors", "-n", "3", "-r", "1", "--base-url", base + "/v1", "-m", "tiny-vl",
+                "-o", str(out), "--json", "--sampling.max-tokens", "4", check=True)
+        assert json.loads(r.stdout.strip().splitlines()[-1])["num_errors"] == 0
+        for line in (out / "traces.jsonl").read_text().splitlines():
+            nodes = json.loads(line)["traces"][0]["nodes"]
+            user = next(n for n in nodes if n["message"]["role"] == "user")
+            assert user["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+            assert user["token_ids"].count(513) == 4  # <|image_pad|> x 4: the server saw the image
+            assert "pixel" not in line
+        messages, _ = _image_messages()
+        body = {"model": "m", "messages": messages, "max_tokens": 2}
+        assert httpx.post(base + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        body["messages"][0]["content"][1]["image_url"]["url"] = "http://127.0.0.1:9/cat.png"
+        remote = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+        assert remote.status_code == 400 and remote.json()["error"]["type"] == "BadImage"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
