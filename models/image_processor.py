@@ -14,8 +14,9 @@ repeated temporal_patch_size times (a still image is a one-frame clip), ordered 
 merge_size×merge_size blocks. D = 3 * temporal_patch_size * patch_size².
 
 Only data URLs and local files are read, never the network: a local file must lie under one of
-`roots` (the run's or the taskset's folder); anything else is a `BadImage` error (one episode
-fails, the run goes on).
+`roots` (the embedded engine's `image_roots`, by default its working directory); anything else,
+and a corrupt or oversized image, is a `BadImage` error (HTTP 400 from vf-serve; in vf-eval one
+episode fails and the run goes on).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def BadImage(message: str, hint: str | None = None) -> EngineError:  # noqa: N802 (an error constructor)
-    return EngineError(message + (f" ({hint})" if hint else ""), type="BadImage", status_code=400)
+    return EngineError(message + (f"; {hint}" if hint else ""), type="BadImage", status_code=400)
 
 
 @dataclass
@@ -171,16 +172,17 @@ def load_image(ref: str, roots: tuple[Path, ...] | list[Path] = (), max_bytes: i
         except (binascii.Error, ValueError):
             raise BadImage("the image data URL is not valid base64") from None
     elif "://" in ref and not ref.startswith("file://"):
-        raise BadImage(f"image URL {ref[:60]!r} is not read: only data URLs and local files under the run's or "
-                       "taskset's folder are (nothing is fetched from the network)",
-                       hint="inline the image as a data URL (vf.utils.image.image_data_url)")
+        raise BadImage(f"image URL {ref[:60]!r} is not read: nothing is fetched from the network, only data URLs "
+                       "and local files under the allowed folders are read",
+                       hint="inline the image as a data URL, e.g. with vf.utils.image.image_data_url")
     else:
         path = Path(ref.removeprefix("file://")).expanduser()
         resolved = path.resolve()
         allowed = [Path(r).resolve() for r in roots]
         if not any(resolved.is_relative_to(r) for r in allowed):
-            raise BadImage(f"image file {ref!r} is outside the folders images may be read from",
-                           hint="put it under the taskset's or the run's folder, or inline it as a data URL")
+            raise BadImage(f"image file {ref!r} is outside the folders images may be read from "
+                           f"({', '.join(str(r) for r in allowed) or 'none'})",
+                           hint="put it under one of them (the engine's working directory by default), or inline it as a data URL")
         try:
             if resolved.stat().st_size > max_bytes:
                 raise BadImage(f"image file {ref!r} is over {max_bytes // (1024 * 1024)} MiB")

@@ -314,3 +314,37 @@ def test_vf_serve_reads_image_url_parts_and_vf_eval_keeps_references(tiny_vl, cl
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+BAD_IMAGES_ENV = '''
+import vf
+from vf.environments.image_colors import ColorData, ColorTask, ImageColorsTaskset, draw
+from vf.utils.image import image_data_url
+import random
+
+
+class Bad(ImageColorsTaskset):
+    def load(self):
+        urls = [image_data_url(draw("red", random.Random(0))), "http://127.0.0.1:9/cat.png",
+                "data:image/png;base64,aGVsbG8=", "/etc/hostname"]
+        for i, url in enumerate(urls):
+            yield ColorData(id=f"bad-{i}", answer="red", prompt=[{"role": "user", "content": [
+                {"type": "text", "text": "colour?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+
+
+__all__ = ["Bad"]
+'''
+
+
+@pytest.mark.slow
+def test_bad_images_fail_their_episode_and_the_run_goes_on(tiny_vl, cli, tmp_path):
+    env = tmp_path / "bad_images.py"
+    env.write_text(BAD_IMAGES_ENV)
+    r = cli("vf-eval", str(env), "-m", str(tiny_vl), "-n", "4", "-r", "1", "-o", str(tmp_path / "run"), "--json",
+            "--sampling.max-tokens", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    episodes = {e["task"]["data"]["id"]: e for e in map(json.loads, (tmp_path / "run" / "traces.jsonl").read_text().splitlines())}
+    assert episodes["bad-0"]["ok"]
+    for key, words in {"bad-1": "not read", "bad-2": "cannot be decoded", "bad-3": "outside"}.items():
+        (err,) = [c["error"] for t in episodes[key]["traces"] for c in t["calls"]]
+        assert not episodes[key]["ok"] and err["type"] == "BadImage" and words in err["message"], err
