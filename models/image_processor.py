@@ -55,7 +55,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def BadImage(message: str, hint: str | None = None) -> EngineError:  # noqa: N802 (an error constructor)
+def BadImage(message: str, hint: str | None = None) -> EngineError:
     return EngineError(message + (f"; {hint}" if hint else ""), type="BadImage", status_code=400)
 
 

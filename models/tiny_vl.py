@@ -19,8 +19,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from vf.models import tiny
@@ -65,28 +63,11 @@ def _complete(path: Path) -> bool:
 
 def ensure_tiny_vl_model(path: str | os.PathLike | None = None) -> Path:
     """A directory holding tiny-vl, built first if absent (offline, about a second plus imports)."""
-    path = Path(path) if path is not None else default_path()
-    if _complete(path):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        build_into(tmp)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not _complete(path):
-                shutil.rmtree(path, ignore_errors=True)
-                os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return tiny.build_once(Path(path) if path is not None else default_path(), build_into, _complete)
 
 
 def build_into(out: Path) -> None:
     from tokenizers import AddedToken
-
     from vf.models.checkpoint import save_hf
     from vf.models.config import ModelConfig
     from vf.models.image_processor import ImageProcessor

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 IMAGE_TOKEN, START, END = 290, 292, 293
-VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, out_hidden_size=64,
-              num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
-TEXT = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                             "mrope_interleaved": True})
-PROCESSOR = dict(patch_size=4, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
-                 image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 64, "longest_edge": 1024})
+VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4, "out_hidden_size": 64,
+              "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1]}
+TEXT = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                             "mrope_interleaved": True}}
+PROCESSOR = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                 "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 64, "longest_edge": 1024}}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,6 @@ def hf_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(hf_dir):
     from transformers import Qwen3VLForConditionalGeneration
-
     from vf.models import load_model
 
     return Qwen3VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval(), load_model(hf_dir)
@@ -66,7 +65,7 @@ def test_logits_equal_transformers(models):
     hf, ours = models
     grids = [(1, 8, 8), (1, 4, 6)]
     ids = torch.tensor([prompt(grids)])
-    kw = dict(pixel_values=pixels(grids), image_grid_thw=torch.tensor(grids), mm_token_type_ids=(ids == IMAGE_TOKEN).int())
+    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids), "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
     with torch.no_grad():
         ref = hf(input_ids=ids, **kw).logits
         out = ours.compute_logits(ids, **kw)
@@ -96,7 +95,6 @@ def test_packed_documents_equal_separate(models):
 
 def test_save_round_trip_is_exact(models, hf_dir, tmp_path):
     from safetensors.torch import load_file
-
     from vf.models.checkpoint import save_hf
 
     _, ours = models
@@ -119,7 +117,6 @@ def _image(w, h, seed=0, mode="RGB"):
 
 def test_image_processor_equals_transformers(hf_dir):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     from vf.models.image_processor import ImageProcessor
 
     images = [_image(53, 37), _image(16, 16, 1, "L"), _image(90, 200, 2), _image(8, 500, 3)]
@@ -136,8 +133,9 @@ def _data_url(image) -> str:
 
 
 def test_load_image_reads_only_data_urls_and_local_files_under_roots(tmp_path):
-    from vf.errors import EngineError
     from vf.models.image_processor import load_image
+
+    from vf.errors import EngineError
 
     assert load_image(_data_url(_image(9, 7))).size == (9, 7)
     inside = tmp_path / "ok.png"
@@ -175,8 +173,9 @@ def test_truncation_cuts_only_at_whole_images():
 
 
 def test_trace_samples_keep_image_references():
-    from vf.trace import MessageNode, Trace
     from vf.trainer.samples import micro_batches, trace_samples
+
+    from vf.trace import MessageNode, Trace
 
     user = {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "data:A"}}]}
     user2 = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:B"}}]}
@@ -243,10 +242,11 @@ def test_engine_greedy_equals_transformers_generate(tiny_vl):
 def test_trainer_logprobs_equal_engine_on_image_rollouts(tiny_vl):
     """Sampled image rollouts: the trainer's log-probs (pixels recomputed from the references) equal
     the engine's within 1e-5."""
-    from vf.engines.base import GenerateRequest, Sampling
-    from vf.engines.local import LocalEngine
     from vf.trainer.samples import Sample, micro_batches
     from vf.trainer.step import PolicyLogprobs
+
+    from vf.engines.base import GenerateRequest, Sampling
+    from vf.engines.local import LocalEngine
 
     engine = LocalEngine.from_model(str(tiny_vl))
     requests = [_image_messages(c) for c in ((200, 30, 30), (30, 30, 200), (30, 200, 30))]
@@ -353,13 +353,13 @@ def test_bad_images_fail_their_episode_and_the_run_goes_on(tiny_vl, cli, tmp_pat
 def test_sft_warmup_on_image_prompts_learns(tiny_vl):
     """Gold SFT samples of image-colors on tiny-vl: samples carry the images, loss falls over steps."""
     from transformers import AutoTokenizer
-
-    from vf.loading import load_taskset
     from vf.models import load_model
     from vf.trainer import losses
     from vf.trainer.loop import gold_samples
     from vf.trainer.samples import count_loss_tokens, micro_batches
     from vf.trainer.step import PolicyLogprobs, make_optimizer, make_scheduler, train_step
+
+    from vf.loading import load_taskset
 
     torch.manual_seed(0)
     model = load_model(tiny_vl).train()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 import re
 
+from pydantic import Field
+
 import vf
 from vf.errors import UsageError
 from vf.utils.image import image_data_url
@@ -49,7 +51,7 @@ class ColorConfig(vf.TasksetConfig):
     size: int = 200
     """Number of tasks."""
     seed: int = 0
-    colors: list[str] = ["red", "green", "blue", "yellow"]
+    colors: list[str] = Field(default_factory=lambda: ["red", "green", "blue", "yellow"])
     """Colour names to draw from (any of: red, green, blue, yellow, black, purple)."""
     image_size: int = 32
     """Image side in pixels."""
