@@ -188,6 +188,8 @@ def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | N
     if len(dtypes) == 1:
         hf["dtype"] = str(dtypes.pop()).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    if getattr(model, "processor", None) is not None:  # a VL model's image processor travels with it
+        (path / "preprocessor_config.json").write_text(json.dumps(model.processor.to_config(), indent=2) + "\n")
     names = sorted(tensors)
     shards: list[list[str]] = [[]]
     size = 0

@@ -106,6 +106,9 @@ def test_save_round_trip_is_exact(models, hf_dir, tmp_path):
     assert cfg["model_type"] == "qwen3_vl" and cfg["image_token_id"] == IMAGE_TOKEN
     assert cfg["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
     assert cfg["vision_config"] == json.loads((hf_dir / "config.json").read_text())["vision_config"]
+    from vf.models.image_processor import ImageProcessor
+
+    assert ImageProcessor.from_dir(tmp_path) == ImageProcessor.from_dir(hf_dir)  # the processor travels with it
 
 
 def _image(w, h, seed=0, mode="RGB"):
