@@ -378,3 +378,22 @@ def test_sft_warmup_on_image_prompts_learns(tiny_vl):
     for _ in range(4):
         last = train_step(policy, opt, sched, mbs, losses.get("sft"), {}, n).loss
     assert last < 0.7 * first
+
+
+@pytest.mark.slow
+def test_vf_train_on_image_colors_runs(tiny_vl, cli, tmp_path):
+    """vf-train on tiny-vl: an SFT warm-up step on image prompts, then an RL step on image rollouts
+    whose traces keep the images as data URLs (the trainer-engine log-prob parity of such rollouts:
+    test_trainer_logprobs_equal_engine_on_image_rollouts)."""
+    out = tmp_path / "run"
+    cli("vf-train", "-m", str(tiny_vl), "--taskset", "image-colors", "--warmup.steps", "1", "--steps", "1",
+        "--batch-size", "2", "--group-size", "2", "--sampling.max-tokens", "3", "--orchestrator.async-level", "0",
+        "--eval.at-start", "false", "--eval.at-end", "false", "-o", str(out), check=True, timeout=300)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["warmup", "rl"] and rows[0]["num_loss_tokens"] > 0
+    episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2
+    for ep in episodes:
+        user = next(n for n in ep["traces"][0]["nodes"] if n["message"]["role"] == "user")
+        assert user["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+        assert user["token_ids"].count(513) == 4
