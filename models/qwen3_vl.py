@@ -42,7 +42,9 @@ class MRotary(torch.nn.Module):
         self.section = list(config.mrope_section)
         self._inv_freq: torch.Tensor | None = None
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype):  # [3,B,T] -> cos/sin [B,T,hd]
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):  # [3,B,T] (or [B,T]: text) -> cos/sin [B,T,hd]
+        if positions.ndim == 2:
+            positions = positions.expand(3, *positions.shape)
         if self._inv_freq is None or self._inv_freq.device != positions.device:
             self._inv_freq = rope_inv_freq(self.config, positions.device)
         freqs = positions[..., None].float() * self._inv_freq  # [3, B, T, hd/2]

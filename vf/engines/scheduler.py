@@ -76,8 +76,7 @@ class Scheduler:
         from vf.engines.fastpath import FastDecoder
 
         self.multimodal = bool(getattr(model, "is_multimodal", False))
-        self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) \
-            and not self.multimodal else None
+        self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) else None
         self.refresh_head()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Seq] = collections.deque()
@@ -196,11 +195,11 @@ class Scheduler:
     def _decode(self) -> None:
         n = len(self.rows)
         pos = self.pos[:n]
+        rope_pos = pos + self.delta[:n] if self.multimodal else pos
         if self.fast is not None:
-            hidden = self.fast.forward(self.last[:n], pos)  # [n, H]
+            hidden = self.fast.forward(self.last[:n], pos, rope_pos)  # [n, H]
         else:
             self.cache.begin_decode(n, pos)
-            rope_pos = pos + self.delta[:n] if self.multimodal else pos
             hidden = self.model(self.last[:n, None], rope_pos[:, None], self.cache)[:, 0]  # [n, H]
             self.cache.advance(1)
         self.pos[:n] += 1
