@@ -10,6 +10,8 @@ attention keeps a compact latent cache, GPT-OSS adds sinks and sliding windows) 
 with each new stream [B, h, T, d] (any h, d, fixed per layer); it returns every stored stream
 [B, h, S, d] (S = keys stored, key j at absolute position j) and the bool mask [B|1, 1, T, S] of the
 keys each new query may see (True = attend), or None for plain causal attention (T == S).
+Recurrent layers (gated DeltaNet, Mamba-2) call `get_state(layer_idx)` / `set_state(layer_idx, *state)`
+and read `valid_lengths` (see models/recurrent.py).
 Optional hooks: `seq_len` (positions stored; used by NativeModel.forward when position_ids is None)
 and `advance(T)` (called once after all layers).
 
@@ -37,6 +39,14 @@ class SimpleKVCache:
         self.max_len = max_len
         self.streams: dict[int, tuple[torch.Tensor, ...]] = {}  # layer -> ([B, h, S, d], ...)
         self.seq_len = 0  # positions stored per row (all layers)
+        self.states: dict[int, tuple[torch.Tensor, ...]] = {}  # recurrent layers: layer -> ([B, ...], ...)
+        self.valid_lengths = None  # every row appends the same T real tokens
+
+    def get_state(self, layer_idx: int) -> tuple[torch.Tensor, ...] | None:
+        return self.states.get(layer_idx)
+
+    def set_state(self, layer_idx: int, *state: torch.Tensor) -> None:
+        self.states[layer_idx] = state
 
     def store(self, layer_idx: int, *new: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
         if new[0].shape[0] != self.batch:

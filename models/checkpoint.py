@@ -169,7 +169,10 @@ def load_model(
 
 def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     """GLM-4.5 / GLM-5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
-    decoder layer (`model.layers.{num_hidden_layers + j}.*`); like transformers we do not run them."""
+    decoder layer (`model.layers.{num_hidden_layers + j}.*`), the hybrids (Qwen3-Next, Qwen3.5,
+    Nemotron-H) keep them under `mtp.`; like transformers we do not run them."""
+    if config.hybrid and hf_name.startswith("mtp."):
+        return True
     m = re.match(r"model\.layers\.(\d+)\.", hf_name)
     return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers
 

@@ -29,7 +29,15 @@ ARCHITECTURES = {
     "gpt_oss": "GptOssForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    # linear-attention / SSM hybrids (models/hybrid.py)
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
 }
+# gated DeltaNet + gated full attention, zero-centred (1 + w) RMSNorm (the Qwen "Next" line)
+DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+HYBRID_FAMILIES = (*DELTANET_FAMILIES, "nemotron_h")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "yarn")
 MOE_IMPLS = ("grouped", "loop")
 _REQUIRED = object()  # FAMILY_KEYS default: the key must be present
@@ -91,8 +99,53 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "swiglu_limit": ("swiglu_limit", 7.0),
     },
 }
+_DELTANET_KEYS = {  # defaults: transformers' Qwen3NextConfig / Qwen3_5TextConfig
+    "layer_types": ("layer_types", None),
+    "linear_conv_kernel_dim": ("linear_conv_kernel", 4),
+    "linear_key_head_dim": ("linear_key_head_dim", 128),
+    "linear_value_head_dim": ("linear_value_head_dim", 128),
+    "linear_num_key_heads": ("linear_num_key_heads", 16),
+    "linear_num_value_heads": ("linear_num_value_heads", 32),
+}
+_QWEN_NEXT_MOE = {
+    "num_experts": ("num_experts", _REQUIRED),
+    "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
+    "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size", _REQUIRED),
+}
+FAMILY_KEYS.update({
+    "qwen3_next": {**_DELTANET_KEYS, **_QWEN_NEXT_MOE, "norm_topk_prob": ("norm_topk_prob", True),
+                   "decoder_sparse_step": ("decoder_sparse_step", 1), "mlp_only_layers": ("mlp_only_layers", [])},
+    "qwen3_5_text": dict(_DELTANET_KEYS),
+    "qwen3_5_moe_text": {**_DELTANET_KEYS, **_QWEN_NEXT_MOE},
+    "nemotron_h": {  # defaults: transformers' NemotronHConfig
+        "layers_block_type": ("layer_types", None),
+        "layer_norm_epsilon": ("rms_norm_eps", 1e-5),
+        "mlp_hidden_act": ("mlp_act", "relu2"),
+        "mlp_bias": ("mlp_bias", False),
+        "ssm_state_size": ("ssm_state_size", 128),
+        "mamba_num_heads": ("mamba_num_heads", 128),
+        "mamba_head_dim": ("mamba_head_dim", 64),
+        "n_groups": ("mamba_n_groups", 8),
+        "conv_kernel": ("mamba_conv_kernel", 4),
+        "use_conv_bias": ("mamba_conv_bias", True),
+        "use_bias": ("mamba_proj_bias", False),
+        "chunk_size": ("mamba_chunk_size", 128),
+        "time_step_min": ("mamba_dt_min", 0.001),
+        "n_routed_experts": ("num_experts", 8),
+        "num_experts_per_tok": ("num_experts_per_tok", 2),
+        "moe_intermediate_size": ("moe_intermediate_size", 7688),
+        "moe_shared_expert_intermediate_size": ("shared_expert_intermediate_size", 7688),
+        "n_group": ("n_group", 1),
+        "topk_group": ("topk_group", 1),
+        "norm_topk_prob": ("norm_topk_prob", True),
+        "routed_scaling_factor": ("routed_scaling_factor", 1.0),
+    },
+})
 # older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
-_ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"}}
+_ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"},
+            "nemotron_h": {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "chunk_size": "mamba_chunk_size",
+                           "use_conv_bias": "mamba_conv_bias", "time_step_min": "mamba_dt_min"}}
 _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"router_scoring": "sigmoid", "expert_bias": True},
     "deepseek_v3": {"router_scoring": "sigmoid", "expert_bias": True},
@@ -100,8 +153,11 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
                 "norm_topk_prob": True, "attention_sinks": True},
     "qwen3_vl": {"use_qk_norm": True},
+    "qwen3_next": {"shared_expert_gate": True},
+    "qwen3_5_moe_text": {"shared_expert_gate": True, "norm_topk_prob": True},
+    "nemotron_h": {"router_scoring": "sigmoid", "expert_bias": True, "expert_act": "relu2"},
 }
-_DEFAULT_PARTIAL_ROTARY = {"glm4_moe": 0.5}  # transformers' Glm4MoeConfig default
+_DEFAULT_PARTIAL_ROTARY = {"glm4_moe": 0.5, **{f: 0.25 for f in DELTANET_FAMILIES}}  # transformers' Glm4MoeConfig default
 
 # HF keys this module owns; everything else in an HF config.json is carried through untouched.
 _OWNED_HF_KEYS = {
@@ -137,6 +193,7 @@ _OWNED_HF_KEYS = {
     "torch_dtype",
     "partial_rotary_factor",
     "quantization_config",
+    "hybrid_override_pattern",
 } | {k for a in _ALIASES.values() for k in a.values()} | {k for keys in FAMILY_KEYS.values() for k in keys}
 
 
@@ -196,6 +253,25 @@ class ModelConfig:
     attention_sinks: bool = False
     sliding_window: int | None = None
     layer_types: list[str] | None = None  # per layer "sliding_attention" | "full_attention"
+    # hybrids (models/hybrid.py): layer_types per layer "linear_attention" | "full_attention", and for
+    # nemotron_h also "moe" | "mlp" (one mixer per layer)
+    shared_expert_intermediate_size: int = 0  # qwen3_next / nemotron_h shared expert width (else Im * n_shared)
+    shared_expert_gate: bool = False  # qwen3_next: the shared expert's output times sigmoid(x·w)
+    linear_conv_kernel: int = 4  # gated DeltaNet (qwen3_next, qwen3_5)
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    mlp_act: str = "swiglu"  # nemotron_h: "relu2" (non-gated up/down MLP with squared ReLU)
+    ssm_state_size: int = 0  # Mamba-2 (nemotron_h)
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_n_groups: int = 1
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_chunk_size: int = 128
+    mamba_dt_min: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -209,7 +285,22 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.architecture in ("qwen3", "qwen3_moe") or self.use_qk_norm
+        return self.architecture in ("qwen3", "qwen3_moe", *DELTANET_FAMILIES) or self.use_qk_norm
+
+    @property
+    def hybrid(self) -> bool:
+        """A linear-attention / SSM hybrid (models/hybrid.py builds its layers)."""
+        return self.architecture in HYBRID_FAMILIES
+
+    @property
+    def zero_centered_norm(self) -> bool:
+        """RMSNorms scale by (1 + w), w initialised to 0 (the Qwen "Next" line)."""
+        return self.architecture in DELTANET_FAMILIES
+
+    @property
+    def attn_output_gate(self) -> bool:
+        """Full attention's q_proj also emits a per-head gate: out = o_proj(attn · sigmoid(gate))."""
+        return self.architecture in DELTANET_FAMILIES
 
     @property
     def o_proj_bias(self) -> bool:
@@ -233,6 +324,10 @@ class ModelConfig:
     def is_moe_layer(self, layer_idx: int) -> bool:
         if self.num_experts <= 0:
             return False
+        if self.architecture == "nemotron_h":
+            return self.layer_types[layer_idx] == "moe"
+        if self.architecture == "qwen3_5_moe_text":
+            return True
         if self.mlp_layer_types is not None:
             return self.mlp_layer_types[layer_idx] == "sparse"
         if self.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
@@ -309,16 +404,18 @@ class ModelConfig:
                 if family.get("layer_types") is None:  # transformers' default: alternate sliding/full
                     n = int(d["num_hidden_layers"])
                     family["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+            if arch == "nemotron_h" and "layer_types" not in family:  # layer count and types from the pattern
+                family["layer_types"] = _nemotron_layer_types(d, source)
             cfg = cls(
                 architecture=arch,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
-                num_layers=int(d["num_hidden_layers"]),
+                num_layers=len(family["layer_types"]) if arch == "nemotron_h" else int(d["num_hidden_layers"]),
                 num_heads=nh,
                 num_kv_heads=int(d.get("num_key_value_heads") or nh),
                 head_dim=int(d.get("head_dim") or hidden // nh),
                 intermediate_size=int(d.get("intermediate_size") or 0),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=float(family.pop("rms_norm_eps", d.get("rms_norm_eps", 1e-6))),
                 rope_theta=theta,
                 rope_scaling=scaling,
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
@@ -339,6 +436,8 @@ class ModelConfig:
                     raise ModelLoadError(f"{source}: {key} has {len(getattr(cfg, key))} entries for {cfg.num_layers} layers")
             if cfg.dsa:
                 _check_dsa(cfg, d, source)
+            if cfg.hybrid:
+                _check_hybrid(cfg, d, source)
             return cfg
         except KeyError as e:
             raise ModelLoadError(f"{source}: required key {e.args[0]!r} is missing") from None
@@ -376,6 +475,9 @@ class ModelConfig:
             d[hf_key] = copy.deepcopy(getattr(self, name))
         if self.architecture == "gpt_oss":
             d["intermediate_size"] = self.moe_intermediate_size
+        if self.architecture == "nemotron_h":  # no rope, no hidden_act / rms_norm_eps / layer count keys
+            for k in ("rope_parameters", "rope_theta", "hidden_act", "rms_norm_eps", "num_hidden_layers"):
+                d.pop(k, None)
         if self.torch_dtype:
             d["dtype"] = self.torch_dtype
         if self.vision is not None:
@@ -452,6 +554,39 @@ def _check_dsa(cfg: ModelConfig, d: dict, source: str) -> None:
         raise ModelLoadError(f"{source}: the first layer's indexer must be 'full' (shared layers reuse an earlier one)")
     if not cfg.q_lora_rank or cfg.index_topk <= 0:
         raise ModelLoadError(f"{source}: glm_moe_dsa needs q_lora_rank and index_topk > 0")
+
+
+def _nemotron_layer_types(d: dict, source: str) -> list[str]:
+    """nemotron_h's per-layer mixers: `layers_block_type`, or the older `hybrid_override_pattern`
+    string (M Mamba-2, * attention, - MLP, E MoE)."""
+    pattern = d.get("hybrid_override_pattern")
+    if pattern is None:
+        raise ModelLoadError(f"{source}: nemotron_h needs layers_block_type (or hybrid_override_pattern)")
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+    if set(pattern) - set(names):
+        raise ModelLoadError(f"{source}: hybrid_override_pattern {pattern!r} has characters other than M * - E")
+    return [names[c] for c in pattern]
+
+
+def _check_hybrid(cfg: ModelConfig, d: dict, source: str) -> None:
+    """Validate a hybrid family's layer pattern and sizes; derive qwen3_next's default pattern (every
+    `full_attention_interval`-th layer full attention) as transformers does."""
+    if cfg.layer_types is None:
+        every = int(d.get("full_attention_interval", 4))
+        cfg.layer_types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(cfg.num_layers)]
+    allowed = {"linear_attention", "full_attention"} | ({"moe", "mlp"} if cfg.architecture == "nemotron_h" else set())
+    if len(cfg.layer_types) != cfg.num_layers or set(cfg.layer_types) - allowed:
+        raise ModelLoadError(f"{source}: layer types must give one of {sorted(allowed)} for each of {cfg.num_layers} layers")
+    if cfg.architecture == "nemotron_h":
+        if d.get("moe_latent_size"):
+            raise ModelLoadError(f"{source}: nemotron_h latent MoE (moe_latent_size) is not supported natively",
+                                 hint="run it with --model.impl hf")
+        if cfg.mlp_act != "relu2" or d.get("mamba_hidden_act", "silu") != "silu":
+            raise ModelLoadError(f"{source}: nemotron_h supports mlp_hidden_act 'relu2' and mamba_hidden_act 'silu'")
+        if cfg.mamba_num_heads % cfg.mamba_n_groups:
+            raise ModelLoadError(f"{source}: n_groups={cfg.mamba_n_groups} does not divide mamba_num_heads")
+    elif cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise ModelLoadError(f"{source}: linear_num_key_heads must divide linear_num_value_heads")
 
 
 def _rope_from_hf(d: dict, source: str) -> tuple[float, dict | None]:

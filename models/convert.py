@@ -13,6 +13,9 @@ Ops:
   deinterleave_t  deinterleave, then swap the last two dims (GPT-OSS gate_up_proj: HF [E, H, 2Im]
                   interleaved -> native [E, 2Im, H])
   transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
+  regroup_qkvzba  Qwen3-Next's linear-attention in_proj_qkvz [2kd + 2vd, H] and in_proj_ba [2nv, H]
+                  group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
+                  `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
 Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
 family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
 (`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
@@ -77,6 +80,39 @@ FAMILY_TABLE: dict[str, dict[str, tuple[str, list[str]]]] = {
         "layers.{i}.mlp.down_proj_bias": ("rename", [L + "mlp.experts.down_proj_bias"]),
     },
 }
+LA = L + "linear_attn."
+_DELTANET = {  # gated DeltaNet layers (models/deltanet.py) and the gated-attention / MoE parts around them
+    "layers.{i}.attn.conv_weight": ("rename", [LA + "conv1d.weight"]),
+    **{f"layers.{{i}}.attn.{p}": ("rename", [LA + p]) for p in ("dt_bias", "A_log", "norm.weight", "out_proj.weight")},
+    "layers.{i}.mlp.shared.gate_up_proj.weight": (
+        "concat", [L + "mlp.shared_expert.gate_proj.weight", L + "mlp.shared_expert.up_proj.weight"]),
+    "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_expert.down_proj.weight"]),
+    "layers.{i}.mlp.shared_gate.weight": ("rename", [L + "mlp.shared_expert_gate.weight"]),
+}
+FAMILY_TABLE["qwen3_next"] = {
+    **_DELTANET, "layers.{i}.attn.in_proj.weight": ("regroup_qkvzba", [LA + "in_proj_qkvz.weight", LA + "in_proj_ba.weight"])}
+FAMILY_TABLE["qwen3_5_text"] = {**_DELTANET, "layers.{i}.attn.in_proj.weight": (
+    "concat", [LA + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")])}
+FAMILY_TABLE["qwen3_5_moe_text"] = FAMILY_TABLE["qwen3_5_text"]
+# Nemotron-H: transformers saves under `backbone.`, one mixer per layer (models/hybrid.py, mamba2.py)
+NB, NM = "backbone.layers.{i}.", "backbone.layers.{i}.mixer."
+FAMILY_TABLE["nemotron_h"] = {
+    "embed_tokens.weight": ("rename", ["backbone.embeddings.weight"]),
+    "norm.weight": ("rename", ["backbone.norm_f.weight"]),
+    "layers.{i}.norm.weight": ("rename", [NB + "norm.weight"]),
+    "layers.{i}.mixer.qkv_proj.weight": ("concat", [NM + f"{p}_proj.weight" for p in "qkv"]),
+    "layers.{i}.mixer.conv_weight": ("rename", [NM + "conv1d.weight"]),
+    "layers.{i}.mixer.conv_bias": ("rename", [NM + "conv1d.bias"]),
+    **{f"layers.{{i}}.mixer.{p}": ("rename", [NM + p]) for p in (
+        "o_proj.weight", "in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias", "dt_bias", "A_log", "D",
+        "norm.weight", "up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias")},
+    "layers.{i}.mixer.shared.up_proj.weight": ("rename", [NM + "shared_experts.up_proj.weight"]),
+    "layers.{i}.mixer.shared.down_proj.weight": ("rename", [NM + "shared_experts.down_proj.weight"]),
+    "layers.{i}.mixer.router.weight": ("rename", [NM + "gate.weight"]),
+    "layers.{i}.mixer.router.expert_bias": ("rename", [NM + "gate.e_score_correction_bias"]),
+    "layers.{i}.mixer.gate_up_proj": ("stack", [NM + "experts.{e}.up_proj.weight"]),
+    "layers.{i}.mixer.down_proj": ("stack", [NM + "experts.{e}.down_proj.weight"]),
+}
 # GLM-5 is DeepSeek-V3's MLA plus the DSA indexer (models/dsa.py)
 FAMILY_TABLE["glm_moe_dsa"] = {
     **FAMILY_TABLE["deepseek_v3"],
@@ -124,10 +160,33 @@ PERMUTE = {
     "transpose": (lambda t: t.transpose(-1, -2), lambda t: t.transpose(-1, -2)),
 }
 
+def _qkvzba_sizes(config: ModelConfig) -> tuple[list[int], list[int]]:
+    """Per-key-head row counts of Qwen3-Next's in_proj_qkvz (q, k, v, z) and in_proj_ba (b, a)."""
+    r = config.linear_num_value_heads // config.linear_num_key_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    return [dk, dk, r * dv, r * dv], [r, r]
+
+
+def _regroup_to_native(parts: list[torch.Tensor], config: ModelConfig) -> torch.Tensor:
+    nk, (qkvz, ba) = config.linear_num_key_heads, _qkvzba_sizes(config)
+    a = parts[0].reshape(nk, sum(qkvz), -1).split(qkvz, dim=1)  # per part [nk, rows, H]
+    b = parts[1].reshape(nk, sum(ba), -1).split(ba, dim=1)
+    return torch.cat([p.reshape(-1, p.shape[-1]) for p in (*a, *b)], dim=0)
+
+
+def _regroup_to_hf(t: torch.Tensor, config: ModelConfig) -> list[torch.Tensor]:
+    nk, (qkvz, ba) = config.linear_num_key_heads, _qkvzba_sizes(config)
+    parts = t.split([nk * n for n in qkvz + ba], dim=0)
+    grouped = [p.reshape(nk, -1, p.shape[-1]) for p in parts]
+    return [torch.cat(grouped[:4], dim=1).reshape(-1, t.shape[-1]), torch.cat(grouped[4:], dim=1).reshape(-1, t.shape[-1])]
+
+
 # transformers-5 in-memory fused experts (same layout as native), accepted when loading
 ALT_SOURCES: dict[str, str] = {
     "layers.{i}.mlp.gate_up_proj": L + "mlp.experts.gate_up_proj",
     "layers.{i}.mlp.down_proj": L + "mlp.experts.down_proj",
+    "layers.{i}.mixer.gate_up_proj": NM + "experts.up_proj",
+    "layers.{i}.mixer.down_proj": NM + "experts.down_proj",
 }
 # HF tensors that are runtime buffers, never weights
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
@@ -144,7 +203,11 @@ def _template(native_name: str) -> tuple[str, dict[str, str]]:
 
 def _split_sizes(native_template: str, config: ModelConfig, n_parts: int, rows: int) -> list[int]:
     if "qkv_proj" in native_template:
-        return [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2
+        q = config.num_heads * config.head_dim * (2 if config.attn_output_gate else 1)
+        return [q] + [config.num_kv_heads * config.head_dim] * 2
+    if native_template.endswith("attn.in_proj.weight"):  # Qwen3.5 linear attention: qkv, z, b, a
+        kd, vd = config.linear_num_key_heads * config.linear_key_head_dim, config.linear_num_value_heads * config.linear_value_head_dim
+        return [2 * kd + vd, vd, config.linear_num_value_heads, config.linear_num_value_heads]
     if "qkv_a_proj" in native_template:
         return [config.q_lora_rank, config.kv_lora_rank + config.qk_rope_head_dim]
     return [rows // n_parts] * n_parts
@@ -192,6 +255,8 @@ def hf_to_native(
             out[name] = get(keys[0])
         elif op == "concat":
             out[name] = torch.cat([get(k) for k in keys], dim=0)
+        elif op == "regroup_qkvzba":
+            out[name] = _regroup_to_native([get(k) for k in keys], config)
         else:
             out[name] = PERMUTE[op][0](get(keys[0])).contiguous()
         used.update(keys)
@@ -214,6 +279,9 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
             out[sources[0].format(**fmt)] = t
         elif op in PERMUTE:
             out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
+        elif op == "regroup_qkvzba":
+            for src, part in zip(sources, _regroup_to_hf(t, config)):
+                out[src.format(**fmt)] = part
         elif op == "concat":
             sizes = _split_sizes(tmpl, config, len(sources), t.shape[0])
             for s, part in zip(sources, t.split(sizes, dim=0)):

@@ -44,17 +44,22 @@ class Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
-    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 and cast back (as transformers does)."""
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 and cast back (as transformers does).
+    `zero_centered` (the Qwen "Next" line): y = (x / rms) * (1 + w) with the product in fp32, w
+    initialised to 0."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
         self.eps = eps
+        self.zero_centered = zero_centered
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (x * (1.0 + self.weight.float())).to(dtype)
         return self.weight * x.to(dtype)
 
 
@@ -157,44 +162,62 @@ class Attention(nn.Module):
     """Fused-qkv GQA attention with optional q/k RMSNorm (Qwen3). Without a cache it runs
     `sdpa(q, k, v, mask)` (mask: None = plain causal, or a `Documents` layout); with a cache it hands
     q [B,nh,T,hd], k/v [B,nkv,T,hd] to `cache.attend(layer_idx, q, k, v)`, which stores k/v, repeats kv
-    heads for GQA itself and returns [B,nh,T,hd]."""
+    heads for GQA itself and returns [B,nh,T,hd].
 
-    def __init__(self, config: ModelConfig, layer_idx: int):
+    Hybrid variants: `config.attn_output_gate` (Qwen3-Next / Qwen3.5 gated attention): the q rows of
+    `qkv_proj` hold per head [q (hd), gate (hd)] (transformers' q_proj layout, P = 2*nh*hd + 2*nkv*hd)
+    and the output is o_proj(attn · sigmoid(gate)); `rope=False` (Nemotron-H) skips the rotary."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, rope: bool = True):
         super().__init__()
         self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = config.num_heads, config.num_kv_heads, config.head_dim
-        self.qkv_proj = nn.Linear(
-            config.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=config.attention_bias
-        )
+        self.gated, self.rope = config.attn_output_gate, rope
+        q_rows = self.nh * self.hd * (2 if self.gated else 1)
+        self.qkv_proj = nn.Linear(config.hidden_size, q_rows + 2 * self.nkv * self.hd, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, config.hidden_size, bias=config.o_proj_bias)
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.hd, config.rms_norm_eps)
+            self.q_norm = RMSNorm(self.hd, config.rms_norm_eps, config.zero_centered_norm)
+            self.k_norm = RMSNorm(self.hd, config.rms_norm_eps, config.zero_centered_norm)
         else:
             self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # x [B, T, H] -> [B, T, H]
         B, T, _ = x.shape
         q, k, v = self.project(x, cos, sin)
+        gate = None
+        if self.gated:
+            q, gate = q
         if cache is not None:
             out = cache.attend(self.layer_idx, q, k, v)
         else:
             out = sdpa(q, k, v, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        out = out.transpose(1, 2).reshape(B, T, self.nh * self.hd)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
 
     def project(self, x, cos, sin):
-        """x [B, T, H] -> q [B, nh, T, hd], k/v [B, nkv, T, hd] (q/k-norm and rope applied)."""
+        """x [B, T, H] -> q [B, nh, T, hd], k/v [B, nkv, T, hd] (q/k-norm and rope applied); with the
+        output gate q is (q, gate [B, T, nh*hd])."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # [B, T, P]
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(B, T, self.nh, self.hd)
+        q_rows = self.nh * self.hd * (2 if self.gated else 1)
+        q, k, v = qkv.split([q_rows, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(B, T, self.nh, 2 * self.hd).chunk(2, dim=-1)
+            gate = gate.reshape(B, T, self.nh * self.hd)
+        q = q.reshape(B, T, self.nh, self.hd)
         k = k.view(B, T, self.nkv, self.hd)
         v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, nh, T, hd]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, nkv, T, hd]
-        return q, k, v
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if self.rope:
+            q = apply_rope(q, cos, sin)  # [B, nh, T, hd]
+            k = apply_rope(k, cos, sin)  # [B, nkv, T, hd]
+        return ((q, gate) if self.gated else q), k, v
 
 
 class Documents:
@@ -276,14 +299,20 @@ def sdpa(q, k, v, mask=None):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)) with gate/up fused in `gate_up_proj` [2I, H]."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) with gate/up fused in `gate_up_proj` [2I, H]; or
+    act="relu2" (Nemotron-H, not gated): down(relu(up(x))²) with `up_proj` [I, H]."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, act: str = "swiglu"):
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.intermediate, self.act = intermediate, act
+        if act == "relu2":
+            self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        else:
+            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x):  # [..., H] -> [..., H]
+        if self.act == "relu2":
+            return self.down_proj(torch.relu(self.up_proj(x)).square())
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

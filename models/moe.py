@@ -10,7 +10,11 @@ Parameters (native names under `layers.{i}.mlp.`):
   gate_up_proj [E, 2Im, H]      per expert rows: gate, then up (transformers-5 fused layout)
   down_proj [E, H, Im]
   gate_up_proj_bias [E, 2Im], down_proj_bias [E, H]   (GPT-OSS biased experts)
-  shared.gate_up_proj.weight [2*Im*n_shared, H], shared.down_proj.weight  (shared experts, GLM/DeepSeek)
+  shared.gate_up_proj.weight [2*Is, H], shared.down_proj.weight  (shared experts, GLM/DeepSeek, Qwen3-Next;
+                                Is = shared_expert_intermediate_size, else Im*n_shared)
+  shared_gate.weight [1, H]     Qwen3-Next: the shared experts' output times sigmoid(x·w)
+  relu2 experts (Nemotron-H, not gated): gate_up_proj [E, Im, H] holds the up projection only, and
+  the shared expert is the non-gated `MLP(act="relu2")` (shared.up_proj)
 
 Routing (`Router.forward`), always in fp32:
   logits = x·Wᵀ (+ b);  scores = softmax(logits) | sigmoid(logits) | sqrt(softplus(logits))
@@ -19,7 +23,8 @@ Routing (`Router.forward`), always in fp32:
   idx = top-k(choice); w = scores[idx], renormalised to sum 1 when norm_topk_prob, times
   routed_scaling_factor. (GPT-OSS's softmax over the top-k logits is softmax scoring + renormalise.)
 Experts: act(gate) * up with act = SiLU ("swiglu"), or GPT-OSS's clamped SwiGLU
-  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)).
+  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or Nemotron-H's squared
+  ReLU on the up projection alone ("relu2": relu(up)²).
 
 Two compute paths, chosen per layer (`impl`):
   "loop"    reference: for each expert, find its tokens, compute, scatter-add (mirrors transformers).
@@ -104,7 +109,8 @@ class MoE(nn.Module):
         E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.num_experts, self.top_k = E, config.num_experts_per_tok
         self.router = Router(config)
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * Im, H))
+        gated = config.expert_act != "relu2"
+        self.gate_up_proj = nn.Parameter(torch.empty(E, (2 if gated else 1) * Im, H))
         self.down_proj = nn.Parameter(torch.empty(E, H, Im))
         if config.expert_bias_terms:
             self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * Im))
@@ -112,8 +118,9 @@ class MoE(nn.Module):
         else:
             self.gate_up_proj_bias = self.down_proj_bias = None
         self.act, self.alpha, self.limit = config.expert_act, config.swiglu_alpha, config.swiglu_limit
-        n_shared = config.n_shared_experts
-        self.shared = MLP(H, Im * n_shared) if n_shared else None
+        shared = config.shared_expert_intermediate_size or Im * config.n_shared_experts
+        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2") if shared else None
+        self.shared_gate = nn.Linear(H, 1, bias=False) if config.shared_expert_gate else None
         self.impl = check_impl(impl or config.moe_impl_for(0))
         self._counts: torch.Tensor | None = None  # [E] assignments since the last pop_stats()
         self._confidence: torch.Tensor | None = None  # Σ routing confidence over those tokens
@@ -127,12 +134,17 @@ class MoE(nn.Module):
         impl = check_impl(self.impl)
         out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = self.shared(flat)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            out = out + shared
         self._record(idx, confidence)
         return out.view(shape)
 
     # -- experts -----------------------------------------------------------------------------
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2Im] -> [..., Im]
+        if self.act == "relu2":  # [..., Im] -> [..., Im]
+            return torch.relu(gate_up).square()
         gate, up = gate_up.chunk(2, dim=-1)
         if self.act == "swiglu":
             return F.silu(gate) * up

@@ -1,9 +1,13 @@
 """The native decoder-only transformer (every family shares it; config flags pick the parts).
 
 Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAttention`
-(DeepSeek-V3), `dsa.DSAttention` (GLM-5: MLA with indexed sparse attention) or
-`gpt_oss.SinkAttention` (GPT-OSS); the MLP is `layers.MLP` or `moe.MoE`
-(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`.
+(DeepSeek-V3), `dsa.DSAttention` (GLM-5: MLA with indexed sparse attention),
+`gpt_oss.SinkAttention` (GPT-OSS), or for the hybrids (Qwen3-Next, Qwen3.5) gated attention or
+`deltanet.GatedDeltaNet` by `config.layer_types`; the MLP is `layers.MLP` or `moe.MoE`
+(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`. Nemotron-H layers are
+`hybrid.MixerLayer` (one mixer each: Mamba-2, attention, MLP or MoE).
+Engine caches: `cache_kinds()` says per layer whether it keeps keys/values ("kv"), recurrent state
+("state", shapes from `state_shapes()`) or nothing (None).
 
 Shape legend: B batch, T tokens per row, H hidden, V vocab, hd head_dim.
   forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
@@ -28,7 +32,11 @@ from vf.models.layers import MLP, Attention, Embedding, RMSNorm, Rotary, positio
 from vf.models.moe import MoE, check_impl
 
 
-def attention_class(config: ModelConfig):
+def attention_class(config: ModelConfig, layer_idx: int = 0):
+    if config.zero_centered_norm and config.layer_types[layer_idx] == "linear_attention":
+        from vf.models.deltanet import GatedDeltaNet
+
+        return GatedDeltaNet
     if config.dsa:
         from vf.models.dsa import DSAttention
 
@@ -47,17 +55,30 @@ def attention_class(config: ModelConfig):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = attention_class(config)(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        zc = config.zero_centered_norm
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zc)
+        self.attn = attention_class(config, layer_idx)(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zc)
         if config.is_moe_layer(layer_idx):
             self.mlp = MoE(config, config.moe_impl_for(layer_idx))
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
+    @property
+    def cache_kind(self) -> str:
+        return "state" if hasattr(self.attn, "state_shapes") else "kv"
+
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, position_ids)
         return x + self.mlp(self.mlp_norm(x))
+
+
+def decoder_layer(config: ModelConfig, layer_idx: int) -> nn.Module:
+    if config.architecture == "nemotron_h":
+        from vf.models.hybrid import MixerLayer
+
+        return MixerLayer(config, layer_idx)
+    return DecoderLayer(config, layer_idx)
 
 
 class NativeModel(nn.Module):
@@ -68,12 +89,12 @@ class NativeModel(nn.Module):
         self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
         )
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(decoder_layer(config, i) for i in range(config.num_layers))
         if config.dsa:
             from vf.models.dsa import link_shared_indexers
 
             link_shared_indexers([layer.attn for layer in self.layers])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary = Rotary(config)
         self.activation_checkpointing = False  # per-layer recompute in backward (see module doc)
         self.lm_head = (
@@ -90,8 +111,9 @@ class NativeModel(nn.Module):
         """Switch the MoE layers to `impl` ("grouped" | "loop", or a list with one per decoder layer)."""
         self.config.set_moe_impl(impl)
         for i, layer in enumerate(self.layers):
-            if isinstance(layer.mlp, MoE):
-                layer.mlp.impl = check_impl(self.config.moe_impl_for(i))
+            moe = getattr(layer, "mlp", None) or getattr(layer, "mixer", None)  # nemotron_h: one mixer per layer
+            if isinstance(moe, MoE):
+                moe.impl = check_impl(self.config.moe_impl_for(i))
 
     def kv_streams(self) -> list[tuple[int, int]]:
         """(heads, dim) of each tensor an engine KV cache stores per token and layer (`cache.store`)."""
@@ -99,6 +121,15 @@ class NativeModel(nn.Module):
         if c.mla:  # DSA adds its indexer key
             return [(1, c.kv_lora_rank), (1, c.qk_rope_head_dim)] + ([(1, c.index_head_dim)] if c.dsa else [])
         return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim)]
+
+    def cache_kinds(self) -> list[str | None]:
+        """Per decoder layer: "kv" (keys/values, `kv_streams`), "state" (recurrent, `state_shapes`) or None."""
+        return [layer.cache_kind for layer in self.layers]
+
+    def state_shapes(self) -> dict[int, list[tuple[tuple[int, ...], torch.dtype | None]]]:
+        """layer -> per-row shapes (and dtypes, None = the model's) of the recurrent state it caches."""
+        return {i: (layer.attn if hasattr(layer, "attn") else layer.mixer).state_shapes()
+                for i, layer in enumerate(self.layers) if layer.cache_kind == "state"}
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None
@@ -124,13 +155,15 @@ class NativeModel(nn.Module):
 
 
 def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02) -> NativeModel:
-    """Normal(0, std) for matrices, embeddings and attention sinks, zeros for biases (also expert
-    and router biases), ones for norms (HF's init)."""
+    """Normal(0, std) for matrices, embeddings, attention sinks and SSM/DeltaNet decay parameters,
+    zeros for biases (also expert and router biases), ones for norms (zeros for zero-centred ones:
+    HF's init)."""
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    zero_centered = {id(m.weight) for m in model.modules() if getattr(m, "zero_centered", False)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if re.search(r"norm\d?\.weight$", name):  # RMSNorm and (vision) LayerNorm weights
-                p.fill_(1.0)
+                p.fill_(0.0 if id(p) in zero_centered else 1.0)
             elif name.endswith("bias"):
                 p.zero_()
             else:

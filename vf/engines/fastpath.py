@@ -29,6 +29,8 @@ class FastDecoder:
 
             layer = model.layers[0]
             cfg = model.config
+            if getattr(cfg, "hybrid", False):  # recurrent layers run through the module forward
+                return False
             # the plain fused-qkv attention with full-width rope only (not MLA, sinks, partial rotary)
             if any(type(lay.attn) is not Attention for lay in model.layers) or cfg.rotary_dim != cfg.head_dim:
                 return False

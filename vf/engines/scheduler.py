@@ -70,8 +70,11 @@ class Scheduler:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         streams = model.kv_streams() if hasattr(model, "kv_streams") else None
+        kinds = model.cache_kinds() if hasattr(model, "cache_kinds") else None  # hybrids: kv / state / none
         self.cache = SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_batch, max_len,
-                                 p.dtype, p.device, streams=streams)
+                                 p.dtype, p.device, streams=streams,
+                                 kv_layers=None if kinds is None else [i for i, k in enumerate(kinds) if k == "kv"],
+                                 state_shapes=model.state_shapes() if kinds is not None else None)
         self.lock = threading.RLock()
         from vf.engines.fastpath import FastDecoder
 
@@ -174,7 +177,8 @@ class Scheduler:
                 s.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(m, T)
-        self.cache.begin_prefill(start, m, T)
+        lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
+        self.cache.begin_prefill(start, m, T, lens)
         mm = [s.mm for s in block if s.mm]
         extra = {} if not mm else {"pixel_values": torch.cat([x["pixel_values"] for x in mm]),
                                    "image_grid_thw": torch.cat([x["image_grid_thw"] for x in mm])}
@@ -183,7 +187,6 @@ class Scheduler:
         for s in block:
             s.mm = None  # the pixels are in the KV cache now
         self.cache.advance(T)
-        lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         logits = last_h @ self.head_t
         self.rows.extend(block)

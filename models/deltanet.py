@@ -1,0 +1,162 @@
+"""Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): chunked form for training and prefill,
+recurrent form for decode, with the short causal convolution and its state.
+
+Shape legend: B batch, T tokens, H hidden, nk/nv key/value heads (r = nv/nk), dk/dv head dims,
+kd = nk*dk, vd = nv*dv, Cc = 2*kd + vd conv channels, K conv kernel, L chunk length (64).
+Parameters (native names under `layers.{i}.attn.`):
+  in_proj [2kd + 2vd + 2nv, H]  rows q (kd), k (kd), v (vd), z (vd), b (nv), a (nv), heads in order.
+                                Qwen3.5's in_proj_qkv/z/b/a concatenated; Qwen3-Next's in_proj_qkvz
+                                and in_proj_ba group rows per key head (models/convert.py regroups)
+  conv_weight [Cc, 1, K]        depthwise causal conv over q, k, v (transformers' conv1d.weight)
+  dt_bias [nv], A_log [nv]      decay: g = -exp(A_log) * softplus(a + dt_bias)  (log space, <= 0)
+  norm.weight [dv]              gated RMSNorm per value head: norm(o) * silu(z)
+  out_proj [H, vd]
+Per token t and value head (state S [dk, dv], fp32), with q, k L2-normalised and q scaled by dk^-1/2,
+beta = sigmoid(b):  S = exp(g) S;  S = S + k (beta (v - Sᵀk))ᵀ;  o = Sᵀq   (the gated delta rule).
+The chunked form (transformers' `torch_chunk_gated_delta_rule`, WY/UT transform inside each chunk of
+L tokens, a sequential scan over chunks) computes the same outputs; value head h reads key head h//r.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vf.models.config import ModelConfig
+from vf.models.layers import Documents
+from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
+
+CHUNK = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _heads_first(q, k, v, g, beta):
+    """[B, T, h, d] inputs -> fp32 [B, nv, T, d] (keys repeated to the value heads), q/k normalised."""
+    r = v.shape[2] // k.shape[2]
+    if r > 1:
+        q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
+    q, k, v, g, beta = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, g, beta))
+    return l2norm(q) * q.shape[-1] ** -0.5, l2norm(k), v, g, beta
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, resets=None, chunk: int = CHUNK):
+    """q/k [B, T, nk, dk], v [B, T, nv, dv], g/beta [B, T, nv]; initial_state [B, nv, dk, dv] or None;
+    resets bool [B, T/L] (T a multiple of L then): the carried state restarts at those chunks.
+    Returns (out [B, T, nv, dv] in v's dtype, final state [B, nv, dk, dv] fp32)."""
+    dtype, (B, T, nv, dv) = v.dtype, v.shape
+    q, k, v, g, beta = _heads_first(q, k, v, g, beta)
+    dk = q.shape[-1]
+    pad = (-T) % chunk
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (T + pad) // chunk
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(B, nv, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    g = g.reshape(B, nv, n, chunk).cumsum(-1)  # cumulative log decay inside each chunk
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [.., i, j]: j -> i
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # its strictly-lower part is the UT system (unit diagonal)
+    intra = (q @ k.transpose(-1, -2)) * decay  # causal within the chunk (diagonal included)
+    new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)
+    q = q * g.exp()[..., None]
+    k = k * (g[..., -1:] - g).exp()[..., None]
+    chunk_decay = g[..., -1].exp()[..., None, None]  # [B, nv, n, 1, 1]
+    S = (torch.zeros(B, nv, dk, dv, dtype=torch.float32, device=q.device) if initial_state is None
+         else initial_state.float())
+    keep = None if resets is None else (~resets).float()[:, None, :, None, None]  # [B, 1, n, 1, 1]
+    out = torch.empty_like(new_v)
+    for i in range(n):
+        if keep is not None:
+            S = S * keep[:, :, i]
+        u = new_v[:, :, i] - k_cum[:, :, i] @ S
+        out[:, :, i] = q[:, :, i] @ S + intra[:, :, i] @ u
+        S = S * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ u
+    out = out.reshape(B, nv, n * chunk, dv)[:, :, :T]
+    return out.transpose(1, 2).to(dtype), S
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
+    """The token-by-token form (decode); same arguments and results as `chunk_gated_delta_rule`."""
+    dtype, (B, T, nv, dv) = v.dtype, v.shape
+    q, k, v, g, beta = _heads_first(q, k, v, g, beta)
+    S = torch.zeros(B, nv, q.shape[-1], dv, dtype=torch.float32, device=q.device) if state is None else state.float()
+    out = torch.empty_like(v)
+    for t in range(T):
+        S = S * g[:, :, t].exp()[..., None, None]
+        delta = (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2)) * beta[:, :, t, None]  # [B, nv, dv]
+        S = S + k[:, :, t, :, None] * delta[:, :, None, :]
+        out[:, :, t] = (S * q[:, :, t, :, None]).sum(-2)
+    return out.transpose(1, 2).to(dtype), S
+
+
+class GatedRMSNorm(nn.Module):
+    """norm(x) * w * silu(gate) over the last dim (norm before gate, as transformers' RMSNormGated)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = self.weight * x.to(dtype)
+        return (x * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.nk, self.nv = config.linear_num_key_heads, config.linear_num_value_heads
+        self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
+        kd, vd = self.nk * self.dk, self.nv * self.dv
+        self.splits = [2 * kd + vd, vd, self.nv, self.nv]  # conv input (q, k, v), z, b, a
+        self.in_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(2 * kd + vd, 1, config.linear_conv_kernel))
+        self.dt_bias = nn.Parameter(torch.empty(self.nv))
+        self.A_log = nn.Parameter(torch.empty(self.nv))
+        self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
+        self.out_proj = nn.Linear(vd, config.hidden_size, bias=False)
+
+    def state_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
+        """Per-row cache state: the conv's last K-1 inputs (model dtype) and S per value head (fp32)."""
+        return [((self.conv_weight.shape[0], self.conv_weight.shape[-1] - 1), None),
+                ((self.nv, self.dk, self.dv), torch.float32)]
+
+    def forward(self, x, cos=None, sin=None, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        B, T, _ = x.shape
+        mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
+        state = cache.get_state(self.layer_idx) if cache is not None else None
+        lengths = getattr(cache, "valid_lengths", None) if cache is not None else None
+        docs = mask if isinstance(mask, Documents) and not mask.single and cache is None else None
+        mixed, conv_state = causal_conv(mixed, self.conv_weight, None, None if docs is None else docs.spans,
+                                        None if state is None else state[0], lengths)
+        kd = self.nk * self.dk
+        q, k, v = mixed.split([kd, kd, self.nv * self.dv], dim=-1)
+        q, k = q.reshape(B, T, self.nk, self.dk), k.reshape(B, T, self.nk, self.dk)
+        v = v.reshape(B, T, self.nv, self.dv)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        valid = valid_mask(lengths, B, T, x.device)
+        if valid is not None:  # right padding: no decay, no update, so the state stays at the last real token
+            beta, g = beta * valid[..., None], g * valid[..., None]
+        S0 = None if state is None else state[1]
+        if docs is not None:
+            layout = ChunkLayout(docs.spans, T, CHUNK, x.device)
+            out, S = chunk_gated_delta_rule(*(layout.pack(t) for t in (q, k, v, g, beta)), resets=layout.resets)
+            out = layout.unpack(out)
+        elif T == 1 and S0 is not None:
+            out, S = recurrent_gated_delta_rule(q, k, v, g, beta, S0)
+        else:
+            out, S = chunk_gated_delta_rule(q, k, v, g, beta, S0)
+        if cache is not None:
+            cache.set_state(self.layer_idx, conv_state, S)
+        out = self.norm(out, z.reshape(B, T, self.nv, self.dv))
+        return self.out_proj(out.reshape(B, T, self.nv * self.dv))
