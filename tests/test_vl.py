@@ -358,7 +358,7 @@ def test_sft_warmup_on_image_prompts_learns(tiny_vl):
     from transformers import AutoTokenizer
     from vf.models import load_model
     from vf.trainer import losses
-    from vf.trainer.loop import gold_samples
+    from vf.trainer.batches import gold_samples
     from vf.trainer.samples import count_loss_tokens, micro_batches
     from vf.trainer.step import PolicyLogprobs, make_optimizer, make_scheduler, train_step
 

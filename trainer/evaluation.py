@@ -72,3 +72,65 @@ def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, 
                         run_dir=str(out.path), train_step=step)
     out.write_summary(summary)
     return summary
+
+
+class Evaluations:
+    """Rank 0's evaluations of the policy during training (`eval` section): the engine they run on
+    and `run(version, label, weights)`, which loads the weights of that version into it first.
+
+    Embedded engine: its own copy of the model, updated in process. Server mode: the server that
+    also serves the rollouts, which holds one policy at a time, so an evaluation (which pushes the
+    version it evaluates) runs only where no rollout of another version can be in flight: before
+    training, after the warm-up, at the end, and mid-run only with async_level 0; other
+    evaluations are skipped and said so."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, engine, push=None, model_config=None, tokenizer=None,
+                 say=lambda _msg: None):
+        self.config, self.run_dir, self.engine, self.push = config, Path(run_dir), engine, push
+        self.model_config, self.tokenizer, self.say = model_config, tokenizer, say
+
+    @classmethod
+    def open(cls, config: TrainConfig, run_dir: Path, learner, push, say) -> Evaluations:
+        """`push`: the server's weight pusher (server mode), shared with the rollouts."""
+        from vf.trainer import engine as engines
+
+        e = config.eval
+        engine = None
+        if e.at_start or e.at_end or e.every:
+            if push is not None:
+                engine = engines.server_for_eval(config)
+            else:
+                d = learner.d
+                engine = engines.embedded(learner.path, learner.tokenizer, config.model.dtype,
+                                          "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
+                                          config.model.impl)
+        return cls(config, run_dir, engine, push, learner.model.config, learner.tokenizer, say)
+
+    def run(self, version: int, label: str, weights: dict) -> dict[str, Any] | None:
+        """Evaluate policy `version` (its full state dict `weights`); the summary, or None when
+        there is no evaluation engine or the server cannot evaluate now."""
+        if self.engine is None:
+            return None
+        if self.push is not None:
+            c = self.config
+            if not (version in (0, c.warmup.steps, c.total_steps) or c.orchestrator.async_level == 0):
+                self.say(f"eval {label} skipped: the server would serve two policies at once "
+                         "(server mode evaluates mid-run only with --orchestrator.async-level 0)")
+                return None
+            self.push.push(weights, version)
+            from vf.models import build_model
+
+            model = build_model(self.model_config)  # saved as RUN/evals/LABEL/model
+            model.load_state_dict(weights)
+        else:
+            self.engine.update_weights(weights, version)
+            model = self.engine.model
+        self.say(f"evaluating ({label}) …")
+        s = evaluate(version, self.run_dir, self.config, self.engine, model=model, tokenizer=self.tokenizer,
+                     label=label)
+        self.say(f"eval {label}: reward {s['mean_reward']:.3f}  pass@k {s['pass_at_k']}")
+        return s
+
+    def close(self) -> None:
+        if self.engine is not None:
+            asyncio.run(self.engine.close())

@@ -1,0 +1,64 @@
+"""Sharded (DCP) checkpoints under torchrun: every rank writes its own shards, a resumed 2-process
+run repeats the losses it would have had, and a 1-process run resumes the same checkpoint
+(DCP reshards on load)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+# 2 SFT warm-up steps, then 3 RL steps; a checkpoint after step 3 (mid-RL, with a weight snapshot)
+ARGS = ["--warmup.steps", "2", "--warmup.batch-size", "8", "--batch-size", "8", "--group-size", "4",
+        "--eval.at-start", "false", "--eval.at-end", "false", "--seed", "7", "--trainer.threads", "1",
+        "--trainer.micro-batch-size", "1", "--trainer.seq-len", "96", "--steps", "3", "--ckpt-every", "3"]
+
+
+def launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = ([str(Path(PY).parent / "torchrun"), "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1
+           else [PY]) + ["-m", "vf.commands.train", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def back_to_step_3(src: Path, dst: Path) -> None:
+    """A copy of the run as a kill after the step-3 checkpoint would have left it."""
+    shutil.copytree(src, dst)
+    shutil.rmtree(dst / "checkpoints" / "step_5")
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_resumes_with_the_same_and_another_world_size(tmp_path):
+    full = tmp_path / "full"
+    launch(2, "-o", str(full), *ARGS)
+    want = losses(full)
+    assert len(want) == 5
+    ck = full / "checkpoints" / "step_3"
+    shards = sorted(p.name for p in (ck / "dcp").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards
+    trainer = json.loads((ck / "trainer.json").read_text())
+    assert "model" not in trainer and "optimizer" not in trainer and trainer["sharded"] == {"world_size": 2}
+    assert json.loads((ck / "rollout.json").read_text()), "the snapshot batch 3 is generated from"
+
+    same = tmp_path / "same"
+    back_to_step_3(full, same)
+    launch(2, "--resume", str(same))
+    assert losses(same) == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+    one = tmp_path / "one"
+    back_to_step_3(full, one)
+    proc = launch(1, "--resume", str(one), "--json")
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["resumed_from"] == 3
+    assert losses(one) == pytest.approx(want, rel=1e-4, abs=1e-6)  # 1 vs 2 processes: summation order
+    final = one / "checkpoints" / "step_5"
+    assert (final / "trainer.json").exists() and not (final / "dcp").exists()  # one process: the plain format

@@ -1,0 +1,197 @@
+"""Where each training step's batch comes from: one `BatchSource` interface, three sources.
+
+    GoldWarmup   SFT samples from the taskset's gold replies (`Task.validate()`), steps 0 .. W−1
+    SavedData    SFT samples from saved traces (`--data RUN_DIR`), every step
+    Rollouts     RL batches from the orchestrator (rank 0), broadcast to every torchrun rank
+
+A source says what kind of step its batches make (`phase`, `rl`: the RL loss at the sampling
+temperature over the engine's log-probs, or SFT at temperature 1) and hands out batch `step` with
+the seconds the trainer waited for it. The samples of a step are a function of (seed, step), so a
+resumed run trains on the very same batches.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from vf.trainer import distributed
+from vf.trainer.config import DataSection, OrchestratorSection, TrainConfig
+from vf.trainer.orchestrator import Batch, Orchestrator, TaskSource, derive_seed
+from vf.trainer.samples import Sample, trace_samples
+
+from vf.errors import UsageError
+
+
+class BatchSource(Protocol):
+    phase: str
+    """metrics.jsonl's `phase`: warmup | sft | rl."""
+    rl: bool
+    """RL loss over the engine's log-probs at the sampling temperature (else SFT at temperature 1)."""
+
+    def get(self, step: int) -> tuple[Batch, float]:
+        """Batch `step` and the seconds spent waiting for it (collective under torchrun)."""
+        ...
+
+
+@dataclass
+class Picked:
+    """A fixed list of samples, `batch_size` per step in seeded epoch permutations."""
+
+    phase: str
+    samples: list[Sample]
+    batch_size: int
+    seed: int
+    tag: str
+    rl: bool = False
+
+    def get(self, step: int) -> tuple[Batch, float]:
+        return Batch(step, pick(self.samples, step, self.batch_size, self.seed, self.tag), [], {}), 0.0
+
+
+def gold_warmup(tasks, tokenizer, config: TrainConfig, model=None) -> Picked:
+    size = config.warmup.batch_size or config.orchestrator.batch_size
+    return Picked("warmup", gold_samples(tasks, tokenizer, model), size, config.seed, "gold")
+
+
+def saved_data(data: DataSection, orchestrator: OrchestratorSection, seed: int) -> Picked:
+    samples = load_data(data.path, data.min_reward)
+    return Picked("sft", samples, data.batch_size or orchestrator.batch_size, seed, "data")
+
+
+class Rollouts:
+    """RL batches: rank 0 takes them from the orchestrator, every rank gets them by broadcast."""
+
+    phase, rl = "rl", True
+
+    def __init__(self, orchestrator: Orchestrator | None, d: distributed.Dist):
+        self.orch, self.d = orchestrator, d
+
+    def get(self, step: int) -> tuple[Batch, float]:
+        batch, wait = self.orch.get(step) if self.orch is not None else (None, 0.0)
+        return distributed.broadcast(batch, self.d), wait
+
+    def publish(self, version: int, weights: dict | None) -> None:
+        """Policy `version` exists: batches generated from it may start (rank 0)."""
+        if self.orch is not None:
+            self.orch.publish(version, weights)
+            self.orch.forget_before(self.orch.version_for(version))
+
+    def snapshots(self, next_step: int) -> dict[int, dict]:
+        """Weights of older versions that batches from `next_step` on still need (checkpoints)."""
+        return self.orch.snapshots(self.orch.needed_versions(next_step)) if self.orch is not None else {}
+
+    def close(self) -> None:
+        if self.orch is not None:
+            self.orch.close()
+
+    @classmethod
+    def start(cls, config: TrainConfig, run_dir: Path, learner, loaded, tasks, push, start: int,
+              weights: dict | None, snapshots: dict[int, dict]) -> Rollouts:
+        """On rank 0, the orchestrator generating batches max(start, W) .. total−1 on the embedded
+        engine (its own copy of the model) or the server (`push`: the server's weight pusher),
+        seeded with the versions a resumed run still needs; other ranks only receive batches."""
+        d = learner.d
+        if not d.is_main:
+            return cls(None, d)
+        from vf.trainer import engine as engines
+        from vf.trainer.weights import EmbeddedPush
+
+        from vf.runner import EpisodeSpec, taskset_toolsets
+
+        if push is not None:
+            engine = engines.server(config)
+        else:
+            engine = engines.embedded(learner.path, learner.tokenizer, config.model.dtype,
+                                      "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
+                                      config.model.impl)
+            push = EmbeddedPush(engine, config.drift.weight_noise, config.seed)
+        o = config.orchestrator
+        spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),
+                           max_turns=o.max_turns, env=loaded.env, env_id=loaded.id,
+                           run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
+                           shared_toolsets=taskset_toolsets(loaded))
+        W = config.warmup.steps
+        orch = Orchestrator(source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
+                            group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
+                            seed=config.seed, first=max(start, W), last=config.total_steps, first_rl_step=W,
+                            async_level=o.async_level, stale_steps=config.drift.stale_steps,
+                            std_norm=o.std_norm, max_off_policy_steps=o.max_off_policy_steps,
+                            max_concurrent=o.max_concurrent)
+        for v, snap in snapshots.items():
+            orch.publish(v, snap)
+        orch.publish(start, weights)
+        orch.start()
+        return cls(orch, d)
+
+
+def sampling(config: TrainConfig):
+    """The rollouts' sampling: the full distribution, with the engine's log-probs."""
+    from vf.engines.base import Sampling
+
+    s = config.sampling
+    return Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                    max_tokens=s.max_tokens, seed=s.seed, stop=list(s.stop), logprobs=True)
+
+
+def load_tasks(config: TrainConfig):
+    """The training taskset (loaded) and its tasks (at most 10 000 of an endless one)."""
+    from vf.config import SelectConfig
+    from vf.loading import load_taskset
+    from vf.selection import select_tasks
+
+    loaded = load_taskset(config.taskset.get("id", ""), config.taskset)
+    limit = 10_000 if loaded.taskset.INFINITE else None
+    return loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))
+
+
+def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:
+    """SFT samples from the tasks' gold replies (`Task.validate()` returning a string); with a VL
+    `model`, image prompts keep their images (references on the sample, image tokens in the prompt)."""
+    from vf.engines.chat import image_refs, render_multimodal, render_prompt
+
+    out = []
+    for task in tasks:
+        gold = task.validate()
+        if not isinstance(gold, str):
+            raise UsageError(f"task {task.data.key} has no gold reply (validate() returned {type(gold).__name__})",
+                             hint="set --warmup.steps 0 for tasksets without gold replies")
+        multimodal = getattr(model, "is_multimodal", False)
+        prompt = render_multimodal(tokenizer, model, task.messages())[0] if multimodal \
+            else render_prompt(tokenizer, task.messages())
+        reply = list(tokenizer.encode(gold, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        out.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
+                          images=image_refs(task.messages()) if multimodal else []))
+    return out
+
+
+def load_data(path: str, min_reward: float | None) -> list[Sample]:
+    from vf.trace import load_traces, read_episodes
+
+    file = load_traces(path)
+    if not file.exists():
+        raise UsageError(f"--data {path}: no traces at {file}", hint="pass a run dir written by vf-rollout/vf-eval -o")
+    samples = []
+    for ep in read_episodes(file):
+        if not ep.ok or (min_reward is not None and ep.reward < min_reward):
+            continue
+        for trace in ep.traces:
+            samples.extend(trace_samples(trace, 0.0, {"reward": ep.reward}))
+    if not samples:
+        raise UsageError(f"--data {path}: no usable samples (token ids on assistant nodes"
+                         + (f", reward ≥ {min_reward}" if min_reward is not None else "") + ")",
+                         hint="traces need token ids: write them with vf-rollout")
+    return samples
+
+
+def pick(items: list, step: int, n: int, seed: int, tag: str) -> list:
+    """Items for `step`: epoch permutations seeded by (seed, tag, epoch) — a function of (seed, step)."""
+    out = []
+    for pos in range(step * n, step * n + n):
+        epoch, i = divmod(pos, len(items))
+        order = list(range(len(items)))
+        random.Random(derive_seed(seed, tag, epoch)).shuffle(order)
+        out.append(items[order[i]])
+    return out

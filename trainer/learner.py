@@ -1,0 +1,112 @@
+"""The model being trained: tokenizer, native model (FSDP2-sharded under torchrun), optimizer, LR
+schedule and losses, with the two things the loop asks of it: one optimizer step on a batch
+(`step`) and the full weights of the current policy (`full_state`, a collective under torchrun).
+
+Built from the config's `model`, `trainer`, `optim`, `warmup` (its LR phase) and `loss` sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vf.trainer import distributed
+from vf.trainer.config import TrainConfig
+from vf.trainer.orchestrator import Batch
+from vf.trainer.samples import count_loss_tokens, micro_batches
+
+from vf.errors import UsageError
+
+
+def resolve_model_path(path: str) -> Path:
+    from vf.models.tiny import builtin_model_path
+
+    builtin = builtin_model_path(path)
+    if builtin is not None:
+        return builtin
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise UsageError(f"model {path!r} is not an HF model directory (no config.json)",
+                         hint="pass 'tiny-random' or 'tiny' (built-in) or a local directory with config.json + safetensors + tokenizer")
+    return p
+
+
+@dataclass
+class Learner:
+    config: TrainConfig
+    d: distributed.Dist
+    path: Path
+    tokenizer: Any
+    model: Any
+    policy: Any  # PolicyLogprobs over `model`, sharded under torchrun
+    optimizer: Any
+    scheduler: Any
+
+    @classmethod
+    def build(cls, config: TrainConfig, d: distributed.Dist, restore: dict[str, Any] | None = None,
+              say=lambda _msg: None) -> Learner:
+        """A fresh learner, or one continuing from a loaded checkpoint (`restore`: model,
+        optimizer, scheduler and RNG states)."""
+        import torch
+        from transformers import AutoTokenizer
+        from vf.models import load_model
+        from vf.trainer.step import (
+            PolicyLogprobs,
+            compile_blocks,
+            embedding_grad_in_place,
+            make_optimizer,
+            make_scheduler,
+        )
+
+        m, o = config.model, config.optim
+        path = resolve_model_path(m.path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = load_model(path, dtype=getattr(torch, m.dtype), device=d.device, moe_impl=m.moe.impl, impl=m.impl)
+        model.activation_checkpointing = config.trainer.activation_checkpointing
+        if restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
+            model.load_state_dict(restore["model"])
+        embedding_grad_in_place(model, distributed=d.enabled)
+        if m.compile:
+            say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
+        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk), d)
+        optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
+        w = config.warmup
+        phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None
+        scheduler = make_scheduler(optimizer, o.scheduler, o.warmup_steps, config.total_steps, phases)
+        learner = cls(config, d, path, tokenizer, model, policy, optimizer, scheduler)
+        if restore is not None:
+            from vf.trainer import checkpoint
+
+            if "sharded" in restore:
+                checkpoint.load_sharded(restore["path"], learner, restore["sharded"]["world_size"])
+            else:
+                distributed.load_optimizer_state(policy, optimizer, restore["optimizer"], d)
+            scheduler.load_state_dict(restore["scheduler"])
+            checkpoint.set_rng_state(restore["rng"])
+        return learner
+
+    def step(self, batch: Batch, rl: bool):
+        """One optimizer step on `batch` (this rank's share of its packed micro-batches): the
+        configured loss at the sampling temperature for RL batches, SFT at temperature 1 otherwise."""
+        from vf.trainer import losses
+        from vf.trainer.step import train_step
+
+        c = self.config
+        loss, params = (losses.get(c.loss.name), dict(c.loss.params)) if rl else (losses.get("sft"), {})
+        n_tokens = count_loss_tokens(batch.samples, c.trainer.seq_len, needs_logprobs=rl)
+        mbs = micro_batches(batch.samples, c.trainer.seq_len, c.trainer.micro_batch_size,
+                            pad_id=self.tokenizer.pad_token_id or 0, rank=self.d.rank, world_size=self.d.world_size,
+                            image_token_id=getattr(self.model.config, "image_token_id", None))
+        result = train_step(self.policy, self.optimizer, self.scheduler, mbs, loss, params, n_tokens,
+                            temperature=float(c.sampling.temperature) if rl else 1.0, grad_clip=c.optim.grad_clip,
+                            world_size=self.d.world_size)
+        return result, n_tokens
+
+    def full_state(self) -> dict[str, Any]:
+        """Full CPU state dict of the policy (collective under torchrun; ranks > 0 get {})."""
+        return distributed.full_state_dict(self.policy, self.d)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]

@@ -1,0 +1,89 @@
+"""What a training run knows about itself between steps (`RunState`), and the run-dir files it
+writes per step on rank 0 (`RunFiles`: metrics.jsonl, traces.jsonl).
+
+`RunState.progress()` is what a checkpoint saves besides the tensors; `RunState.resumed()` reads
+it back, so a resumed run continues the same counters and remembers the evaluations it made.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vf.trainer.metrics import MetricsLog
+from vf.trainer.orchestrator import Batch
+
+COUNTED = ("dropped_stale_groups", "zero_variance_groups", "errored_rollouts")
+"""Batch metrics summed over the run (summary.json)."""
+
+
+@dataclass
+class RunState:
+    start: int = 0
+    """The step this process starts at (0, or the checkpoint's step on resume)."""
+    reward_before: float | None = None
+    reward_after_warmup: float | None = None
+    reward_after: dict[str, Any] | None = None
+    """The final evaluation's summary."""
+    counters: dict[str, float] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """metrics.jsonl rows of the whole run (rank 0)."""
+    weights: dict[str, Any] | None = None
+    """Full state dict of the current policy version, when anything needs it (see loop.py)."""
+
+    @classmethod
+    def resumed(cls, progress: dict[str, Any]) -> RunState:
+        return cls(progress["step"], progress.get("reward_before"), progress.get("reward_after_warmup"),
+                   counters=progress.get("counters", {}))
+
+    def progress(self) -> dict[str, Any]:
+        return {"reward_before": self.reward_before, "reward_after_warmup": self.reward_after_warmup,
+                "counters": self.counters}
+
+    def record(self, step: int, phase: str, result, batch: Batch, wait: float, step_time: float, n_tokens: int,
+               lr: float, world_size: int) -> dict[str, Any]:
+        """One metrics.jsonl row; also adds the batch's counts to the run's cumulative counters."""
+        m = result.metrics
+        row = {
+            "step": step, "phase": phase, "loss": result.loss, "reward": batch.metrics.get("reward"),
+            "masked_fraction": m.get("masked_fraction") if phase == "rl" else 0.0,
+            "mismatch_kl": m.get("mismatch_kl") if phase == "rl" else None,
+            "staleness": batch.metrics.get("staleness", 0.0),
+            "tokens_per_s": result.num_tokens * world_size / max(step_time, 1e-9),
+            "step_time": step_time, "train_time": result.seconds, "wait_time": wait,
+            "lr": lr, "grad_norm": result.grad_norm, "num_loss_tokens": n_tokens,
+            **{k: v for k, v in m.items() if k not in ("masked_fraction", "mismatch_kl")},
+            **{k: v for k, v in batch.metrics.items() if k not in ("reward", "staleness")},
+        }
+        for k in COUNTED:
+            self.counters[k] = self.counters.get(k, 0) + batch.metrics.get(k, 0)
+        self.counters["skipped_steps"] = self.counters.get("skipped_steps", 0) + int(result.skipped)
+        if step == 0 and self.reward_before is not None:
+            row["eval_reward_before"] = self.reward_before
+        return row
+
+    def mean(self, key: str, phase: str | None = "rl") -> float | None:
+        vals = [r[key] for r in self.rows if (phase is None or r.get("phase") == phase)
+                and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        return sum(vals) / len(vals) if vals else None
+
+
+class RunFiles:
+    """metrics.jsonl and traces.jsonl; on resume, what came after the checkpoint is dropped
+    (those steps are trained again)."""
+
+    def __init__(self, run_dir: Path, start: int):
+        from vf.rundir import RunDir
+
+        self.log, self.traces = MetricsLog(run_dir), RunDir(run_dir)
+        self.log.truncate(start)
+        if self.traces.traces.exists():  # drop rollouts of steps the checkpoint does not cover
+            kept = [e for e in self.traces.read().kept if e.run.get("step", 0) < start]
+            self.traces.rewrite(kept)
+
+    def write(self, row: dict[str, Any], batch: Batch) -> None:
+        for ep in batch.episodes:
+            self.traces.append(ep)
+        self.log.append(row)
