@@ -29,6 +29,7 @@ ARCHITECTURES = {
     "gpt_oss": "GptOssForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",  # config.json nests a qwen3_5_text model (VL_ARCHITECTURES)
     # linear-attention / SSM hybrids (models/hybrid.py)
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
@@ -280,6 +281,7 @@ class ModelConfig:
     vision: dict | None = None
     mrope_section: list[int] | None = None  # rope frequencies given to the (t, h, w) position axes
     image_token_id: int | None = None
+    vl_architecture: str | None = None  # the VL model_type ("qwen3_vl", "qwen3_5") when `architecture` names its text model
     vl_extra: dict = field(default_factory=dict, repr=False)  # other top-level keys of a VL config.json
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
 
@@ -489,8 +491,10 @@ class ModelConfig:
 
 
 # ---- vision-language families: config.json nests the text model under text_config ----------------
-VL_ARCHITECTURES = ("qwen3_vl",)
-_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text"}
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5")
+_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text"}
+# the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE)
+_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text"}
 
 
 def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
@@ -508,13 +512,15 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
         raise ModelLoadError(f"{source}: a {d['model_type']} config needs a vision_config object")
     if d.get("image_token_id") is None:
         raise ModelLoadError(f"{source}: required key 'image_token_id' is missing")
-    cfg = cls.from_hf_dict({**text, "model_type": d["model_type"],
+    cfg = cls.from_hf_dict({**text, "model_type": _VL_NATIVE_TEXT[d["model_type"]],
                             "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
                            source)
-    head_half = cfg.head_dim // 2
-    cfg.mrope_section = list(mrope) if mrope is not None else [24, 20, 20]  # transformers' default
-    if sum(cfg.mrope_section) != head_half:
-        raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to head_dim/2 = {head_half}")
+    half = cfg.rotary_dim // 2
+    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10]}[d["model_type"]]  # transformers' defaults
+    cfg.mrope_section = list(mrope) if mrope is not None else default
+    if sum(cfg.mrope_section) != half:
+        raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
+    cfg.vl_architecture = d["model_type"]
     cfg.vision = copy.deepcopy(vision)
     cfg.image_token_id = int(d["image_token_id"])
     owned = {"model_type", "architectures", "text_config", "vision_config", "image_token_id", "tie_word_embeddings"}
@@ -525,11 +531,12 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
 def _vl_to_hf(cfg: ModelConfig, text: dict[str, Any]) -> dict[str, Any]:
     """Nest the flat text dict back under text_config (inverse of `_vl_from_hf`)."""
     text.pop("architectures", None)
-    text["model_type"] = _VL_TEXT_TYPE[cfg.architecture]
+    vl = cfg.vl_architecture or cfg.architecture
+    text["model_type"] = _VL_TEXT_TYPE[vl]
     text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
                                "mrope_interleaved": True}
-    out = {**copy.deepcopy(cfg.vl_extra), "architectures": [ARCHITECTURES[cfg.architecture]],
-           "model_type": cfg.architecture, "text_config": dict(sorted(text.items())),
+    out = {**copy.deepcopy(cfg.vl_extra), "architectures": [ARCHITECTURES[vl]],
+           "model_type": vl, "text_config": dict(sorted(text.items())),
            "vision_config": copy.deepcopy(cfg.vision), "image_token_id": cfg.image_token_id,
            "tie_word_embeddings": cfg.tie_word_embeddings}
     if "dtype" in text:

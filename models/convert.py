@@ -131,16 +131,16 @@ for _fam in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not
 # `model.`) and the vision tower's under `model.visual.` with the native names of models/vision.py.
-VL_TEXT_PREFIX = {"qwen3_vl": "model.language_model."}
-FAMILY_TABLE["qwen3_vl"] = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
+VL_TEXT_PREFIX = "model.language_model."
+VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
 
 
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
     table = {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
-    prefix = VL_TEXT_PREFIX.get(config.architecture)
-    if prefix:
-        table = {k: (op, [prefix + s.removeprefix("model.") if s.startswith("model.") and not k.startswith("visual.") else s
-                          for s in srcs]) for k, (op, srcs) in table.items()}
+    if config.vision is not None:
+        table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
+                 for k, (op, srcs) in table.items()}
+        table.update(VISION_TABLE)
     return table
 
 

@@ -1,5 +1,6 @@
-"""Qwen3-VL (`model_type: qwen3_vl`): the Qwen3 decoder of `transformer.NativeModel` with a vision
-tower (`vision.VisionTower`), image embeddings scattered into the image-pad tokens, DeepStack (the
+"""Qwen3-VL (`model_type: qwen3_vl`) and Qwen3.5 with vision (`qwen3_5`, whose text model is the
+gated-DeltaNet hybrid `qwen3_5_text`): the decoder of `transformer.NativeModel` with a vision
+tower (`vision.VisionTower`), image embeddings scattered into the image-pad tokens, DeepStack (Qwen3-VL only: the
 tower's side outputs added to the image tokens' hidden states after the first decoder layers) and
 multimodal rotary positions (M-RoPE).
 
@@ -79,7 +80,7 @@ class Qwen3VLModel(NativeModel):
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
-        self.visual = VisionTower(config.vision)
+        self.visual = VisionTower(config.vision, config.vl_architecture or config.architecture)
         self.merge = self.visual.merge
         self.rotary = MRotary(config)
 

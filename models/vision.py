@@ -28,9 +28,10 @@ DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
 """transformers' Qwen3VLVisionConfig defaults, for keys a config.json leaves out."""
 
 
-def vision_settings(config: dict) -> dict:
-    """The HF vision_config with defaults filled in."""
-    out = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+def vision_settings(config: dict, family: str = "qwen3_vl") -> dict:
+    """The HF vision_config with defaults filled in (Qwen3.5's tower has no DeepStack)."""
+    defaults = {**DEFAULTS, "deepstack_visual_indexes": []} if family == "qwen3_5" else DEFAULTS
+    out = {**defaults, **{k: v for k, v in config.items() if v is not None}}
     theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     out["rope_theta"] = float(theta)
     return out
@@ -116,9 +117,9 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
-    def __init__(self, vision_config: dict):
+    def __init__(self, vision_config: dict, family: str = "qwen3_vl"):
         super().__init__()
-        c = self.settings = vision_settings(vision_config)
+        c = self.settings = vision_settings(vision_config, family)
         self.merge = c["spatial_merge_size"]
         self.patch_embed = PatchEmbed(c)
         self.pos_embed = nn.Embedding(c["num_position_embeddings"], c["hidden_size"])

@@ -397,3 +397,60 @@ def test_vf_train_on_image_colors_runs(tiny_vl, cli, tmp_path):
         user = next(n for n in ep["traces"][0]["nodes"] if n["message"]["role"] == "user")
         assert user["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
         assert user["token_ids"].count(513) == 4
+
+
+def test_qwen3_5_vl_logits_round_trip_and_engine_greedy(tmp_path):
+    """Qwen3.5 with its vision tower (no DeepStack) on the gated-DeltaNet hybrid text model, partial
+    M-RoPE: logits equal transformers', the checkpoint round-trips exactly, and the embedded engine
+    (recurrent + KV cache, rope delta after the image) continues greedily as transformers does."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from vf.models import load_model
+    from vf.models.checkpoint import save_hf
+
+    from vf.engines.base import Sampling
+    from vf.engines.local import LocalEngine
+
+    text = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 24, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0],
+                                "mrope_interleaved": True, "partial_rotary_factor": 0.25}}
+    vision = {k: v for k, v in VISION.items() if k != "deepstack_visual_indexes"} | {"out_hidden_size": 32}
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=IMAGE_TOKEN, video_token_id=291,
+                        vision_start_token_id=START, vision_end_token_id=END)
+    torch.manual_seed(0)
+    hf = Qwen3_5ForConditionalGeneration(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    assert ours.config.architecture == "qwen3_5_text" and not ours.visual.deepstack_merger_list
+    grids = [(1, 8, 8), (1, 4, 6)]
+    ids = torch.tensor([prompt(grids)])
+    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids)}
+    with torch.no_grad():
+        err = (hf(input_ids=ids, mm_token_type_ids=(ids == IMAGE_TOKEN).int(), **kw).logits
+               - ours.compute_logits(ids, **kw)).abs().max().item()
+    assert err < 1e-4
+    save_hf(ours, tmp_path / "rt")
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "rt" / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "rt" / "config.json").read_text())["model_type"] == "qwen3_5"
+
+    one = [(1, 8, 8)]
+    p = prompt(one)
+    mm = {"pixel_values": pixels(one, 3), "image_grid_thw": torch.tensor(one), "rope_delta": ours.rope_delta(p, one)}
+    engine = LocalEngine(ours, None, max_batch=4)
+
+    async def go():
+        try:  # a text-only prompt decodes beside it in the same batch
+            return await asyncio.gather(engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=10), ignore_eos=True, mm=mm),
+                                        engine.generate_ids([1, 2, 3], Sampling(temperature=0.0, max_tokens=6), ignore_eos=True))
+        finally:
+            await engine.close()
+
+    seq, _ = asyncio.run(go())
+    x = torch.tensor([p])
+    with torch.no_grad():
+        ref = hf.generate(input_ids=x, pixel_values=mm["pixel_values"], image_grid_thw=mm["image_grid_thw"],
+                          mm_token_type_ids=(x == IMAGE_TOKEN).int(), max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert mm["rope_delta"] < 0 and seq.token_ids == ref[0, len(p):].tolist()
