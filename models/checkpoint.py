@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError
-from vf.models.transformer import NativeModel
+from vf.models.transformer import NativeModel, model_class
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -123,7 +123,7 @@ def load_model(
         config.set_moe_impl(moe_impl)
     where = _weight_files(path)
     with torch.device("meta"):
-        model = NativeModel(config)
+        model = model_class(config)(config)
     handles: dict[Path, object] = {}
 
     def get(name: str) -> torch.Tensor:
@@ -160,6 +160,10 @@ def load_model(
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     config.torch_dtype = str(dtype).removeprefix("torch.")
+    if getattr(model, "is_multimodal", False):
+        from vf.models.image_processor import processor_for
+
+        model.processor = processor_for(model, path)
     return model.eval()
 
 
@@ -187,6 +191,8 @@ def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | N
     if len(dtypes) == 1:
         hf["dtype"] = str(dtypes.pop()).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    if getattr(model, "processor", None) is not None:  # a VL model's image processor travels with it
+        (path / "preprocessor_config.json").write_text(json.dumps(model.processor.to_config(), indent=2) + "\n")
     names = sorted(tensors)
     shards: list[list[str]] = [[]]
     size = 0

@@ -31,6 +31,8 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",  # config.json nests a qwen3_5_text model (VL_ARCHITECTURES)
     # linear-attention / SSM hybrids (models/hybrid.py)
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
@@ -154,6 +156,7 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "glm_moe_dsa": {"router_scoring": "sigmoid", "expert_bias": True, "rope_interleave": True},
     "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
                 "norm_topk_prob": True, "attention_sinks": True},
+    "qwen3_vl": {"use_qk_norm": True},
     "qwen3_next": {"shared_expert_gate": True},
     "qwen3_5_moe_text": {"shared_expert_gate": True, "norm_topk_prob": True},
     "nemotron_h": {"router_scoring": "sigmoid", "expert_bias": True, "expert_act": "relu2"},
@@ -277,6 +280,12 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     torch_dtype: str | None = None  # dtype recorded in config.json, informational
+    # vision-language models (see `_vl_from_hf`): the HF vision_config, multimodal rope, token ids
+    vision: dict | None = None
+    mrope_section: list[int] | None = None  # rope frequencies given to the (t, h, w) position axes
+    image_token_id: int | None = None
+    vl_architecture: str | None = None  # the VL model_type ("qwen3_vl", "qwen3_5") when `architecture` names its text model
+    vl_extra: dict = field(default_factory=dict, repr=False)  # other top-level keys of a VL config.json
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
 
     @property
@@ -357,6 +366,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
         arch = d.get("model_type")
+        if arch in VL_ARCHITECTURES and isinstance(d.get("text_config"), dict):
+            return _vl_from_hf(cls, d, source)
         if arch not in ARCHITECTURES:
             archs = d.get("architectures")
             raise ModelLoadError(
@@ -474,10 +485,66 @@ class ModelConfig:
                 d.pop(k, None)
         if self.torch_dtype:
             d["dtype"] = self.torch_dtype
+        if self.vision is not None:
+            return _vl_to_hf(self, d)
         return dict(sorted(d.items()))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# ---- vision-language families: config.json nests the text model under text_config ----------------
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5")
+_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text"}
+# the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE)
+_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text"}
+
+
+def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
+    """A VL config.json (text_config + vision_config + token ids at the top) as one flat ModelConfig:
+    the text model's fields as for a text family, `vision` = the HF vision_config, `mrope_section`
+    from the text rope parameters, the other top-level keys kept in `vl_extra`."""
+    text = copy.deepcopy(d["text_config"])
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    mrope = rope.pop("mrope_section", None)
+    rope.pop("mrope_interleaved", None)
+    text["rope_parameters"] = rope
+    text.pop("rope_scaling", None)
+    vision = d.get("vision_config")
+    if not isinstance(vision, dict):
+        raise ModelLoadError(f"{source}: a {d['model_type']} config needs a vision_config object")
+    if d.get("image_token_id") is None:
+        raise ModelLoadError(f"{source}: required key 'image_token_id' is missing")
+    cfg = cls.from_hf_dict({**text, "model_type": _VL_NATIVE_TEXT[d["model_type"]],
+                            "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
+                           source)
+    half = cfg.rotary_dim // 2
+    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10]}[d["model_type"]]  # transformers' defaults
+    cfg.mrope_section = list(mrope) if mrope is not None else default
+    if sum(cfg.mrope_section) != half:
+        raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
+    cfg.vl_architecture = d["model_type"]
+    cfg.vision = copy.deepcopy(vision)
+    cfg.image_token_id = int(d["image_token_id"])
+    owned = {"model_type", "architectures", "text_config", "vision_config", "image_token_id", "tie_word_embeddings"}
+    cfg.vl_extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in owned}
+    return cfg
+
+
+def _vl_to_hf(cfg: ModelConfig, text: dict[str, Any]) -> dict[str, Any]:
+    """Nest the flat text dict back under text_config (inverse of `_vl_from_hf`)."""
+    text.pop("architectures", None)
+    vl = cfg.vl_architecture or cfg.architecture
+    text["model_type"] = _VL_TEXT_TYPE[vl]
+    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
+                               "mrope_interleaved": True}
+    out = {**copy.deepcopy(cfg.vl_extra), "architectures": [ARCHITECTURES[vl]],
+           "model_type": vl, "text_config": dict(sorted(text.items())),
+           "vision_config": copy.deepcopy(cfg.vision), "image_token_id": cfg.image_token_id,
+           "tie_word_embeddings": cfg.tie_word_embeddings}
+    if "dtype" in text:
+        out["dtype"] = text["dtype"]
+    return dict(sorted(out.items()))
 
 
 def _check_dsa(cfg: ModelConfig, d: dict, source: str) -> None:

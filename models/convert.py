@@ -129,8 +129,19 @@ for _fam in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
     })
 
 
+# Vision-language families: the text model's HF names live under `model.language_model.` (not
+# `model.`) and the vision tower's under `model.visual.` with the native names of models/vision.py.
+VL_TEXT_PREFIX = "model.language_model."
+VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
+
+
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
-    return {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
+    table = {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
+    if config.vision is not None:
+        table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
+                 for k, (op, srcs) in table.items()}
+        table.update(VISION_TABLE)
+    return table
 
 
 def _deinterleave(t: torch.Tensor) -> torch.Tensor:
@@ -182,6 +193,8 @@ IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
 
 
 def _template(native_name: str) -> tuple[str, dict[str, str]]:
+    if native_name.startswith("visual."):
+        return "visual.{rest}", {"rest": native_name.removeprefix("visual.")}
     m = re.match(r"layers\.(\d+)\.(.*)", native_name)
     if not m:
         return native_name, {}

@@ -336,7 +336,7 @@ def default_path() -> Path:
 
 TRAINED_PATH = Path(__file__).parent / "tiny_trained"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-BUILTIN_MODELS = ("tiny", "tiny-random")
+BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vl")
 
 
 def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
@@ -351,6 +351,10 @@ def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
         return TRAINED_PATH
     if str(name) == "tiny-random":
         return ensure_tiny_model()
+    if str(name) == "tiny-vl":  # the random-init vision-language model (vf.models.tiny_vl)
+        from vf.models.tiny_vl import ensure_tiny_vl_model
+
+        return ensure_tiny_vl_model()
     return None
 
 
@@ -362,19 +366,25 @@ def _complete(path: Path) -> bool:
 def ensure_tiny_model(path: str | os.PathLike | None = None) -> Path:
     """Return a directory holding the tiny model, building it first if absent (offline, < 1 s + imports)."""
     path = Path(path) if path is not None else default_path()
-    if _complete(path):
+    return build_once(path, build_into, _complete)
+
+
+def build_once(path: Path, build, complete) -> Path:
+    """`path`, after `build(tmp_dir)` wrote it into a temp dir renamed into place, unless
+    `complete(path)` already holds (safe against concurrent builders)."""
+    if complete(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        build_into(tmp)
+        build(tmp)
         os.chmod(tmp, 0o755)
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
         try:
             os.rename(tmp, path)
         except OSError:
-            if not _complete(path):  # an empty/partial dir is in the way: replace it
+            if not complete(path):  # an empty/partial dir is in the way: replace it
                 shutil.rmtree(path, ignore_errors=True)
                 os.rename(tmp, path)
     finally:

@@ -23,6 +23,8 @@ of the layers in time, and the activations of one layer instead of all of them i
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
@@ -160,7 +162,7 @@ def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02)
     zero_centered = {id(m.weight) for m in model.modules() if getattr(m, "zero_centered", False)}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if re.search(r"norm\d?\.weight$", name):  # RMSNorm and (vision) LayerNorm weights
                 p.fill_(0.0 if id(p) in zero_centered else 1.0)
             elif name.endswith("bias"):
                 p.zero_()
@@ -169,11 +171,20 @@ def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02)
     return model
 
 
+def model_class(config: ModelConfig) -> type[NativeModel]:
+    """NativeModel, or its vision-language subclass when the config has a vision tower."""
+    if config.vision is not None:
+        from vf.models.qwen3_vl import Qwen3VLModel
+
+        return Qwen3VLModel
+    return NativeModel
+
+
 def build_model(
     config: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int | None = None
 ):
     """Random-initialised NativeModel from a native config (`seed` for a reproducible init)."""
     with torch.device("meta"):
-        model = NativeModel(config)
+        model = model_class(config)(config)
     model = model.to_empty(device=device).to(dtype)
     return init_weights(model, seed)

@@ -51,9 +51,9 @@ class Picked:
         return Batch(step, pick(self.samples, step, self.batch_size, self.seed, self.tag), [], {}), 0.0
 
 
-def gold_warmup(tasks, tokenizer, config: TrainConfig) -> Picked:
+def gold_warmup(tasks, tokenizer, config: TrainConfig, model=None) -> Picked:
     size = config.warmup.batch_size or config.orchestrator.batch_size
-    return Picked("warmup", gold_samples(tasks, tokenizer), size, config.seed, "gold")
+    return Picked("warmup", gold_samples(tasks, tokenizer, model), size, config.seed, "gold")
 
 
 def saved_data(data: DataSection, orchestrator: OrchestratorSection, seed: int) -> Picked:
@@ -145,9 +145,10 @@ def load_tasks(config: TrainConfig):
     return loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))
 
 
-def gold_samples(tasks, tokenizer) -> list[Sample]:
-    """SFT samples from the tasks' gold replies (`Task.validate()` returning a string)."""
-    from vf.engines.chat import render_prompt
+def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:
+    """SFT samples from the tasks' gold replies (`Task.validate()` returning a string); with a VL
+    `model`, image prompts keep their images (references on the sample, image tokens in the prompt)."""
+    from vf.engines.chat import image_refs, render_multimodal, render_prompt
 
     out = []
     for task in tasks:
@@ -155,9 +156,12 @@ def gold_samples(tasks, tokenizer) -> list[Sample]:
         if not isinstance(gold, str):
             raise UsageError(f"task {task.data.key} has no gold reply (validate() returned {type(gold).__name__})",
                              hint="set --warmup.steps 0 for tasksets without gold replies")
-        prompt = render_prompt(tokenizer, task.messages())
+        multimodal = getattr(model, "is_multimodal", False)
+        prompt = render_multimodal(tokenizer, model, task.messages())[0] if multimodal \
+            else render_prompt(tokenizer, task.messages())
         reply = list(tokenizer.encode(gold, add_special_tokens=False)) + [tokenizer.eos_token_id]
-        out.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply))))
+        out.append(Sample(prompt + reply, [0] * len(prompt) + [1] * len(reply), [0.0] * (len(prompt) + len(reply)),
+                          images=image_refs(task.messages()) if multimodal else []))
     return out
 
 

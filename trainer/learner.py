@@ -96,7 +96,8 @@ class Learner:
         loss, params = (losses.get(c.loss.name), dict(c.loss.params)) if rl else (losses.get("sft"), {})
         n_tokens = count_loss_tokens(batch.samples, c.trainer.seq_len, needs_logprobs=rl)
         mbs = micro_batches(batch.samples, c.trainer.seq_len, c.trainer.micro_batch_size,
-                            pad_id=self.tokenizer.pad_token_id or 0, rank=self.d.rank, world_size=self.d.world_size)
+                            pad_id=self.tokenizer.pad_token_id or 0, rank=self.d.rank, world_size=self.d.world_size,
+                            image_token_id=getattr(self.model.config, "image_token_id", None))
         result = train_step(self.policy, self.optimizer, self.scheduler, mbs, loss, params, n_tokens,
                             temperature=float(c.sampling.temperature) if rl else 1.0, grad_clip=c.optim.grad_clip,
                             world_size=self.d.world_size)

@@ -8,6 +8,12 @@ per-token arrays (prime-rl's TrainingSample):
     logprobs    inference log-probs μ on sampled tokens (0 elsewhere; NaN where the engine gave none)
     advantage   one number for the whole sample (broadcast to its loss tokens)
 
+Images (vision-language models): a sample keeps the references (data URLs, file paths) of the
+images its tokens show, in token order (`images`), never pixels; each image is one run of the
+model's image-pad token. Truncation cuts only at whole-image boundaries (an image that would be
+cut is dropped with the tokens after it), and a micro-batch carries its rows' references in
+row-major token order, from which the trainer recomputes the pixel inputs (`PolicyLogprobs`).
+
 A node flagged `token_reset` (the chat template re-rendered history, so the next prompt is not an
 extension of what came before) starts a new sample; its own token_ids are the whole new prompt.
 
@@ -35,6 +41,7 @@ class Sample:
     logprobs: list[float]
     advantage: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)  # image references, in token order
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -47,15 +54,25 @@ class Sample:
 
 def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | None = None) -> list[Sample]:
     """Samples of a trace's latest branch; nodes without token ids are skipped."""
+    from vf.engines.chat import image_refs
+
     samples: list[Sample] = []
     cur: Sample | None = None
+    seen: list[str] = []  # images of the branch so far
+    pending: list[str] = []  # ... not yet in a sample (a prompt's tokens sit on its last node)
     for i in trace.branch():
         node = trace.nodes[i]
+        refs = image_refs([node.message])
+        seen += refs
+        pending += refs
         if not node.token_ids:
             continue
         if cur is None or getattr(node, "token_reset", False):
-            cur = Sample([], [], [], advantage, dict(info or {}))
+            cur = Sample([], [], [], advantage, dict(info or {}), images=list(seen))  # a re-render shows them all
             samples.append(cur)
+        else:
+            cur.images += pending
+        pending = []
         n = len(node.token_ids)
         mask = list(node.mask) if node.mask is not None else [0] * n
         if not node.sampled:
@@ -79,16 +96,45 @@ class Bin:
     used: int = 0  # input tokens (= len(sample) − 1 per sample)
 
 
-def pack(samples: list[Sample], seq_len: int) -> list[Bin]:
+def image_spans(token_ids: list[int], image_token_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of image tokens (one run per image)."""
+    spans: list[tuple[int, int]] = []
+    for i, t in enumerate(token_ids):
+        if t != image_token_id:
+            continue
+        if spans and spans[-1][1] == i:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def truncate(s: Sample, keep: int, image_token_id: int | None = None) -> Sample:
+    """The first `keep` tokens of a sample; with images, the cut moves back to the start of an image
+    it would split, and the images past the cut are dropped."""
+    images = s.images
+    if images:
+        if image_token_id is None:
+            raise ValueError("truncating a sample with images needs the model's image token id")
+        spans = image_spans(s.token_ids, image_token_id)
+        if len(spans) != len(images):
+            raise ValueError(f"a sample shows {len(spans)} image token runs for {len(images)} images")
+        keep = next((start for start, end in spans if start < keep < end), keep)
+        images = images[:sum(1 for _, end in spans if end <= keep)]
+    return Sample(s.token_ids[:keep], s.loss_mask[:keep], s.logprobs[:keep], s.advantage,
+                  {**s.info, "truncated": True}, images=list(images))
+
+
+def pack(samples: list[Sample], seq_len: int, image_token_id: int | None = None) -> list[Bin]:
     """First-fit decreasing by length; samples longer than seq_len + 1 tokens are truncated (from
-    the end). Ties keep the input order, so packing is deterministic."""
+    the end, at a whole-image boundary, see `truncate`). Ties keep the input order, so packing is
+    deterministic."""
     order = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
     bins: list[Bin] = []
     for i in order:
         s = samples[i]
         if len(s) > seq_len + 1:
-            s = Sample(s.token_ids[: seq_len + 1], s.loss_mask[: seq_len + 1], s.logprobs[: seq_len + 1],
-                       s.advantage, {**s.info, "truncated": True})
+            s = truncate(s, seq_len + 1, image_token_id)
         need = len(s) - 1
         if need <= 0:
             continue
@@ -104,7 +150,8 @@ def pack(samples: list[Sample], seq_len: int) -> list[Bin]:
 
 @dataclass
 class MicroBatch:
-    """Tensors [R, T]: inputs, position ids, targets, loss mask, inference log-probs, advantages."""
+    """Tensors [R, T]: inputs, position ids, targets, loss mask, inference log-probs, advantages;
+    `images`: the image references of its rows in row-major token order (VL models)."""
 
     input_ids: Any
     position_ids: Any
@@ -112,6 +159,7 @@ class MicroBatch:
     loss_mask: Any
     inference_logprobs: Any
     advantages: Any
+    images: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -124,10 +172,12 @@ def collate(bins: list[Bin], pad_id: int = 0) -> MicroBatch:
 
     width = max((b.used for b in bins), default=1) or 1
     rows: dict[str, list[list]] = {k: [] for k in ("ids", "pos", "tgt", "mask", "lp", "adv")}
+    images: list[str] = []
     for b in bins:
         ids, pos, tgt, mask, lp, adv = [], [], [], [], [], []
         for s in b.samples:
             n = len(s) - 1
+            images += s.images
             ids += s.token_ids[:-1]
             tgt += s.token_ids[1:]
             pos += list(range(n))
@@ -150,15 +200,16 @@ def collate(bins: list[Bin], pad_id: int = 0) -> MicroBatch:
         loss_mask=torch.tensor(rows["mask"], dtype=torch.bool),
         inference_logprobs=torch.tensor(rows["lp"], dtype=torch.float32),
         advantages=torch.tensor(rows["adv"], dtype=torch.float32),
+        images=images,
     )
 
 
 def micro_batches(samples: list[Sample], seq_len: int, micro_batch_size: int, pad_id: int = 0,
-                  rank: int = 0, world_size: int = 1) -> list[MicroBatch]:
+                  rank: int = 0, world_size: int = 1, image_token_id: int | None = None) -> list[MicroBatch]:
     """This rank's micro-batches. Bins are dealt round-robin to ranks in groups of
     `micro_batch_size`; every rank gets the same number of micro-batches (a rank short of data
     gets an all-padding, zero-loss one) so collective ops stay in step."""
-    bins = pack(samples, seq_len)
+    bins = pack(samples, seq_len, image_token_id)
     groups = [bins[i:i + micro_batch_size] for i in range(0, len(bins), micro_batch_size)]
     per_rank = max(1, math.ceil(len(groups) / world_size))
     mine = groups[rank::world_size]

@@ -44,10 +44,12 @@ class PolicyLogprobs(torch.nn.Module):
         self.fused_loss = fused_loss
         self.fused_block_elements = fused_block_elements
 
-    def forward(self, input_ids, position_ids, targets, temperature: float = 1.0, fused=None):
+    def forward(self, input_ids, position_ids, targets, temperature: float = 1.0, fused=None, images=None):
         """fused = (rows, token_loss, grad_scale): the loss over the flattened tokens `rows` only
-        (the loss tokens: no other row reaches the LM head), see `fused_head_loss`."""
-        hidden = self.model(input_ids, position_ids)  # [R, T, H]
+        (the loss tokens: no other row reaches the LM head), see `fused_head_loss`. `images`: the
+        rows' image references (VL models), whose pixel inputs are recomputed here."""
+        mm = self.model.image_inputs(images) if images else {}
+        hidden = self.model(input_ids, position_ids, **mm)  # [R, T, H]
         flat = hidden.reshape(-1, hidden.shape[-1])
         if fused is not None:
             rows, token_loss, grad_scale = fused
@@ -121,14 +123,14 @@ def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], lo
                 return out
 
             loss, _, outs = policy(mb.input_ids, mb.position_ids, mb.targets, temperature,
-                                   fused=(rows, token_loss, scale))
+                                   fused=(rows, token_loss, scale), images=mb.images)
             loss.backward()
             if not outs:  # no loss token in this micro-batch: the metrics still count it
                 outs = [token_loss(torch.zeros(0), 0, 0)]
             total += sum(o.loss.double() for o in outs)
             stats.extend(o.stats for o in outs)
             continue
-        logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature)
+        logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature, images=mb.images)
         out = loss_fn(logp, mu, adv, mask, **loss_params)
         (out.loss * scale).backward()
         total += out.loss.detach().double()

@@ -1,6 +1,7 @@
 """Chat prompts to token ids, and generated text back to an OpenAI assistant message.
 
-    render_prompt(tokenizer, messages, tools) -> list[int]   # via the tokenizer's chat template
+    render_prompt(tokenizer, messages, tools, images=False) -> list[int]   # via the tokenizer's chat template
+    image_refs(messages) -> [url, ...];  expand_image_tokens(ids, image_token_id, counts) -> ids
     parse_tool_calls(text, next_id) -> (content | None, tool_calls)
 Tool calls are the Hermes/Qwen convention: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 blocks. A block whose body is not a JSON object with a string "name" stays in the content (the
@@ -36,25 +37,83 @@ def _text(content: Any) -> str | None:
     return str(content)
 
 
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _parts(content: Any) -> Any:
+    """Content for a model that sees images: text and image_url parts kept in order (the chat
+    template renders each image as its placeholder), anything else refused."""
+    if not isinstance(content, list):
+        return _text(content)
+    out = []
+    for p in content:
+        kind = p.get("type", "text") if isinstance(p, dict) else None
+        if kind == "text":
+            out.append({"type": "text", "text": str(p.get("text", ""))})
+        elif kind == "image_url" and isinstance(p.get("image_url"), dict):
+            out.append({"type": "image_url", "image_url": {"url": p["image_url"].get("url")}})
+        else:
+            raise EngineError(f"unsupported content part {p!r:.80}; text and image_url parts are read",
+                              type="UnsupportedContent", status_code=400)
+    return out
+
+
+def image_refs(messages: list[dict[str, Any]]) -> list[str]:
+    """The url of every image_url part, in the order the prompt shows them."""
+    return [p["image_url"].get("url") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+            for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url" and isinstance(p.get("image_url"), dict)]
+
+
+def expand_image_tokens(ids: list[int], image_token_id: int, counts: list[int]) -> list[int]:
+    """Each image placeholder token (one per image, as the chat template writes it) repeated as
+    many times as that image has tokens."""
+    where = [i for i, t in enumerate(ids) if t == image_token_id]
+    if len(where) != len(counts):
+        raise EngineError(f"the chat template wrote {len(where)} image placeholder(s) for {len(counts)} image(s); "
+                          "the model's chat template must render each image_url part", type="BadRequest", status_code=400)
+    out, last = [], 0
+    for i, n in zip(where, counts):
+        out += ids[last:i] + [image_token_id] * n
+        last = i + 1
+    return out + ids[last:]
+
+
+def render_multimodal(tokenizer, model, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                      roots=()) -> tuple[list[int], dict | None]:
+    """A VL model's prompt: (token ids with each image's tokens in place, its image inputs or None).
+    The inputs are `pixel_values`, `image_grid_thw` (tensors on the model's device) and
+    `rope_delta` (see `vf.models.qwen3_vl`). Images are read from data URLs or files under `roots`."""
+    ids = render_prompt(tokenizer, messages, tools, images=True)
+    refs = image_refs(messages)
+    if not refs:
+        return ids, None
+    mm = model.image_inputs(refs, roots)
+    grids = mm["image_grid_thw"].tolist()
+    ids = expand_image_tokens(ids, model.image_token_id, [model.image_tokens(g) for g in grids])
+    mm["rope_delta"] = model.rope_delta(ids, grids)
+    return ids, mm
+
+
+def normalize_messages(messages: list[dict[str, Any]], images: bool = False) -> list[dict[str, Any]]:
+    """Messages as the chat template gets them: content as text, or (`images`) as text and image parts."""
     out = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise EngineError(f"each message needs a 'role'; got {m!r:.100}", type="BadRequest")
         m = dict(m)
-        m["content"] = _text(m.get("content"))
+        m["content"] = _parts(m.get("content")) if images else _text(m.get("content"))
         if m["content"] is None and m["role"] != "assistant":
             m["content"] = ""
         out.append(m)
     return out
 
 
-def render_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+def render_prompt(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                  images: bool = False) -> list[int]:
+    """Prompt token ids; with `images` (a model that sees them) image parts stay in the messages and
+    come out as one placeholder token each (see `expand_image_tokens`)."""
     if not messages:
         raise EngineError("messages must not be empty", type="BadRequest")
     try:
         text = tokenizer.apply_chat_template(
-            normalize_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
+            normalize_messages(messages, images), tools=tools or None, add_generation_prompt=True, tokenize=False
         )
     except EngineError:
         raise

@@ -69,15 +69,18 @@ class FastDecoder:
                 self.qk_w.append(torch.cat([a.q_norm.weight.detach().expand(self.nh, self.hd),
                                             a.k_norm.weight.detach().expand(self.nkv, self.hd)]).contiguous())
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, rope_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step; `rope_pos` (default `pos`): the rotary positions where they differ from the
+        cache slots (a VL model's text after images, see `vf.models.qwen3_vl`)."""
         n = tokens.shape[0]
         nh, nkv, hd, H, eps = self.nh, self.nkv, self.hd, self.H, self.eps
         nqk = (nh + nkv) * hd
         cache = self.cache
         cache.begin_decode(n, pos)
         rows, mask, lmax = cache._rows, cache._mask, cache._lmax
-        cos = self.cos[pos][:, None, :]  # [n, 1, hd]
-        sin = self.sin_signed[pos][:, None, :]
+        rp = pos if rope_pos is None else rope_pos
+        cos = self.cos[rp][:, None, :]  # [n, 1, hd]
+        sin = self.sin_signed[rp][:, None, :]
         x = self.model.embed_tokens.weight[tokens]  # [n, H]
         gqa = nh != nkv
         for i, layer in enumerate(self.model.layers):

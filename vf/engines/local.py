@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
-from vf.engines.chat import parse_tool_calls, render_prompt
+from vf.engines.chat import parse_tool_calls, render_multimodal, render_prompt
 from vf.errors import EngineError, UsageError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -88,10 +88,14 @@ class LocalEngine:
     supports_tokens = True
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
-                 max_len: int | None = None, path: Path | None = None, fast_decode: bool = True, **_: Any):
+                 max_len: int | None = None, path: Path | None = None, fast_decode: bool = True,
+                 image_roots: list[str | os.PathLike] | None = None, **_: Any):
         from vf.engines.scheduler import Scheduler
 
         self.model = model.eval()
+        # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
+        self.multimodal = bool(getattr(model, "is_multimodal", False))
+        self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]
         self.tokenizer = tokenizer
         self.model_name = model_name or "local"
         self.path = path
@@ -130,6 +134,13 @@ class LocalEngine:
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return render_prompt(self.tokenizer, messages, tools)
 
+    async def encode_request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
+        """(prompt ids, image inputs or None). A VL model reads the image parts (decoded off the
+        event loop); a text-only one refuses them (`chat.normalize_messages`)."""
+        if not self.multimodal:
+            return self.encode_chat(messages, tools), None
+        return await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, messages, tools, self.image_roots)
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
             raise EngineError(
@@ -142,9 +153,11 @@ class LocalEngine:
             raise EngineError(f"prompt token ids must be integers in [0, {V})", type="BadRequest", status_code=400)
 
     async def generate_ids(self, prompt_ids: list[int], sampling: Sampling, *, ignore_eos: bool = False,
-                           min_tokens: int = 0, stop_token_ids: list[int] | None = None, on_token=None):
+                           min_tokens: int = 0, stop_token_ids: list[int] | None = None, on_token=None,
+                           mm: dict | None = None):
         """Token-level generation. Returns the finished `Seq` (token_ids, logprobs, finish_reason,
-        stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token."""
+        stop_reason, policy_version). `on_token(id, logprob)` runs on this event loop per token;
+        `mm` holds a VL model's image inputs for the prompt (`chat.render_multimodal`)."""
         from vf.engines.scheduler import Seq
 
         self._check_prompt(prompt_ids)
@@ -163,7 +176,7 @@ class LocalEngine:
             temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=int(sampling.top_k or 0),
             min_p=float(sampling.min_p or 0.0), seed=sampling.seed, stop=[s for s in (sampling.stop or []) if s],
             stop_token_ids=list(stop_token_ids or []), ignore_eos=ignore_eos, min_tokens=int(min_tokens),
-            on_token=token_cb if on_token is not None else None, done=done,
+            on_token=token_cb if on_token is not None else None, done=done, mm=mm,
         )
         try:
             self.scheduler.submit(seq)
@@ -196,8 +209,8 @@ class LocalEngine:
         return message, calls
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        prompt_ids = self.encode_chat(request.messages, request.tools)
-        seq = await self.generate_ids(prompt_ids, request.sampling)
+        prompt_ids, mm = await self.encode_request(request.messages, request.tools)
+        seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm)
         message, calls = self.build_message(self.finish_text(seq), bool(request.tools))
         finish = "tool_calls" if calls else seq.finish_reason
         return GenerateResult(

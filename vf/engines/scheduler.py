@@ -59,6 +59,7 @@ class Seq:
     error: BaseException | None = None
     cancelled: bool = False
     generator: torch.Generator | None = None
+    mm: dict | None = None  # a VL model's image inputs for the prompt (pixel_values, image_grid_thw, rope_delta)
 
 
 class Scheduler:
@@ -81,6 +82,7 @@ class Scheduler:
         self.lock = threading.RLock()
         from vf.engines.fastpath import FastDecoder
 
+        self.multimodal = bool(getattr(model, "is_multimodal", False))
         self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) else None
         self.refresh_head()
         self._cv = threading.Condition()
@@ -88,6 +90,8 @@ class Scheduler:
         self.rows: list[Seq] = []  # row i of the cache
         self.pos = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # tokens stored per row
         self.last = torch.zeros(max_batch, dtype=torch.int64, device=self.device)  # sampled, not yet stored
+        # VL models: rotary position = stored position + this row's rope delta (0 for text-only prompts)
+        self.delta = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         self._params = None
         self._gen = torch.Generator(device="cpu")
         self._gen.seed()
@@ -179,7 +183,13 @@ class Scheduler:
         positions = torch.arange(T, device=self.device).expand(m, T)
         lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
         self.cache.begin_prefill(start, m, T, lens)
-        hidden = self.model(ids, positions, self.cache)  # [m, T, H]
+        mm = [s.mm for s in block if s.mm]
+        extra = {} if not mm else {"pixel_values": torch.cat([x["pixel_values"] for x in mm]),
+                                   "image_grid_thw": torch.cat([x["image_grid_thw"] for x in mm])}
+        self.delta[start:start + m] = torch.tensor([int((s.mm or {}).get("rope_delta", 0)) for s in block])
+        hidden = self.model(ids, positions, self.cache, **extra)  # [m, T, H]
+        for s in block:
+            s.mm = None  # the pixels are in the KV cache now
         self.cache.advance(T)
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         logits = last_h @ self.head_t
@@ -192,11 +202,12 @@ class Scheduler:
     def _decode(self) -> None:
         n = len(self.rows)
         pos = self.pos[:n]
+        rope_pos = pos + self.delta[:n] if self.multimodal else pos
         if self.fast is not None:
-            hidden = self.fast.forward(self.last[:n], pos)  # [n, H]
+            hidden = self.fast.forward(self.last[:n], pos, rope_pos)  # [n, H]
         else:
             self.cache.begin_decode(n, pos)
-            hidden = self.model(self.last[:n, None], pos[:, None], self.cache)[:, 0]  # [n, H]
+            hidden = self.model(self.last[:n, None], rope_pos[:, None], self.cache)[:, 0]  # [n, H]
             self.cache.advance(1)
         self.pos[:n] += 1
         self.steps += 1
@@ -266,6 +277,7 @@ class Scheduler:
                 self.rows[row] = moved
                 self.pos[row] = self.pos[last]
                 self.last[row] = self.last[last]
+                self.delta[row] = self.delta[last]
             self.rows.pop()
             self._finish(seq, seq.finish_reason)
         self._params = None

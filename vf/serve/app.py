@@ -257,7 +257,9 @@ class ServeApp:
         ret_ids = _flag(body, "return_token_ids")
         as_ids = _flag(body, "return_tokens_as_token_ids")
         stream = _flag(body, "stream")
-        prompt_ids = self.engine.encode_chat(messages, tools)
+        prompt_ids, mm = await self.engine.encode_request(messages, tools)
+        if mm is not None:  # a VL model's image inputs for every choice
+            extra = {**extra, "mm": mm}
         self.engine._check_prompt(prompt_ids)
         self._admit(n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
