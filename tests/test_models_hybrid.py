@@ -140,8 +140,8 @@ def test_hybrid_chunked_prefill_then_recurrent_decode_equals_full_pass(family, s
         cache = SimpleKVCache(batch=2)
         steps = [model.compute_logits(IDS[:, :100], cache=cache)]  # chunked form, state saved
         steps += [model.compute_logits(IDS[:, 100:130], cache=cache)]  # chunked form from a state
-        steps += [model.compute_logits(IDS[:, t:t + 1], cache=cache) for t in range(130, 150)]  # recurrent
-    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+        steps += [model.compute_logits(IDS[:, t:t + 1], cache=cache) for t in range(130, 138)]  # recurrent
+    assert (torch.cat(steps, dim=1) - full[:, :138]).abs().max().item() <= 1e-4
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
