@@ -71,6 +71,17 @@ class EngineConfig(_Config):
     extra_args: list[str] = Field(default_factory=list)
     """More flags for the vLLM servers vf starts (e.g. --gpu-memory-utilization 0.5)."""
 
+    @model_serializer(mode="wrap")
+    def _drop_default_vllm_keys(self, handler):
+        # the vLLM keys are saved only when set, so configs (and resume digests) of runs that do
+        # not use vLLM stay as they were before these keys existed
+        out = handler(self)
+        if isinstance(out, dict):
+            for key in VLLM_KEYS:
+                if key in out and out[key] == type(self).model_fields[key].get_default(call_default_factory=True):
+                    out.pop(key)
+        return out
+
     @property
     def resolved_type(self) -> str:
         return self.type or ("openai" if self.base_url else "local")
@@ -78,6 +89,9 @@ class EngineConfig(_Config):
     @property
     def base_urls(self) -> list[str]:
         return [u.strip() for u in (self.base_url or "").split(",") if u.strip()]
+
+
+VLLM_KEYS = ("servers", "python", "max_model_len", "kv_cache_gb", "startup_timeout", "weight_transfer", "extra_args")
 
 
 class TaskMatch(_Config):
