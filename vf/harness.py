@@ -227,18 +227,7 @@ class Rollout:
         """Runtime, toolsets, opening messages, `Task.setup`. False (recorded) if any failed or
         the setup deadline passed."""
         t0 = self.trace.timing.setdefault("start", time.time())
-        deadline = asyncio.timeout(self.deadlines["setup"])
-        try:
-            async with deadline:
-                await self._open()
-        except TimeoutError as e:
-            if deadline.expired():
-                self.timeout("setup")
-            else:
-                self.fail(e, "error")
-            return False
-        except Exception as e:  # noqa: BLE001 - task/toolset code is user code
-            self.fail(e, "error")
+        if not await self._stage("setup", self._open(), self.deadlines["setup"]):
             return False
         self.trace.timing["setup"] = {"start": t0, "end": time.time()}
         self.trace.timing["agent"] = {"start": time.time()}
@@ -276,11 +265,11 @@ class Rollout:
             agent["model"] = {"duration": sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)}
             if not trace.errors:
                 t = time.time()
-                await self._stage("finalize", call_hook(self.task.finalize, self.hook_args()))
+                await self._stage("finalize", call_hook(self.task.finalize, self.hook_args()), self.deadlines["finalize"])
                 trace.timing["finalize"] = {"start": t, "end": time.time()}
             if scored and not trace.errors:
                 t = time.time()
-                await self._stage("scoring", score(self.task, trace, self.runtime))
+                await self._stage("scoring", score(self.task, trace, self.runtime), self.deadlines["scoring"])
                 trace.timing["scoring"] = {"start": t, "end": time.time()}
         finally:
             await self.cleanup()
@@ -297,19 +286,24 @@ class Rollout:
         if runtime is not None:
             await runtime.close()
 
-    async def _stage(self, stage: str, work) -> None:
-        """Run a finalize/scoring coroutine under its deadline; record a timeout or an error."""
-        deadline = asyncio.timeout(self.deadlines[stage])
+    async def _stage(self, stage: str, work, seconds: float | None) -> bool:
+        """Run one stage's coroutine under its deadline (None: no limit). A passed deadline stops
+        the trace as `<stage>_timeout`; an error is recorded on it. True when the stage completed."""
+        deadline = asyncio.timeout(seconds)
         try:
             async with deadline:
                 await work
-        except TimeoutError as e:
+            return True
+        except TimeoutError as e:  # a timeout inside the stage (a tool's own) is an error, not the stage's
             if deadline.expired():
                 self.timeout(stage)
             else:
                 self.fail(e, "error")
-        except Exception as e:  # noqa: BLE001 - task code is user code
+        except EngineError as e:
+            self.fail(e, "provider_error")
+        except Exception as e:  # noqa: BLE001 - task, tool and hook code is user code
             self.fail(e, "error")
+        return False
 
     def timeout(self, stage: str) -> None:
         """A stage passed its deadline: the trace stops as `<stage>_timeout` (replacing an earlier
@@ -369,22 +363,9 @@ class Rollout:
             items = message if isinstance(message, list) else [message]
             for m in items:
                 self.add({"role": "user", "content": m} if isinstance(m, str) else to_wire(m))
-        deadline = asyncio.timeout(self.agent_budget)
         started = time.monotonic()
         try:
-            async with deadline:
-                await self._replies()
-        except TimeoutError as e:
-            if deadline.expired():
-                self.timeout("agent")
-            else:
-                self.fail(e, "error")
-        except EngineError as e:
-            self.fail(e, "provider_error")
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - hook/tool code is user code
-            self.fail(e, "error")
+            await self._stage("agent", self._replies(), self.agent_budget)
         finally:
             if self.agent_budget is not None:  # time between turns (another seat's) is not spent
                 self.agent_budget = max(self.agent_budget - (time.monotonic() - started), 1e-3)
