@@ -387,7 +387,8 @@ def test_vf_train_on_image_colors_runs(tiny_vl, cli, tmp_path):
     test_trainer_logprobs_equal_engine_on_image_rollouts)."""
     out = tmp_path / "run"
     cli("vf-train", "-m", str(tiny_vl), "--taskset", "image-colors", "--warmup.steps", "1", "--steps", "1",
-        "--batch-size", "2", "--group-size", "2", "--sampling.max-tokens", "3", "--orchestrator.async-level", "0",
+        "--batch-size", "2", "--group-size", "2", "--sampling.max-tokens", "3",
+        "--async.deterministic", "true", "--async.level", "0",
         "--eval.at-start", "false", "--eval.at-end", "false", "-o", str(out), check=True, timeout=300)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows] == ["warmup", "rl"] and rows[0]["num_loss_tokens"] > 0
