@@ -76,14 +76,18 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_logits_match_transformers_both_moe_impls(family, saved):
-    hf, d = saved[family]
+    check_logits_parity(family, *saved[family], IDS)
+
+
+def check_logits_parity(family, hf, d, ids):
+    """Our model loaded from `d` gives `hf`'s fp32 logits within 1e-4, with either MoE path."""
     native = load_model(d)
     assert native.config.architecture == family
-    ref = hf_logits(hf, IDS)
+    ref = hf_logits(hf, ids)
     for impl in ("loop", "grouped"):
         native.set_moe_impl(impl)
         with torch.no_grad():
-            diff = (native.compute_logits(IDS) - ref).abs().max().item()
+            diff = (native.compute_logits(ids) - ref).abs().max().item()
         assert diff <= 1e-4, f"{family}/{impl}: max abs logit diff {diff}"
 
 

@@ -13,8 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_models_families import _train, check_round_trip
-from test_models_parity import hf_logits
+from test_models_families import _train, check_logits_parity, check_round_trip
 from vf.models import ModelConfig, ModelLoadError, load_model
 
 V = 512  # the built-in tiny tokenizer's vocabulary, so the checkpoints also run under vf-train
@@ -87,15 +86,7 @@ def logprobs(logits, ids):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_hybrid_logits_match_transformers(family, saved):
-    hf, d = saved[family]
-    native = load_model(d)
-    assert native.config.architecture == family
-    ref = hf_logits(hf, IDS)
-    for impl in ("loop", "grouped"):
-        native.set_moe_impl(impl)
-        with torch.no_grad():
-            diff = (native.compute_logits(IDS) - ref).abs().max().item()
-        assert diff <= 1e-4, f"{family}/{impl}: max abs logit diff {diff}"
+    check_logits_parity(family, *saved[family], IDS)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
