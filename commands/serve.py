@@ -37,7 +37,8 @@ def command(
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name the API reports."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
-    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's; the "
+                                       "engine's own thread uses 1 for a model under 50M parameters)."),
     weights_root: list[str] | None = typer.Option(None, "--weights-root", metavar="DIR",  # noqa: B008
                                            help="Directory /v1/load_weights may load from (repeatable; default: none)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
@@ -76,7 +77,7 @@ def command(
     from vf.engines.local import LocalEngine
     from vf.serve import run_server
 
-    engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch)
+    engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch, threads=threads)
     name = served_model_name or engine.model_name
 
     def ready(server, _app):

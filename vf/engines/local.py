@@ -1,6 +1,8 @@
 """The embedded `local` engine: native models from `vf.models`, continuous batching, exact log-probs.
 
     LocalEngine.from_model(model="tiny" | HF dir | None, dtype="float32", device="cpu", max_batch=64)
+    (either form takes threads=N: the engine thread's intra-op threads; default: 1 for a small
+    model on CPU, else torch's, see vf/engines/scheduler.py)
     LocalEngine(model: NativeModel, tokenizer, max_batch=64, model_name=None)   # share a module
     await engine.generate(GenerateRequest) -> GenerateResult
     await engine.generate_ids(prompt_ids, sampling, **extra) -> Seq      # raw token-level call
@@ -89,7 +91,7 @@ class LocalEngine:
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
                  max_len: int | None = None, path: Path | None = None, fast_decode: bool = True,
-                 image_roots: list[str | os.PathLike] | None = None, **_: Any):
+                 image_roots: list[str | os.PathLike] | None = None, threads: int | None = None, **_: Any):
         from vf.engines.scheduler import Scheduler
 
         self.model = model.eval()
@@ -105,7 +107,7 @@ class LocalEngine:
         self.eos_ids = _eos_ids(path, model, tokenizer)
         self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
                                    decode_tail=self._decode_tail, version=lambda: self.policy_version,
-                                   fast_decode=fast_decode)
+                                   fast_decode=fast_decode, threads=threads)
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",

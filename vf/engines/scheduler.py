@@ -14,6 +14,14 @@ right-padded block (their first token is sampled from the prefill logits); then 
 for all active rows (a [n, 1] forward). Finished rows are freed at once (compaction), so a new
 request waits at most one step to join. Python work per step is O(rows): one `.tolist()` of the
 sampled tokens and log-probs plus bookkeeping; stop strings decode only a short token tail.
+
+Threads: the engine thread sets its own intra-op thread count (`threads`; None = `auto_threads`).
+A decode step of a small model is ~60 ops of microseconds each; with two OpenMP threads every op
+that forks (matmul, attention) ends in a barrier, and on a busy machine the second thread is often
+descheduled, so the barrier waits a scheduler time slice. Measured on the 2-core dev box (tiny
+model, docs: benchmarks/RESULTS.md "Embedded engine batch decode"): one thread made a batch-16
+decode step several times faster under load. OpenMP's and MKL's thread counts are per thread, so
+`torch.set_num_threads` in the engine thread leaves the trainer's (or any caller's) count alone.
 """
 
 from __future__ import annotations
@@ -32,6 +40,16 @@ from vf.engines.sampler import make_params, sample
 
 # padded-token budget of one prefill block (rows x longest prompt); bigger groups are split
 PREFILL_TOKENS = 8192
+# below this many parameters a decode step's ops are too small to gain from a second thread
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def auto_threads(model) -> int | None:
+    """Intra-op threads for the engine thread: 1 for a small model on CPU, else torch's default (None)."""
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        return None
+    return 1 if sum(x.numel() for x in model.parameters()) < SMALL_MODEL_PARAMS else None
 
 
 @dataclass
@@ -64,7 +82,8 @@ class Seq:
 
 class Scheduler:
     def __init__(self, model, max_batch: int, max_len: int, eos_ids: set[int],
-                 decode_tail: Callable[[list[int]], str], version: Callable[[], int], fast_decode: bool = True):
+                 decode_tail: Callable[[list[int]], str], version: Callable[[], int], fast_decode: bool = True,
+                 threads: int | None = None):
         self.model = model
         self.max_batch, self.max_len = max_batch, max_len
         self.eos_ids = set(eos_ids)
@@ -98,8 +117,15 @@ class Scheduler:
         self._stopped = False
         self.steps = 0
         self.peak_rows = 0  # most rows decoded together so far (observability, tests)
+        self.threads = threads if threads else auto_threads(model)
+        self._threads_set = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vf-local-engine", daemon=True)
+        creator_threads = torch.get_num_threads()  # also pins the creating thread's own count
         self._thread.start()
+        if self.threads:
+            self._threads_set.wait(timeout=10)
+            # torch also keeps a process-wide default that threads started later copy: restore it
+            torch.set_num_threads(creator_threads)
 
     def refresh_head(self) -> None:
         """Pre-transpose the LM head ([H, V], contiguous) so each step is one plain matmul; rebuild
@@ -130,6 +156,9 @@ class Scheduler:
     # -- loop --------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.threads:
+            torch.set_num_threads(self.threads)  # this thread's OpenMP/MKL count (see the module doc)
+        self._threads_set.set()
         while True:
             with self._cv:
                 while not self._stopped and not self._waiting and not self.rows:
