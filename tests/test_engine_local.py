@@ -299,3 +299,30 @@ def test_fast_decode_path_matches_module_forward_path(varied):
             assert torch.max(torch.abs(torch.tensor(x.logprobs) - torch.tensor(y.logprobs))).item() < 1e-5
     finally:
         run(module_path.close())
+
+
+def test_engine_thread_sets_its_own_thread_count_only(tiny):
+    """The engine thread decodes with 1 intra-op thread (a small model: per-op fork/join costs more
+    than it saves); the thread that built the engine, and threads started later, keep theirs."""
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = LocalEngine(tiny.model, tiny.tokenizer, max_batch=2)
+        assert engine.scheduler.threads == 1 and engine.scheduler.threads_in_use == 1
+        assert torch.get_num_threads() == 2
+        later = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert later == [2]
+        out = run(engine.generate_ids([5, 6, 7], Sampling(temperature=0.0, max_tokens=4), ignore_eos=True))
+        assert out.token_ids == run(tiny.generate_ids([5, 6, 7], Sampling(temperature=0.0, max_tokens=4),
+                                                      ignore_eos=True)).token_ids
+        run(engine.close())
+        explicit = LocalEngine(tiny.model, tiny.tokenizer, max_batch=2, threads=2)
+        assert explicit.scheduler.threads_in_use == 2
+        run(explicit.close())
+    finally:
+        torch.set_num_threads(before)

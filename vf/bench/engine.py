@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from vf.bench.common import Case, ChildFailed, Ratio, ratio, run_child, suite_result
@@ -133,8 +134,12 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
                      "vllm on GPU; or point VF_VLLM_PYTHON at a python that has it)")
     else:
         try:
+            env = {k: os.environ.get(k, v) for k, v in VLLM_ENV.items()}
+            # another interpreter may have another vf installed: make it run this checkout's bench code
+            here = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
             vllm = run_child("vf.bench.engine:measure_vllm", {"model": model, "repeats": cfg["repeats"], **kw},
-                             python=python, env={k: os.environ.get(k, v) for k, v in VLLM_ENV.items()})
+                             python=python, env=env)
             load.append(os.getloadavg()[0])
         except ChildFailed as e:  # an optional comparison: keep the rest
             notes.append(f"vLLM comparison failed: {str(e).splitlines()[0]}")

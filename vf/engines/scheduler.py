@@ -158,6 +158,7 @@ class Scheduler:
         torch.set_grad_enabled(False)
         if self.threads:
             torch.set_num_threads(self.threads)  # this thread's OpenMP/MKL count (see the module doc)
+        self.threads_in_use = torch.get_num_threads()
         self._threads_set.set()
         while True:
             with self._cv:
