@@ -46,6 +46,9 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
     from vf.engines.local import LocalEngine
 
     engine = LocalEngine.from_model(model, max_batch=max(batches))
+    # transformers gets the intra-op threads our engine thread uses: the same resources on both
+    # sides (with 2 threads on a busy 2-core machine its generate loses 5-10x to fork/join waits)
+    torch.set_num_threads(engine.scheduler.threads_in_use)
     hf = AutoModelForCausalLM.from_pretrained(str(engine.path), dtype=torch.float32).eval()
     V = engine.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -84,8 +87,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
         loop.run_until_complete(engine.close())
     finally:
         loop.close()
-    out["engine_threads"] = engine.scheduler.threads or torch.get_num_threads()
-    out["torch_threads"] = torch.get_num_threads()
+    out["threads"] = engine.scheduler.threads_in_use
     return out
 
 
@@ -157,7 +159,7 @@ def run(size: str = "full", model: str = "tiny", **_: Any) -> dict[str, Any]:
                               ref_label="vLLM", ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], v["tokens_per_s"]))}))
     notes.append(f"greedy, {cfg['tokens']} new tokens per row after a {cfg['prompt_len']}-token prompt, "
                  "EOS ignored; tokens/s over the whole batch including prefill")
-    notes.append(f"median of {cfg['repeats']} after a warm-up; engine thread {res['engine_threads']} intra-op "
-                 f"thread(s), transformers {res['torch_threads']}; 1-min load average before/after each child "
+    notes.append(f"median of {cfg['repeats']} after a warm-up; {res['threads']} intra-op thread(s) for our engine "
+                 f"thread and for transformers; 1-min load average before/after each child "
                  f"({os.cpu_count()} CPUs): " + " → ".join(f"{x:.1f}" for x in load))
     return suite_result("engine", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))
