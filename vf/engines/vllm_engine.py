@@ -418,7 +418,8 @@ class VLLMEngine:
                 try:
                     self._load_one(s, str(path), int(version))
                 except EngineError as e:
-                    self._lost(s, f"failed to load weights version {version} ({e.message})")
+                    self._lost(s, f"stopped answering (while loading weights version {version})" if s.dead()
+                               else f"failed to load weights version {version} ({e.message})")
             if self.fatal is not None:
                 raise self.fatal
             if not any(s.healthy for s in self.servers) and not any(s.started for s in self.servers):
