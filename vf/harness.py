@@ -442,6 +442,7 @@ class Rollout:
         record.usage = {"prompt_tokens": result.usage.prompt_tokens,
                         "completion_tokens": result.usage.completion_tokens}
         record.policy_version = result.policy_version
+        record.endpoint = getattr(result, "endpoint", None)
         record.attempts = getattr(result, "attempts", 1)
         if spec.require_tokens and (result.token_ids is None or result.logprobs is None):
             raise EngineError(f"engine {spec.engine.name!r} returned no token ids/log-probs",

@@ -66,6 +66,7 @@ class GenerateResult:
     `policy_version` is the policy version the reply started from (its prompt was processed by),
     `policy_version_end` the version that sampled its last token (None: the same as the start);
     they differ when weights were updated while the request was in flight.
+    `endpoint` is the server that produced it, when the engine spreads requests over several.
     """
 
     message: dict[str, Any]
@@ -77,6 +78,7 @@ class GenerateResult:
     policy_version: int | None = None
     policy_version_end: int | None = None
     model: str | None = None
+    endpoint: str | None = None
 
 
 @runtime_checkable

