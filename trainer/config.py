@@ -2,7 +2,7 @@
 
     TrainConfig
       model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype,
-                    device, impl (auto|native|hf), compile, moe.impl
+                    device, impl (auto|native|hf), compile, moe.impl, router_replay
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -61,6 +61,11 @@ class ModelSection(_Section):
     native: refuse other families (exit 2); hf: always transformers' model."""
     compile: bool = False
     """torch.compile each decoder block (training): fused elementwise work; the first steps compile."""
+    router_replay: bool = False
+    """MoE models: the engine returns the experts it routed each sampled token to (traces carry them
+    as `routed_experts`) and the trainer's forward uses them instead of its own top-k on those
+    tokens (prompt tokens route normally), so a router that moved since sampling cannot change which
+    experts produced a log-prob. Embedded engine and vLLM; exits 2 on a dense model."""
 
 
 class TrainSampling(SamplingConfig):
@@ -327,6 +332,9 @@ def check(config: TrainConfig) -> None:
     if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps
                                                     or config.drift.engine_dtype):
         problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")
+    if config.model.router_replay and config.engine.resolved_type == "openai":
+        problems.append("model.router_replay needs the routing of every sampled token, which an OpenAI-compatible "
+                        "server does not return: use the embedded engine or --engine.type vllm")
     if config.trainer.seq_len < s.max_tokens + 2:
         problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "
                         f"(sampling.max_tokens {s.max_tokens})")

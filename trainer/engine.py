@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64,
-             impl: str = "auto"):
+             impl: str = "auto", router_replay: bool = False):
     import torch
     from vf.models import load_model
 
@@ -31,7 +31,8 @@ def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = 
         p.requires_grad_(False)
     from vf.engines.local import LocalEngine
 
-    return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path))
+    return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path),
+                       router_replay=router_replay)
 
 
 def server(config, push=None):

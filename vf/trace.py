@@ -81,6 +81,9 @@ class MessageNode(_Record):
     mask: list[int] | None = None
     logprobs: list[float] | None = None
     advantages: list[float] | None = None
+    routed_experts: list[list[list[int]]] | None = None
+    """Router replay (MoE, `--model.router-replay`): per token of `token_ids`, one list per MoE
+    layer of the k expert ids the engine's forward that sampled the token chose (absent otherwise)."""
 
 
 class ModelCall(_Record):

@@ -1,0 +1,171 @@
+"""Router replay (`--model.router-replay`): the embedded engine returns the experts each MoE layer
+routed every sampled token to, traces carry them, and the trainer's forward reuses them.
+
+One tiny random Qwen3-MoE checkpoint (2 MoE layers, 8 experts, top-2, the tiny tokenizer), a few
+seeded sampled replies from the engine, then the trainer side on the same weights."""
+
+import asyncio
+import json
+import shutil
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_models_parity import make_hf
+from vf.engines.base import Sampling
+from vf.models import load_model
+from vf.models.moe import RoutingRecorder, moe_layers, replay_routing
+from vf.trace import MessageNode, Trace
+from vf.trainer.samples import micro_batches, trace_samples
+from vf.trainer.step import PolicyLogprobs
+
+V = 512
+MOE = {"vocab_size": V, "num_hidden_layers": 2, "num_key_value_heads": 2, "intermediate_size": 48,
+       "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}
+PROMPTS = [[1, 17, 45, 300, 2], [1, 99, 7, 8, 9, 10, 11, 250, 3], [5, 6]]
+
+
+def build_moe(out, seed: int = 0):
+    from vf.models.tiny import ensure_tiny_model
+
+    make_hf("Qwen3Moe", MOE, seed=seed).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        shutil.copy(ensure_tiny_model() / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return build_moe(tmp_path_factory.mktemp("moe"))
+
+
+@pytest.fixture(scope="module")
+def replies(moe_dir):
+    """(prompt ids, Seq) per prompt: sampled at T=1 (seeded), all in flight together."""
+    from vf.engines.local import LocalEngine
+
+    async def go():
+        engine = LocalEngine.from_model(str(moe_dir), router_replay=True)
+        try:
+            s = Sampling(temperature=1.0, max_tokens=10)
+            seqs = await asyncio.gather(*(engine.generate_ids(p, Sampling(**{**s.to_dict(), "seed": i}), ignore_eos=True)
+                                          for i, p in enumerate(PROMPTS)))
+        finally:
+            await engine.close()
+        return list(zip(PROMPTS, seqs))
+
+    return asyncio.run(go())
+
+
+def _trace(prompt, seq) -> Trace:
+    return Trace(nodes=[
+        MessageNode(message={"role": "user", "content": "x"}, token_ids=prompt, mask=[0] * len(prompt)),
+        MessageNode(parent=0, message={"role": "assistant", "content": "y"}, sampled=True, token_ids=seq.token_ids,
+                    mask=[1] * len(seq.token_ids), logprobs=seq.logprobs, routed_experts=seq.routed_experts)])
+
+
+def _packed(replies, seq_len=64):
+    """Every reply as a sample of its trace, packed into one micro-batch (several samples per row)."""
+    samples = [s for p, q in replies for s in trace_samples(_trace(p, q), advantage=1.0)]
+    mbs = micro_batches(samples, seq_len=seq_len, micro_batch_size=8)
+    assert len(mbs) == 1 and mbs[0].input_ids.shape[0] < len(samples)  # packed: rows hold several samples
+    return mbs[0]
+
+
+def test_engine_returns_the_experts_a_trainer_forward_picks(moe_dir, replies):
+    """(a) Per sampled token, [layer][k] expert ids equal to what the trainer's forward over
+    prompt + reply picks at the position that produced the token, on the same weights."""
+    model = load_model(moe_dir)
+    rec = RoutingRecorder(model)
+    for prompt, seq in replies:
+        assert len(seq.routed_experts) == len(seq.token_ids) == 10
+        assert all(len(r) == 2 and all(len(k) == 2 for k in r) for r in seq.routed_experts)  # 2 layers, top-2
+        ids = torch.tensor([prompt + seq.token_ids[:-1]])
+        with torch.no_grad():
+            model(ids)
+        picked = torch.stack([m.routed for m in rec.layers], 1)  # [P + n − 1, L, k]
+        P = len(prompt)
+        # the same set per layer (top-k order is not part of the routing)
+        assert picked[P - 1:].sort(-1).values.tolist() == torch.tensor(seq.routed_experts).sort(-1).values.tolist()
+
+
+def test_replay_reproduces_engine_logprobs_and_routing_after_router_moved(moe_dir, replies):
+    """(b) With replay, the trainer's log-probs on the engine's weights equal the engine's; after
+    the routers move enough to change their top-k, replay still routes as the engine did."""
+    mb = _packed(replies)
+    model = load_model(moe_dir)
+    policy = PolicyLogprobs(model, router_replay=True)
+    mask = mb.loss_mask.reshape(-1)
+    mu = mb.inference_logprobs.reshape(-1)[mask]
+    assert int(mask.sum()) == 3 * 10  # every sampled token is a loss target
+
+    def logp(replay: bool):
+        with torch.no_grad(), replay_routing(model, mb.routed_experts if replay else None):
+            return policy(mb.input_ids, mb.position_ids, mb.targets).reshape(-1)[mask]
+
+    assert (logp(True) - mu).abs().max() < 1e-5
+    assert (logp(False) - mu).abs().max() < 1e-5  # same weights: the routers agree anyway
+
+    with torch.no_grad():  # move every router far enough that its own top-k changes
+        g = torch.Generator().manual_seed(5)
+        for layer in moe_layers(model):
+            layer.router.weight.add_(torch.randn(layer.router.weight.shape, generator=g) * 2.0)
+    rec = RoutingRecorder(model)
+    replayed = mb.routed_experts.reshape(-1, 2, 2)
+    rows = (replayed[:, 0, 0] >= 0).nonzero().squeeze(1)
+    assert rows.numel() == 3 * 10  # the replayed positions: each reply's producing positions
+
+    def routing():
+        return torch.stack([m.routed for m in rec.layers], 1)[rows].sort(-1).values
+
+    free = logp(False)
+    own = routing()
+    assert (own != replayed[rows].sort(-1).values).any(-1).any(-1).float().mean() > 0.3  # the top-k moved
+    forced = logp(True)
+    assert torch.equal(routing(), replayed[rows].sort(-1).values)  # replay: the engine's experts
+    assert (forced - free).abs().max() > 1e-3  # and that changes the log-probs
+
+
+def test_router_gets_gradient_under_replay(moe_dir, replies):
+    """(c) The gate weights come from the router's scores at the replayed ids: the router learns."""
+    mb = _packed(replies)
+    model = load_model(moe_dir)
+    policy = PolicyLogprobs(model, router_replay=True)
+    mask = mb.loss_mask.reshape(-1)
+    with replay_routing(model, mb.routed_experts):
+        lp = policy(mb.input_ids, mb.position_ids, mb.targets).reshape(-1)[mask]
+        lp.sum().backward()
+    for layer in moe_layers(model):
+        g = layer.router.weight.grad
+        assert g is not None and torch.isfinite(g).all() and g.norm() > 1e-4
+    assert all(m.replay is None for m in moe_layers(model))  # the block cleared it
+
+
+def test_collate_aligns_routing_with_targets():
+    """Packed rows: input position t of a sample carries token t+1's routing; prompt and padding −1."""
+    from vf.trainer.samples import Bin, Sample, collate
+
+    a = Sample([1, 2, 3, 4], [0, 0, 1, 1], [0, 0, -1.0, -2.0], routed_experts=[None, None, [[1, 2]], [[3, 4]]])
+    b = Sample([5, 6, 7], [0, 1, 1], [0, -1.0, -1.0], routed_experts=[None, [[5, 6]], [[7, 0]]])
+    plain = Sample([8, 9], [0, 1], [0, -3.0])
+    mb = collate([Bin([a, b], 5), Bin([plain], 1)])
+    assert mb.routed_experts.shape == (2, 5, 1, 2)
+    assert mb.routed_experts[0, :, 0].tolist() == [[-1, -1], [1, 2], [3, 4], [5, 6], [7, 0]]
+    assert mb.routed_experts[1, :, 0].tolist() == [[-1, -1]] * 5
+    assert mb.targets[0].tolist() == [2, 3, 4, 6, 7]
+    assert collate([Bin([plain], 1)]).routed_experts is None  # no routing: nothing built
+
+
+def test_trace_field_is_optional_and_round_trips(replies):
+    from vf.trace import Episode, parse_episode
+
+    prompt, seq = replies[0]
+    ep = Episode(traces=[_trace(prompt, seq)])
+    back = parse_episode(ep.to_json())
+    assert back.traces[0].nodes[1].routed_experts == seq.routed_experts
+    assert "routed_experts" not in json.loads(ep.to_json())["traces"][0]["nodes"][0]  # None is not written
+    old = json.loads(ep.to_json())
+    del old["traces"][0]["nodes"][1]["routed_experts"]
+    assert parse_episode(json.dumps(old)).traces[0].nodes[1].routed_experts is None  # older traces stay valid
