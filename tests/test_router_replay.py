@@ -63,7 +63,7 @@ def _trace(prompt, seq) -> Trace:
     return Trace(nodes=[
         MessageNode(message={"role": "user", "content": "x"}, token_ids=prompt, mask=[0] * len(prompt)),
         MessageNode(parent=0, message={"role": "assistant", "content": "y"}, sampled=True, token_ids=seq.token_ids,
-                    mask=[1] * len(seq.token_ids), logprobs=seq.logprobs, routed_experts=seq.routed_experts)])
+                    mask=[1] * len(seq.token_ids), logprobs=seq.logprobs, expert_ids=seq.routed_experts)])
 
 
 def _packed(replies, seq_len=64):
@@ -164,8 +164,79 @@ def test_trace_field_is_optional_and_round_trips(replies):
     prompt, seq = replies[0]
     ep = Episode(traces=[_trace(prompt, seq)])
     back = parse_episode(ep.to_json())
-    assert back.traces[0].nodes[1].routed_experts == seq.routed_experts
-    assert "routed_experts" not in json.loads(ep.to_json())["traces"][0]["nodes"][0]  # None is not written
+    assert back.traces[0].nodes[1].expert_ids == seq.routed_experts
+    assert "expert_ids" not in json.loads(ep.to_json())["traces"][0]["nodes"][0]  # None is not written
     old = json.loads(ep.to_json())
-    del old["traces"][0]["nodes"][1]["routed_experts"]
-    assert parse_episode(json.dumps(old)).traces[0].nodes[1].routed_experts is None  # older traces stay valid
+    del old["traces"][0]["nodes"][1]["expert_ids"]
+    assert parse_episode(json.dumps(old)).traces[0].nodes[1].expert_ids is None  # older traces stay valid
+
+
+# ---- vf-train ----------------------------------------------------------------------------------
+
+
+def _train(*args):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "vf.commands.train", *args], capture_output=True, text=True,
+                          timeout=240, env=env, check=False)
+
+
+@pytest.mark.slow
+def test_vf_train_router_replay_runs_and_traces_carry_expert_ids(moe_dir, tmp_path):
+    """(d) Two RL steps with replay on: every sampled node carries [L][k] expert ids per token."""
+    run = tmp_path / "run"
+    proc = _train("-o", str(run), "--model", str(moe_dir), "--model.router-replay", "--steps", "2",
+                  "--warmup.steps", "0", "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false",
+                  "--eval.at-end", "false", "--seed", "7", "--trainer.threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and rows[0]["mismatch_kl"] < 1e-6
+    sampled = [n for line in (run / "traces.jsonl").read_text().splitlines()
+               for t in json.loads(line)["traces"] for n in t["nodes"] if n.get("sampled")]
+    assert len(sampled) >= 16
+    for n in sampled:
+        ids = torch.tensor(n["expert_ids"])
+        assert ids.shape == (len(n["token_ids"]), 2, 2) and 0 <= int(ids.min()) and int(ids.max()) < 8
+        assert (ids[..., 0] != ids[..., 1]).all()  # k distinct experts per layer
+
+
+def test_vf_train_router_replay_on_a_dense_model_exits_2(tmp_path):
+    """(e) Refused before any step, with what to do."""
+    proc = _train("-o", str(tmp_path / "run"), "--model", "tiny-random", "--model.router-replay", "--steps", "1",
+                  "--warmup.steps", "0", "--batch-size", "8", "--group-size", "4")
+    assert proc.returncode == 2
+    assert "router-replay needs a MoE model" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+VERIFIERS_PY = __import__("os").environ.get("VF_VERIFIERS_PYTHON")
+
+
+@pytest.mark.skipif(not VERIFIERS_PY, reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
+def test_verifiers_wire_episode_reads_a_line_with_expert_ids(tmp_path, stub, cli):
+    """verifiers 0.4 reads our lines with the field (it ignores fields it does not know); under its name
+    `routed_experts` (a numpy array it keeps off disk) the same list would be rejected."""
+    import subprocess
+
+    out = tmp_path / "run"
+    cli("vf-eval", "reverse-text", "-m", "reverse", "--base-url", stub.url, "-n", "1", "-o", str(out), "--json",
+        check=True)
+    ep = json.loads((out / "traces.jsonl").read_text().splitlines()[0])
+    node = next(n for n in ep["traces"][0]["nodes"] if n.get("sampled"))
+    node["expert_ids"] = [[[1, 2], [3, 4]]] * len(node.get("token_ids") or [0])
+    clash = json.loads(json.dumps(ep))
+    next(n for n in clash["traces"][0]["nodes"] if n.get("sampled"))["routed_experts"] = node["expert_ids"]
+    (tmp_path / "ours.jsonl").write_text(json.dumps(ep) + "\n")
+    (tmp_path / "clash.jsonl").write_text(json.dumps(clash) + "\n")
+    code = ("import sys\nfrom verifiers.v1 import WireEpisode\n"
+            "ep = WireEpisode.model_validate_json(open(sys.argv[1]).read())\n"
+            "n = [n for n in ep.traces[0].nodes if n.sampled][0]\n"
+            "print(len(n.token_ids), n.routed_experts, ep.traces[0].reward)\n")
+    ours = subprocess.run([VERIFIERS_PY, "-c", code, str(tmp_path / "ours.jsonl")], capture_output=True, text=True)
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout.split() == [str(len(node["expert_ids"])), "None", "1.0"]
+    clash = subprocess.run([VERIFIERS_PY, "-c", code, str(tmp_path / "clash.jsonl")], capture_output=True, text=True)
+    assert clash.returncode != 0 and "ndarray" in clash.stderr

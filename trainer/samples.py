@@ -14,7 +14,7 @@ model's image-pad token. Truncation cuts only at whole-image boundaries (an imag
 cut is dropped with the tokens after it), and a micro-batch carries its rows' references in
 row-major token order, from which the trainer recomputes the pixel inputs (`PolicyLogprobs`).
 
-Router replay (MoE): a sample whose assistant nodes carry `routed_experts` keeps them per token
+Router replay (MoE): a sample whose assistant nodes carry `expert_ids` keeps them per token
 (`routed_experts[i]` = [L][k] expert ids of the engine's forward that sampled token i, None for
 context tokens), shifted like the log-probs when packed: the input at position t is the forward
 that produced target t + 1, so a micro-batch's `routed_experts` [R, T, L, k] hold the engine's ids
@@ -85,7 +85,7 @@ def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | N
         if not node.sampled:
             mask = [0] * n  # context tokens (prompt deltas, tool results) are never trained on
         lps = node.logprobs if node.logprobs is not None else None
-        routed = getattr(node, "routed_experts", None) if node.sampled else None
+        routed = node.expert_ids if node.sampled else None
         if routed is not None and len(routed) == n:
             if cur.routed_experts is None:
                 cur.routed_experts = [None] * len(cur.token_ids)
