@@ -240,3 +240,45 @@ def test_verifiers_wire_episode_reads_a_line_with_expert_ids(tmp_path, stub, cli
     assert ours.stdout.split() == [str(len(node["expert_ids"])), "None", "1.0"]
     clash = subprocess.run([VERIFIERS_PY, "-c", code, str(tmp_path / "clash.jsonl")], capture_output=True, text=True)
     assert clash.returncode != 0 and "ndarray" in clash.stderr
+
+
+# ---- vLLM (no server needed) -------------------------------------------------------------------
+
+
+def _vllm_b64(arr):
+    """What vLLM 0.32's token-in route sends (`numpy2base64`: base64 of the `.npy` bytes)."""
+    import base64
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(arr, dtype=np.uint8), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def test_vllm_routed_experts_become_per_token_moe_layer_ids(moe_dir):
+    """vLLM's array [prompt + completion − 1, decoder layers, k] (row i: token i's forward) →
+    per sampled token the row of the forward that sampled it, MoE layers only; a request to a
+    server without the flag fails with what to do; a dense model is refused."""
+    import numpy as np
+
+    from vf.engines.base import GenerateRequest
+    from vf.engines.vllm_engine import ROUTING_FLAG, VLLMEngine, routed_experts_from_vllm
+    from vf.errors import EngineError, UsageError
+
+    P, n = 5, 3
+    arr = np.arange((P + n - 1) * 3 * 2).reshape(P + n - 1, 3, 2) % 8  # 3 decoder layers, layer 0 dense
+    assert routed_experts_from_vllm(_vllm_b64(arr), n, [1, 2]) == arr[P - 1:, 1:].tolist()
+    engine = VLLMEngine(model=str(moe_dir), base_urls="http://127.0.0.1:9", router_replay=True)
+    assert engine.moe_layers == [0, 1] and ROUTING_FLAG in engine.extra_args
+    choice = {"token_ids": [10, 11, 12], "finish_reason": "length",
+              "logprobs": {"content": [{"logprob": -1.0}] * 3}, "routed_experts": _vllm_b64(arr[:, :2])}
+    result = engine._result(GenerateRequest(messages=[{"role": "user", "content": "hi"}]), list(range(P)),
+                            {"choices": [choice]})
+    assert result.routed_experts == arr[P - 1:, :2].tolist()
+    with pytest.raises(EngineError, match=ROUTING_FLAG):
+        engine._result(GenerateRequest(messages=[{"role": "user", "content": "hi"}]), list(range(P)),
+                       {"choices": [{**choice, "routed_experts": None}]})
+    with pytest.raises(UsageError, match="needs a MoE model"):
+        VLLMEngine(model="tiny-random", base_urls="http://127.0.0.1:9", router_replay=True)

@@ -119,6 +119,6 @@ def vllm(config, run_dir: Path, say=None):
     return VLLMEngine(model=config.model.path, servers=e.servers, base_urls=e.base_urls, python=e.python,
                       dtype=e.dtype, max_model_len=e.max_model_len, kv_cache_gb=e.kv_cache_gb,
                       startup_timeout=e.startup_timeout, timeout=max(e.timeout, 600.0), extra_args=e.extra_args,
-                      log_dir=Path(run_dir) / "logs", on_event=say)
+                      log_dir=Path(run_dir) / "logs", on_event=say, router_replay=config.model.router_replay)
 
 
