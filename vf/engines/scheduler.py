@@ -7,7 +7,8 @@ Contract:
     `lock` is held for each step; weight updates take it so they land between decode steps: a
     sequence in flight keeps its KV cache and samples its next tokens from the new weights. Each
     Seq records the version at admission (`policy_version`) and at its last token
-    (`policy_version_end`), so a reply that spans an update says so.
+    (`policy_version_end`), so a reply that spans an update says so. With `router_replay` each
+    Seq also gets `routed_experts` per sampled token (`vf.models.moe.RoutingRecorder`).
 
 One iteration: admit waiting sequences into free rows (up to max_batch) and prefill them as one
 right-padded block (their first token is sampled from the prefill logits); then one decode step
