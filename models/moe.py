@@ -265,7 +265,12 @@ class RoutingRecorder:
             layer.record_routing = True
 
     def take(self, seqs) -> list[list[list[int]]]:
-        ids = torch.stack([layer.routed for layer in self.layers], dim=1)  # [N, L, k]
+        routed = [layer.routed for layer in self.layers]
+        for layer in self.layers:
+            layer.routed = None  # a layer the next forward skips fails loudly instead of repeating
+        if any(r is None for r in routed) or routed[0].shape[0] % len(seqs):
+            raise RuntimeError("router replay: the last forward did not run every MoE layer over its rows")
+        ids = torch.stack(routed, dim=1)  # [N, L, k]
         T = ids.shape[0] // len(seqs)
         pos = [r * T + (len(s.prompt_ids) - 1 if not s.token_ids else 0) for r, s in enumerate(seqs)]
         return ids[torch.tensor(pos, device=ids.device)].tolist()

@@ -212,6 +212,16 @@ def test_vf_train_router_replay_on_a_dense_model_exits_2(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_router_replay_against_an_openai_server_is_refused():
+    """The chat API returns no routing: replay would silently not happen, so the config says so."""
+    from vf.errors import ConfigError
+    from vf.trainer.config import resolve
+
+    with pytest.raises(ConfigError, match="router_replay"):
+        resolve({"model": {"router_replay": True}, "engine": {"base_url": "http://127.0.0.1:8000/v1"}})
+    assert resolve({"model": {"router_replay": True}, "engine": {"type": "vllm"}}).model.router_replay
+
+
 VERIFIERS_PY = __import__("os").environ.get("VF_VERIFIERS_PYTHON")
 
 
