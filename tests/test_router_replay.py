@@ -213,14 +213,44 @@ def test_vf_train_router_replay_on_a_dense_model_exits_2(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_router_replay_against_an_openai_server_is_refused():
-    """The chat API returns no routing: replay would silently not happen, so the config says so."""
-    from vf.errors import ConfigError
-    from vf.trainer.config import resolve
+@pytest.mark.slow
+def test_vf_serve_router_replay_returns_routed_experts_to_the_openai_engine(moe_dir):
+    """`vf-serve --router-replay` adds `routed_experts` to chat choices; the openai engine (what
+    vf-train uses with --engine.base-url) reads them — the experts a trainer forward picks — and
+    a server without the flag fails the call instead of training without replay."""
+    from test_serve import start_server
 
-    with pytest.raises(ConfigError, match="router_replay"):
-        resolve({"model": {"router_replay": True}, "engine": {"base_url": "http://127.0.0.1:8000/v1"}})
-    assert resolve({"model": {"router_replay": True}, "engine": {"type": "vllm"}}).model.router_replay
+    from vf.engines.base import GenerateRequest
+    from vf.engines.openai_client import OpenAIEngine
+    from vf.errors import EngineError
+
+    async def ask(base):
+        engine = OpenAIEngine(base + "/v1", model="moe", router_replay=True)
+        try:
+            return await engine.generate(GenerateRequest(messages=[{"role": "user", "content": "reverse: abc"}],
+                                                         sampling=Sampling(max_tokens=6, seed=1)))
+        finally:
+            await engine.close()
+
+    proc, base = start_server(str(moe_dir), "--router-replay", "--threads", "1", timeout=180)
+    try:
+        result = asyncio.run(ask(base))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    n, P = len(result.token_ids), len(result.prompt_token_ids)
+    assert n > 0 and len(result.routed_experts) == n
+    model = load_model(moe_dir)
+    rec = RoutingRecorder(model)
+    with torch.no_grad():
+        model(torch.tensor([result.prompt_token_ids + result.token_ids[:-1]]))
+    picked = torch.stack([m.routed for m in rec.layers], 1)[P - 1:]
+    assert picked.sort(-1).values.tolist() == torch.tensor(result.routed_experts).sort(-1).values.tolist()
+
+    plain = {"choices": [{"message": {"content": "x"}, "token_ids": result.token_ids,  # a server without the flag
+                          "logprobs": {"content": [{"logprob": -1.0}] * n}}]}
+    with pytest.raises(EngineError, match="vf-serve --router-replay"):
+        OpenAIEngine(base + "/v1", router_replay=True)._parse(plain)
 
 
 VERIFIERS_PY = __import__("os").environ.get("VF_VERIFIERS_PYTHON")

@@ -65,8 +65,8 @@ class ModelSection(_Section):
     """MoE models: the engine returns the experts it routed each sampled token to (traces carry them
     as `routed_experts`) and the trainer's forward uses them instead of its own top-k on those
     tokens (prompt tokens route normally), so a router that moved since sampling cannot change which
-    experts produced a log-prob. Embedded engine and vLLM on GPU; exits 2 on a dense model
-    (docs/router-replay.md)."""
+    experts produced a log-prob. Embedded engine, `vf-serve --router-replay`, vLLM on GPU; exits 2
+    on a dense model (docs/router-replay.md)."""
 
 
 class TrainSampling(SamplingConfig):
@@ -333,9 +333,6 @@ def check(config: TrainConfig) -> None:
     if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps
                                                     or config.drift.engine_dtype):
         problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")
-    if config.model.router_replay and config.engine.resolved_type == "openai":
-        problems.append("model.router_replay needs the routing of every sampled token, which an OpenAI-compatible "
-                        "server does not return: use the embedded engine or --engine.type vllm")
     if config.trainer.seq_len < s.max_tokens + 2:
         problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "
                         f"(sampling.max_tokens {s.max_tokens})")

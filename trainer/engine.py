@@ -44,7 +44,8 @@ def server(config, push=None):
 
     e = config.engine
     return create_engine("openai", base_url=e.base_url, model=config.model.path, api_key_var=e.api_key_var,
-                         timeout=e.timeout, max_retries=e.max_retries, max_connections=64)
+                         timeout=e.timeout, max_retries=e.max_retries, max_connections=64,
+                         router_replay=config.model.router_replay)
 
 
 def server_push(config, run_dir: Path, model_config, say=None):
