@@ -144,6 +144,30 @@ def test_router_gets_gradient_under_replay(moe_dir, replies):
     assert all(m.replay is None for m in moe_layers(model))  # the block cleared it
 
 
+def test_train_step_forward_replays_in_the_fused_loss_path(moe_dir, replies):
+    """`forward_backward` (the fused IPO path vf-train runs) with the policy's `router_replay` on:
+    after the routers moved, the step's mismatch KL against the engine drops, and the routers
+    still get gradient; off, micro-batch routing is ignored."""
+    from vf.trainer import losses
+    from vf.trainer.losses import merge_stats, stat_value
+    from vf.trainer.step import forward_backward
+
+    mb = _packed(replies)
+    ipo = losses.get("ipo")
+    kl = {}
+    for replay in (False, True):
+        model = load_model(moe_dir)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(5)
+            for layer in moe_layers(model):
+                layer.router.weight.add_(torch.randn(layer.router.weight.shape, generator=g) * 0.5)
+        policy = PolicyLogprobs(model, router_replay=replay)
+        _, stats = forward_backward(policy, [mb], ipo, ipo.resolve({}), int(mb.loss_mask.sum()))
+        kl[replay] = stat_value(merge_stats(stats)["mismatch_kl"])
+        assert all(layer.router.weight.grad.norm() > 0 for layer in moe_layers(model))
+    assert kl[False] > 1e-2 and kl[True] < 0.75 * kl[False], kl  # measured 0.083 → 0.048 (the gates still differ)
+
+
 def test_collate_aligns_routing_with_targets():
     """Packed rows: input position t of a sample carries token t+1's routing; prompt and padding −1."""
     from vf.trainer.samples import Bin, Sample, collate
