@@ -228,6 +228,7 @@ def test_vf_train_router_replay_runs_and_traces_carry_expert_ids(moe_dir, tmp_pa
         assert (ids[..., 0] != ids[..., 1]).all()  # k distinct experts per layer
 
 
+@pytest.mark.slow
 def test_vf_train_router_replay_on_a_dense_model_exits_2(tmp_path):
     """(e) Refused before any step, with what to do."""
     proc = _train("-o", str(tmp_path / "run"), "--model", "tiny-random", "--model.router-replay", "--steps", "1",
