@@ -106,7 +106,7 @@ class Rollouts:
         else:
             engine = engines.embedded(learner.path, learner.tokenizer, config.drift.engine_dtype or config.model.dtype,
                                       "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
-                                      config.model.impl)
+                                      config.model.impl, router_replay=config.model.router_replay)
             push = EmbeddedPush(engine, config.drift.weight_noise, config.seed)
         o = config.orchestrator
         spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),

@@ -66,10 +66,17 @@ class Learner:
         model.activation_checkpointing = config.trainer.activation_checkpointing
         if restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
             model.load_state_dict(restore["model"])
+        if m.router_replay:
+            from vf.models.moe import moe_layers
+
+            if not moe_layers(model):
+                raise UsageError(f"--model.router-replay needs a MoE model; {m.path} "
+                                 "has no MoE layers of vf's MoE runtime",
+                                 hint="drop --model.router-replay, or train a MoE family with --model.impl native")
         embedding_grad_in_place(model, distributed=d.enabled)
         if m.compile:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
-        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk), d)
+        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay), d)
         optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None

