@@ -18,13 +18,13 @@ def rss_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=0, help="0: the built-in tiny-random shape")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--only", choices=["old", "streamed", "both"], default="both")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import torch
     from vf.models import build_model, save_hf
