@@ -41,8 +41,8 @@ def assert_same(a: dict, b: dict) -> None:
     import torch
 
     assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    for k, t in a.items():
+        assert t.dtype == b[k].dtype and torch.equal(t, b[k]), k
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
@@ -75,13 +75,13 @@ def test_streamed_checkpoint_equals_the_whole_dict_one(tmp_path, nproc):
 
 def test_embedded_engine_takes_the_stream_group_by_group():
     import torch
-    from vf.engines.local import LocalEngine
     from vf.models import load_model
     from vf.models.tiny import builtin_model_path
     from vf.trainer import distributed
     from vf.trainer.step import PolicyLogprobs
     from vf.trainer.weights import EmbeddedPush
 
+    from vf.engines.local import LocalEngine
     from vf.errors import UsageError
 
     engine = LocalEngine.from_model("tiny-random", max_batch=4)

@@ -89,7 +89,7 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
                 say(f"step {step}: non-finite logits ({int(result.metrics.get('nonfinite_logits', 0))} loss tokens) or "
                     f"gradient norm ({result.grad_norm}): update skipped, training continues")
             if rollouts:  # the weights stream from the (sharded) model into the engine, a layer at a time
-                learner.with_weights(lambda w: rollouts.publish(version, w))
+                learner.with_weights(lambda w, v=version: rollouts.publish(v, w))
             step_time = time.perf_counter() - t0
             row = None
             if d.is_main:
