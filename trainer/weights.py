@@ -116,8 +116,9 @@ class Pusher:
         pass
 
 
-
 class EmbeddedPush(Pusher):
+    """Into the embedded engine: staging is the copy itself (the engine takes the stream)."""
+
     def __init__(self, engine, noise: float = 0.0, seed: int = 0):
         super().__init__()
         self.engine, self.noise, self.seed = engine, noise, seed
