@@ -177,6 +177,14 @@ def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers
 
 
+def write_hf_config(path: Path, config: ModelConfig, dtypes: set[torch.dtype]) -> None:
+    """config.json of an HF checkpoint whose tensors have `dtypes` (recorded when there is one)."""
+    hf = config.to_hf_dict()
+    if len(dtypes) == 1:
+        hf["dtype"] = str(next(iter(dtypes))).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+
+
 def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:
     """Write config.json + safetensors with HF names (sharded with an index when the tensors exceed
     `max_shard_size` bytes). Tied embeddings write no lm_head.weight. An `HFModel` saves itself."""
@@ -186,11 +194,7 @@ def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | N
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     tensors = native_to_hf({n: p.detach().cpu() for n, p in model.named_parameters()}, config)
-    hf = config.to_hf_dict()
-    dtypes = {t.dtype for t in tensors.values()}
-    if len(dtypes) == 1:
-        hf["dtype"] = str(dtypes.pop()).removeprefix("torch.")
-    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    write_hf_config(path, config, {t.dtype for t in tensors.values()})
     if getattr(model, "processor", None) is not None:  # a VL model's image processor travels with it
         (path / "preprocessor_config.json").write_text(json.dumps(model.processor.to_config(), indent=2) + "\n")
     names = sorted(tensors)

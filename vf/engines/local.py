@@ -29,6 +29,7 @@ import asyncio
 import itertools
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -233,25 +234,38 @@ class LocalEngine:
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, weights, version: int | None = None) -> int:
-        """Copy `weights` (a NativeModel or its native state dict) into the served model in place,
-        between decode steps; set policy_version to `version` (default: +1). Returns the version."""
+        """Copy `weights` into the served model in place, between decode steps; set policy_version
+        to `version` (default: +1). Returns the version. `weights`: a NativeModel, its native state
+        dict, or a stream of (group, {native name: tensor}) groups (the trainer's publish), copied
+        group by group as it arrives while decoding waits for the last one."""
         import torch
 
-        state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+        if hasattr(weights, "state_dict"):
+            weights = weights.state_dict()
+        whole = isinstance(weights, Mapping)
+        groups = [("all", dict(weights))] if whole else weights
         params = dict(self.model.named_parameters())
-        missing = sorted(set(params) - set(state))
-        unknown = sorted(set(state) - set(params))
-        if missing or unknown:
-            raise UsageError(
-                f"weights do not match the served model: missing {missing[:5]}, unexpected {unknown[:5]}",
-                hint="pass a state dict of the same native architecture (vf.models names)")
-        for name, p in params.items():
-            if tuple(state[name].shape) != tuple(p.shape):
-                raise UsageError(f"weight {name} has shape {tuple(state[name].shape)}, the served model "
-                                 f"has {tuple(p.shape)}", hint="load a checkpoint of the same model")
+        seen: set[str] = set()
+
+        def check(state: dict, last: bool) -> None:
+            missing = sorted(set(params) - seen - set(state)) if last else []
+            unknown = sorted(set(state) - set(params))
+            if missing or unknown:
+                raise UsageError(
+                    f"weights do not match the served model: missing {missing[:5]}, unexpected {unknown[:5]}",
+                    hint="pass a state dict of the same native architecture (vf.models names)")
+            for name, t in state.items():
+                if tuple(t.shape) != tuple(params[name].shape):
+                    raise UsageError(f"weight {name} has shape {tuple(t.shape)}, the served model "
+                                     f"has {tuple(params[name].shape)}", hint="load a checkpoint of the same model")
+
         with self.scheduler.lock, torch.no_grad():
-            for name, p in params.items():
-                p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+            for _, state in groups:
+                check(state, last=whole)  # a whole state dict is checked before anything is copied
+                for name, t in state.items():
+                    params[name].copy_(t.to(device=params[name].device, dtype=params[name].dtype))
+                seen.update(state)
+            check({}, last=True)
             self.scheduler.refresh_head()
             self.policy_version = int(version) if version is not None else self.policy_version + 1
         return self.policy_version
