@@ -192,6 +192,15 @@ def check_round_trip(hf, d, tmp_path, ids):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, saved):
+    hf, d = saved[family]
+    streams = {"deepseek_v3": [(1, 16), (1, 8)],  # the compact latent cache, not expanded per-head keys/values
+               "glm_moe_dsa": [(1, 16), (1, 8), (1, 16)]}  # plus the indexer's key
+    check_engine_greedy(hf, d, [IDS[0, :9].tolist(), IDS[1, :4].tolist()], streams.get(family))
+
+
+def check_engine_greedy(hf, d, prompts, stream_shapes=None, new_tokens=12):
+    """The embedded engine's greedy continuation of `prompts` (different lengths: a padded prefill)
+    equals `hf.generate`, and its log-probs equal a full forward's within 1e-5."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -199,20 +208,16 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
 
-    hf, d = saved[family]
-    hf.generation_config.eos_token_id = None  # run the full 12 tokens, as the engine with ignore_eos
+    hf.generation_config.eos_token_id = None  # run all new tokens, as the engine with ignore_eos
     model = load_model(d)
     engine = LocalEngine(model, AutoTokenizer.from_pretrained(str(d)), max_batch=4, path=d)
-    if family == "deepseek_v3":  # the compact latent cache, not expanded per-head keys/values
-        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8)]
-    if family == "glm_moe_dsa":  # plus the indexer's key
-        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8), (1, 16)]
+    if stream_shapes is not None:
+        assert engine.scheduler.cache.stream_shapes == stream_shapes
     assert engine.scheduler.fast is None  # these attentions run through the module forward
-    prompts = [IDS[0, :9].tolist(), IDS[1, :4].tolist()]  # different lengths: padded prefill
 
     async def go():
         return await asyncio.gather(*[
-            engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=12), ignore_eos=True) for p in prompts])
+            engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=new_tokens), ignore_eos=True) for p in prompts])
 
     try:
         seqs = asyncio.run(go())
@@ -220,9 +225,9 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
         asyncio.run(engine.close())
     for p, s in zip(prompts, seqs):
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+            out = hf.generate(torch.tensor([p]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
             full = model.compute_logits(torch.tensor([p + s.token_ids]))[0]
-        assert s.token_ids == out[0, len(p):].tolist(), family
+        assert s.token_ids == out[0, len(p):].tolist(), model.config.architecture
         ref = torch.log_softmax(full, -1)[len(p) - 1 : -1].gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
         assert (ref - torch.tensor(s.logprobs)).abs().max().item() < 1e-5
 
