@@ -18,7 +18,8 @@ keys = the indexer compressor's entries, weights w = weights_proj(x) / sqrt(ni);
   score(t, s) = Σ_h w_h(t) · relu(q_i,h(t) · k_s) / sqrt(di)
 and query t attends to the top `index_topk` visible entries (a stable sort: exact ties go to the
 earlier entry, where transformers' torch.topk leaves the order open). The selection is a hard,
-non-differentiable choice, so the indexer's query/weights projections get no gradient.
+non-differentiable choice, so the indexer's parameters get no gradient (transformers' indexer
+returns only the indices) and training leaves them as loaded.
 
 Rope layout (`rope_tail`): DeepSeek-V4 rotates the LAST rd dims of a head, as interleaved pairs
 (x0, x1), (x2, x3), ..., with one angle per pair (cos/sin tables of rd/2 columns, `half_rope`).

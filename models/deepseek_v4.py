@@ -96,25 +96,31 @@ class DeepseekV4Attention(nn.Module):
         queries = None
         if self.compressor is not None:
             streams += self.compressor.project(x)
-        if self.indexer is not None:
-            streams += self.indexer.compressor.project(x)
-            queries = self.indexer.queries(x, q_lat, *rope["compress"])
+        if self.indexer is not None:  # only chooses entries (a hard top-k): no gradient, as in transformers
+            with torch.no_grad():
+                streams += self.indexer.compressor.project(x)
+                queries = self.indexer.queries(x, q_lat, *rope["compress"])
         streams = [F.pad(s, (0, w - s.shape[-1]))[:, None] for s, w in zip(streams, self.widths)]  # [B, 1, T, w]
         allowed = None
         if cache is not None:
             streams, allowed = cache.store(self.layer_idx, *streams)
             if allowed is not None:  # [B|1, T, S]
                 allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])
-        if isinstance(mask, Documents) and not mask.single:  # packed rows: each document on its own
-            out = torch.cat([torch.cat([
-                self.mix(q[b : b + 1, :, s:e], [t[b : b + 1, :, s:e] for t in streams], None,
-                         position_ids[b : b + 1, s:e], None if queries is None else [t[b : b + 1, s:e] for t in queries])
-                for s, e in row], dim=2) for b, row in enumerate(mask.spans)], dim=0)
-        else:
-            out = self.mix(q, streams, allowed, position_ids, queries)
+        out = self.mix_documents(q, streams, allowed, position_ids, queries, mask)
         out = rope_tail(out, cos, -sin).transpose(1, 2).reshape(B, T, self.groups, -1)  # [B, T, g, nh·hd/g]
         out = torch.einsum("btgi,gri->btgr", out, self.o_a_proj.weight.view(self.groups, self.rank, -1))
         return self.o_b_proj(out.reshape(B, T, self.groups * self.rank))
+
+    @torch.compiler.disable  # a graph break under `--model.compile`, as layers.sdpa: the per-document
+    # loop and the data-dependent selection stay eager, so compiled blocks never recompile for a packing
+    def mix_documents(self, q, streams, allowed, position_ids, queries, mask):
+        """`mix` over the whole batch, or per document of packed rows (a `layers.Documents` mask)."""
+        if not isinstance(mask, Documents) or mask.single:
+            return self.mix(q, streams, allowed, position_ids, queries)
+        return torch.cat([torch.cat([
+            self.mix(q[b : b + 1, :, s:e], [t[b : b + 1, :, s:e] for t in streams], None, position_ids[b : b + 1, s:e],
+                     None if queries is None else [t[b : b + 1, s:e] for t in queries])
+            for s, e in row], dim=2) for b, row in enumerate(mask.spans)], dim=0)
 
     def mix(self, q, streams, allowed, position_ids, queries):
         """q [B, nh, T, hd]; streams [B, 1, S, width] of tokens at positions 0..S-1; allowed bool
@@ -130,7 +136,8 @@ class DeepseekV4Attention(nn.Module):
             entries = self.compressor.pool(streams[1][:, 0, :, :w], streams[2][:, 0, :, :w], self.rotary)
             visible = visible_entries(position_ids, entries.shape[1], self.compressor.rate)
             if self.indexer is not None:
-                keys = self.indexer.compressor.pool(streams[3][:, 0], streams[4][:, 0], self.rotary)
+                with torch.no_grad():
+                    keys = self.indexer.compressor.pool(streams[3][:, 0], streams[4][:, 0], self.rotary)
                 visible = self.indexer.select(*queries, keys, visible)
             kv, allow = torch.cat((kv, entries), dim=1), torch.cat((allow, visible), dim=-1)
         kv = kv[:, None]

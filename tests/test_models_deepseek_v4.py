@@ -91,6 +91,23 @@ def test_dsv4_packed_rows_match_separate_documents(saved):
     assert (got - sep).abs().max().item() <= 1e-5
 
 
+def test_dsv4_activation_checkpointing_same_loss_and_grads(saved):
+    """Packed rows through the training path: per-layer recompute gives the same loss and gradients
+    (the hash table and the frozen selection bias get none)."""
+    model = load_model(saved[1])
+    ids, pos = IDS[:1, :30], torch.cat([torch.arange(12), torch.arange(18)])[None]
+    out = {}
+    for ckpt in (False, True):
+        model.zero_grad()
+        model.activation_checkpointing = ckpt
+        loss = torch.log_softmax(model.compute_logits(ids, pos), -1)[0, :-1].gather(1, ids[0, 1:, None]).mean()
+        loss.backward()
+        out[ckpt] = (loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert out[False][0] == out[True][0] and out[False][1].keys() == out[True][1].keys()
+    assert all(torch.allclose(out[False][1][n], out[True][1][n], atol=1e-7) for n in out[False][1])
+    assert "layers.0.mlp.router.tid2eid" not in out[False][1] and "layers.1.attn_hc.fn" in out[False][1]
+
+
 def test_dsv4_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_path):
     check_round_trip(*saved, tmp_path, IDS)
     tensors = json.loads((tmp_path / "config.json").read_text())
