@@ -182,15 +182,8 @@ class DeepseekV4Model(NativeModel):
         x = self.embed_tokens(input_ids)
         rope = {"main": half_rope(self.rotary, position_ids, x.dtype),
                 "compress": half_rope(self.compress_rotary, position_ids, x.dtype)}
-        h = expand(x, self.config.hc_mult)
-        if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
-
-            for layer in self.layers:
-                h = checkpoint(layer, h, rope, mask, None, position_ids, input_ids, use_reentrant=False)
-        else:
-            for layer in self.layers:
-                h = layer(h, rope, mask, cache, position_ids, input_ids)
+        h = self.run_layers(expand(x, self.config.hc_mult), rope, mask, cache=cache, position_ids=position_ids,
+                            input_ids=input_ids)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.norm(self.hc_head(h))

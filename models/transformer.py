@@ -143,17 +143,23 @@ class NativeModel(nn.Module):
         position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
+        x = self.run_layers(x, cos, sin, mask, cache=cache, position_ids=position_ids)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.norm(x)
+
+    def run_layers(self, x: torch.Tensor, *args, cache=None, **kwargs) -> torch.Tensor:
+        """x through every decoder layer, `layer(x, *args, cache=cache, **kwargs)`; with activation
+        checkpointing (grad enabled, no cache) each layer recomputes in backward."""
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
 
             for layer in self.layers:
-                x = checkpoint(layer, x, cos, sin, mask, None, position_ids, use_reentrant=False)
+                x = checkpoint(layer, x, *args, use_reentrant=False, **kwargs)
         else:
             for layer in self.layers:
-                x = layer(x, cos, sin, mask, cache, position_ids)
-        if cache is not None and hasattr(cache, "advance"):
-            cache.advance(T)
-        return self.norm(x)
+                x = layer(x, *args, cache=cache, **kwargs)
+        return x
 
     def compute_logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None):
         return self.forward(input_ids, position_ids, cache) @ self.lm_head_weight.t()  # [B, T, V]

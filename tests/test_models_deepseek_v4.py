@@ -10,7 +10,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_models_families import _train, check_engine_greedy, check_logits_parity, check_round_trip
+from test_models_families import (
+    check_engine_greedy,
+    check_logits_parity,
+    check_round_trip,
+    check_vf_train,
+    save_with_tiny_tokenizer,
+)
 from test_models_parity import hf_logits, make_hf
 from vf.models import ModelConfig, ModelLoadError, load_model, save_hf
 
@@ -33,8 +39,6 @@ IDS = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
 
 def build(out, seed=0, **overrides):
     """A random tiny DeepSeek-V4 HF checkpoint in `out` with the tiny tokenizer; returns the HF model."""
-    from vf.models.tiny import ensure_tiny_model
-
     hf = make_hf("DeepseekV4", {**CONFIG, **overrides}, seed=seed)
     g = torch.Generator().manual_seed(seed)
     E, k = hf.config.n_routed_experts, hf.config.num_experts_per_tok
@@ -47,11 +51,7 @@ def build(out, seed=0, **overrides):
         for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
             if name.endswith("weights_proj.weight"):  # whose order transformers leaves open
                 p.abs_()
-    hf.save_pretrained(out)
-    tiny = ensure_tiny_model()
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
-        shutil.copy(tiny / f, out / f)
-    return hf
+    return save_with_tiny_tokenizer(hf, out)
 
 
 @pytest.fixture(scope="module")
@@ -193,11 +193,11 @@ def test_dsv4_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_pa
     save_file({**tensors, "model.mtp.0.eh_proj.weight": torch.zeros(2, 2)}, mtp / "model.safetensors")
     assert load_model(mtp).config.num_layers == 3
     cfg = json.loads((d / "config.json").read_text())
-    for bad, match in ((dict(layer_types=[SLIDING, "full_attention", HCA]), "layer_types entries"),
-                       (dict(mlp_layer_types=["moe"] * 2), "mlp_layer_types has 2 entries"),
-                       (dict(o_groups=3), "o_groups=3"),
-                       (dict(scoring_func="relu"), "scoring_func"),
-                       (dict(compress_rates={CSA: 4}), "compress_rates")):
+    for bad, match in (({"layer_types": [SLIDING, "full_attention", HCA]}, "layer_types entries"),
+                       ({"mlp_layer_types": ["moe"] * 2}, "mlp_layer_types has 2 entries"),
+                       ({"o_groups": 3}, "o_groups=3"),
+                       ({"scoring_func": "relu"}, "scoring_func"),
+                       ({"compress_rates": {CSA: 4}}, "compress_rates")):
         with pytest.raises(ModelLoadError, match=match):
             ModelConfig.from_hf_dict({**cfg, **bad})
 
@@ -216,17 +216,7 @@ def test_dsv4_legacy_config_keys_fold_in(saved):
 
 @pytest.mark.slow
 def test_vf_train_runs_rl_steps_on_dsv4(saved, tmp_path):
-    run = tmp_path / "run"
-    proc = _train("-o", str(run), "--model", str(saved[1]), "--warmup.steps", "0", "--steps", "2",
-                  "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
-                  "--seed", "7", "--trainer.threads", "1")
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
-    for r in rows:
-        assert r["num_loss_tokens"] > 0 and abs(r["loss"]) < 10 and r["grad_norm"] > 0
-        assert 0 < r["moe/routing_confidence"] <= 1 and r["moe/max_vio"] >= 0
-    assert rows[0]["mismatch_kl"] < 1e-6  # engine and trainer agree before the first update
+    check_vf_train(saved[1], tmp_path)
 
 
 def test_dsv4_saved_native_model_reloads(saved, tmp_path):

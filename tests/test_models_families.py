@@ -47,8 +47,6 @@ IDS = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
 
 def build_family(family: str, out, seed: int = 0):
     """A random tiny HF checkpoint of `family` in `out`, with the tiny tokenizer; returns the HF model."""
-    from vf.models.tiny import ensure_tiny_model
-
     cls, overrides = FAMILIES[family]
     hf = make_hf(cls, {"vocab_size": V, **overrides}, seed=seed)
     with torch.no_grad():  # transformers zero-inits the selection bias (a buffer): make it matter
@@ -58,6 +56,13 @@ def build_family(family: str, out, seed: int = 0):
         for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
             if name.endswith("indexer.weights_proj.weight"):  # whose order transformers leaves open
                 p.abs_()
+    return save_with_tiny_tokenizer(hf, out)
+
+
+def save_with_tiny_tokenizer(hf, out):
+    """`hf.save_pretrained(out)` plus the built-in tiny tokenizer's files; returns `hf`."""
+    from vf.models.tiny import ensure_tiny_model
+
     hf.save_pretrained(out)
     tiny = ensure_tiny_model()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
@@ -388,8 +393,14 @@ def _train(*args):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_vf_train_runs_rl_steps_on_family(family, saved, tmp_path):
+    check_vf_train(saved[family][1], tmp_path)
+
+
+def check_vf_train(model_dir, tmp_path):
+    """Two RL steps of vf-train on the MoE checkpoint in `model_dir`, with MoE metrics and an engine
+    that agrees with the trainer before the first update."""
     run = tmp_path / "run"
-    proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",
+    proc = _train("-o", str(run), "--model", str(model_dir), "--warmup.steps", "0", "--steps", "2",
                   "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
                   "--seed", "7", "--trainer.threads", "1", "--model.moe.impl", "grouped")
     assert proc.returncode == 0, proc.stderr
