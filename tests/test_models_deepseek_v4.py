@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from test_models_families import (
     check_engine_greedy,
     check_logits_parity,
+    check_refused,
     check_round_trip,
     check_vf_train,
     save_with_tiny_tokenizer,
@@ -182,12 +183,7 @@ def test_dsv4_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_pa
         "extra": ({**tensors, "model.layers.0.attn.compressor.wkv.weight": torch.zeros(2)}, "compressor.wkv"),
         "misshapen": ({**tensors, "model.layers.1.hc_attn_fn": torch.zeros(15, 8)}, "attn_hc.fn"),
     }
-    for name, (t, key) in cases.items():
-        bad = tmp_path / name
-        shutil.copytree(d, bad)
-        save_file(t, bad / "model.safetensors")
-        with pytest.raises(ModelLoadError, match=key):
-            load_model(bad)
+    check_refused(d, tmp_path, cases)
     mtp = tmp_path / "mtp"  # the multi-token-prediction module is skipped, as transformers does
     shutil.copytree(d, mtp)
     save_file({**tensors, "model.mtp.0.eh_proj.weight": torch.zeros(2, 2)}, mtp / "model.safetensors")

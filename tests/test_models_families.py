@@ -247,12 +247,7 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         "extra": ({**tensors, "model.layers.0.self_attn.q_proj.weight": torch.zeros(2)}, "q_proj"),
         "misshapen": ({**tensors, "model.layers.1.mlp.gate.weight": torch.zeros(9, 64)}, "mlp.router.weight"),
     }
-    for name, (t, key) in cases.items():
-        bad = tmp_path / name
-        shutil.copytree(d, bad)
-        save_file(t, bad / "model.safetensors")
-        with pytest.raises(ModelLoadError, match=key):
-            load_model(bad)
+    check_refused(d, tmp_path, cases)
     # multi-token-prediction layers after the last decoder layer are skipped, as transformers does
     mtp = tmp_path / "mtp"
     shutil.copytree(d, mtp)
@@ -282,6 +277,19 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full"] * 3})
     derived = ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
     assert derived.indexer_types == ["full", "shared"]
+
+
+def check_refused(d, tmp_path, cases):
+    """`cases` {name: (HF tensors, key)}: each set of tensors, saved over a copy of the checkpoint `d`,
+    fails to load with a ModelLoadError naming `key`."""
+    from safetensors.torch import save_file
+
+    for name, (t, key) in cases.items():
+        bad = tmp_path / name
+        shutil.copytree(d, bad)
+        save_file(t, bad / "model.safetensors")
+        with pytest.raises(ModelLoadError, match=key):
+            load_model(bad)
 
 
 # ---- the MoE runtime ------------------------------------------------------------------------------
