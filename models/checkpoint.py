@@ -157,7 +157,7 @@ def load_model(
             raise ModelLoadError(
                 f"{path}: tensor for {name} has shape {tuple(t.shape)}, config implies {tuple(want)}"
             )
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     config.torch_dtype = str(dtype).removeprefix("torch.")
     if getattr(model, "is_multimodal", False):
@@ -170,8 +170,9 @@ def load_model(
 def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     """GLM-4.5 / GLM-5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
     decoder layer (`model.layers.{num_hidden_layers + j}.*`), the hybrids (Qwen3-Next, Qwen3.5,
-    Nemotron-H) keep them under `mtp.`; like transformers we do not run them."""
-    if config.hybrid and hf_name.startswith("mtp."):
+    Nemotron-H) keep them under `mtp.` (DeepSeek-V4 also under `model.mtp.`); like transformers we do
+    not run them."""
+    if (config.hybrid or config.architecture == "deepseek_v4") and re.match(r"(model\.)?mtp\.", hf_name):
         return True
     m = re.match(r"model\.layers\.(\d+)\.", hf_name)
     return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers

@@ -23,8 +23,11 @@ Routing (`Router.forward`), always in fp32:
   idx = top-k(choice); w = scores[idx], renormalised to sum 1 when norm_topk_prob, times
   routed_scaling_factor. (GPT-OSS's softmax over the top-k logits is softmax scoring + renormalise.)
 Experts: act(gate) * up with act = SiLU ("swiglu"), or GPT-OSS's clamped SwiGLU
-  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or Nemotron-H's squared
-  ReLU on the up projection alone ("relu2": relu(up)²).
+  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or DeepSeek-V4's
+  ("swiglu_limit": SiLU(min(gate, limit)) · clamp(up, ±limit), its shared expert too), or
+  Nemotron-H's squared ReLU on the up projection alone ("relu2": relu(up)²).
+Routers that choose by token id (DeepSeek-V4's hash layers, models/hash_routing.py) get the
+token ids: `forward(x, token_ids)`.
 
 Two compute paths, chosen per layer (`impl`):
   "loop"    reference: for each expert, find its tokens, compute, scatter-add (mirrors transformers).
@@ -54,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 from vf.models.config import MOE_IMPLS, ModelConfig
 from vf.models.errors import ModelLoadError
-from vf.models.layers import MLP
+from vf.models.layers import MLP, swiglu
 
 SCORINGS = ("softmax", "sigmoid", "sqrt_softplus")
 
@@ -63,6 +66,15 @@ def check_impl(impl: str) -> str:
     if impl not in MOE_IMPLS:
         raise ModelLoadError(f"unknown MoE implementation {impl!r}", hint=f"choose one of {', '.join(MOE_IMPLS)}")
     return impl
+
+
+def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Per-expert scores from router logits [N, E] (one of SCORINGS)."""
+    if scoring == "softmax":
+        return logits.softmax(dim=-1)
+    if scoring == "sigmoid":
+        return logits.sigmoid()
+    return F.softplus(logits).sqrt()
 
 
 class Router(nn.Module):
@@ -85,12 +97,7 @@ class Router(nn.Module):
         """x [N, H] -> (weights [N, k] fp32, expert ids [N, k], confidence [N] fp32: the selected
         share of the score mass, detached). `replay` [N, k]: expert ids to use where ≥ 0."""
         logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
-        if self.scoring == "softmax":
-            scores = logits.softmax(dim=-1)
-        elif self.scoring == "sigmoid":
-            scores = logits.sigmoid()
-        else:
-            scores = F.softplus(logits).sqrt()
+        scores = router_scores(logits, self.scoring)
         choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
         if self.n_group > 1:
             N, G = choice.shape[0], self.n_group
@@ -132,7 +139,8 @@ class MoE(nn.Module):
             self.gate_up_proj_bias = self.down_proj_bias = None
         self.act, self.alpha, self.limit = config.expert_act, config.swiglu_alpha, config.swiglu_limit
         shared = config.shared_expert_intermediate_size or Im * config.n_shared_experts
-        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2") if shared else None
+        limit = self.limit if self.act == "swiglu_limit" else None
+        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2", limit=limit) if shared else None
         self.shared_gate = nn.Linear(H, 1, bias=False) if config.shared_expert_gate else None
         self.impl = check_impl(impl or config.moe_impl_for(0))
         self._counts: torch.Tensor | None = None  # [E] assignments since the last pop_stats()
@@ -142,10 +150,13 @@ class MoE(nn.Module):
         self.routed: torch.Tensor | None = None  # [N, k]
         self.replay: torch.Tensor | None = None  # [N, k] expert ids to use, −1 = own top-k (replay_routing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        w, idx, confidence = self.router(flat, self.replay)
+        if token_ids is not None:  # a hash router: the experts are a function of the token id
+            w, idx, confidence = self.router(flat, token_ids.reshape(-1))
+        else:
+            w, idx, confidence = self.router(flat, self.replay)
         if self.record_routing:
             self.routed = idx
         w = w.to(x.dtype)
@@ -164,8 +175,8 @@ class MoE(nn.Module):
         if self.act == "relu2":  # [..., Im] -> [..., Im]
             return torch.relu(gate_up).square()
         gate, up = gate_up.chunk(2, dim=-1)
-        if self.act == "swiglu":
-            return F.silu(gate) * up
+        if self.act in ("swiglu", "swiglu_limit"):
+            return swiglu(gate, up, self.limit if self.act == "swiglu_limit" else None)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
