@@ -43,6 +43,9 @@ def command(
                                            help="Directory /v1/load_weights may load from (repeatable; default: none)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
     max_body_mb: float = typer.Option(16, "--max-body-mb", help="Largest request body; bigger ones get 413."),
+    router_replay: bool = typer.Option(False, "--router-replay",
+                                       help="MoE models: chat choices asking for return_token_ids also get "
+                                            "routed_experts (per token, per MoE layer, the expert ids)."),
 ):
     """Serve MODEL with continuous batching behind an OpenAI-compatible API."""
     import errno
@@ -77,7 +80,8 @@ def command(
     from vf.engines.local import LocalEngine
     from vf.serve import run_server
 
-    engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch, threads=threads)
+    engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch,
+                                    router_replay=router_replay, threads=threads)
     name = served_model_name or engine.model_name
 
     def ready(server, _app):

@@ -157,7 +157,7 @@ def load_model(
             raise ModelLoadError(
                 f"{path}: tensor for {name} has shape {tuple(t.shape)}, config implies {tuple(want)}"
             )
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     config.torch_dtype = str(dtype).removeprefix("torch.")
     if getattr(model, "is_multimodal", False):
@@ -170,11 +170,20 @@ def load_model(
 def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     """GLM-4.5 / GLM-5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
     decoder layer (`model.layers.{num_hidden_layers + j}.*`), the hybrids (Qwen3-Next, Qwen3.5,
-    Nemotron-H) keep them under `mtp.`; like transformers we do not run them."""
-    if config.hybrid and hf_name.startswith("mtp."):
+    Nemotron-H) keep them under `mtp.` (DeepSeek-V4 also under `model.mtp.`); like transformers we do
+    not run them."""
+    if (config.hybrid or config.architecture == "deepseek_v4") and re.match(r"(model\.)?mtp\.", hf_name):
         return True
     m = re.match(r"model\.layers\.(\d+)\.", hf_name)
     return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers
+
+
+def write_hf_config(path: Path, config: ModelConfig, dtypes: set[torch.dtype]) -> None:
+    """config.json of an HF checkpoint whose tensors have `dtypes` (recorded when there is one)."""
+    hf = config.to_hf_dict()
+    if len(dtypes) == 1:
+        hf["dtype"] = str(next(iter(dtypes))).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
 
 
 def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | None = None) -> Path:
@@ -186,11 +195,7 @@ def save_hf(model: NativeModel, path: str | os.PathLike, max_shard_size: int | N
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     tensors = native_to_hf({n: p.detach().cpu() for n, p in model.named_parameters()}, config)
-    hf = config.to_hf_dict()
-    dtypes = {t.dtype for t in tensors.values()}
-    if len(dtypes) == 1:
-        hf["dtype"] = str(dtypes.pop()).removeprefix("torch.")
-    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    write_hf_config(path, config, {t.dtype for t in tensors.values()})
     if getattr(model, "processor", None) is not None:  # a VL model's image processor travels with it
         (path / "preprocessor_config.json").write_text(json.dumps(model.processor.to_config(), indent=2) + "\n")
     names = sorted(tensors)

@@ -1,7 +1,8 @@
 """Native model config: one small dataclass for every family, mapped to/from HF config.json.
 
 Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air), deepseek_v3
-(multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention);
+(multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention),
+deepseek_v4 (compressed/sparse attention, hyper-connections, hash routing: models/deepseek_v4.py);
 hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
 transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
 text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern). Family-specific HF keys are read and written through
@@ -31,6 +32,7 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
+    "deepseek_v4": "DeepseekV4ForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",  # config.json nests a qwen3_5_text model (VL_ARCHITECTURES)
     # linear-attention / SSM hybrids (models/hybrid.py)
@@ -44,6 +46,10 @@ DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 HYBRID_FAMILIES = (*DELTANET_FAMILIES, "nemotron_h")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "yarn")
 MOE_IMPLS = ("grouped", "loop")
+# DeepSeek-V4 attention layer kinds and their transformers defaults (compress rate per kind)
+DSV4_SLIDING, DSV4_CSA, DSV4_HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+DSV4_DEFAULT_RATES = {DSV4_CSA: 4, DSV4_HCA: 128}
+_DSV4_SCORING = {"sqrtsoftplus": "sqrt_softplus", "softmax": "softmax", "sigmoid": "sigmoid"}  # HF -> native
 _REQUIRED = object()  # FAMILY_KEYS default: the key must be present
 
 _MOE_SHARED = {  # DeepSeek-style MoE (sigmoid router, expert bias, group-limited top-k, shared experts)
@@ -93,6 +99,30 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "index_head_dim": ("index_head_dim", 128),
         "index_n_heads": ("index_n_heads", 32),
         "indexer_types": ("indexer_types", None),
+    },
+    "deepseek_v4": {  # defaults: transformers' DeepseekV4Config
+        "n_routed_experts": ("num_experts", 256),
+        "num_experts_per_tok": ("num_experts_per_tok", 6),
+        "moe_intermediate_size": ("moe_intermediate_size", 2048),
+        "n_shared_experts": ("n_shared_experts", 1),
+        "routed_scaling_factor": ("routed_scaling_factor", 1.5),
+        "scoring_func": ("router_scoring", "sqrtsoftplus"),  # spelled "sqrtsoftplus" in HF (`_check_dsv4`)
+        "norm_topk_prob": ("norm_topk_prob", True),
+        "swiglu_limit": ("swiglu_limit", 10.0),
+        "q_lora_rank": ("q_lora_rank", 1024),
+        "o_groups": ("o_groups", 8),
+        "o_lora_rank": ("o_lora_rank", 1024),
+        "layer_types": ("layer_types", None),
+        "mlp_layer_types": ("mlp_layer_types", None),
+        "compress_rates": ("compress_rates", None),
+        "compress_rope_theta": ("compress_rope_theta", 160000.0),
+        "sliding_window": ("sliding_window", 128),
+        "hc_mult": ("hc_mult", 4),
+        "hc_sinkhorn_iters": ("hc_sinkhorn_iters", 20),
+        "hc_eps": ("hc_eps", 1e-6),
+        "index_n_heads": ("index_n_heads", 64),
+        "index_head_dim": ("index_head_dim", 128),
+        "index_topk": ("index_topk", 512),
     },
     "gpt_oss": {
         "num_local_experts": ("num_experts", _REQUIRED),
@@ -154,6 +184,8 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"router_scoring": "sigmoid", "expert_bias": True},
     "deepseek_v3": {"router_scoring": "sigmoid", "expert_bias": True},
     "glm_moe_dsa": {"router_scoring": "sigmoid", "expert_bias": True, "rope_interleave": True},
+    # transformers' V4 routers always renormalise the top-k weights, whatever norm_topk_prob says
+    "deepseek_v4": {"expert_bias": True, "norm_topk_prob": True, "expert_act": "swiglu_limit"},
     "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
                 "norm_topk_prob": True, "attention_sinks": True},
     "qwen3_vl": {"use_qk_norm": True},
@@ -198,6 +230,7 @@ _OWNED_HF_KEYS = {
     "partial_rotary_factor",
     "quantization_config",
     "hybrid_override_pattern",
+    "compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers",  # legacy DeepSeek-V4 keys
 } | {k for a in _ALIASES.values() for k in a.values()} | {k for keys in FAMILY_KEYS.values() for k in keys}
 
 
@@ -236,7 +269,7 @@ class ModelConfig:
     router_bias: bool = False  # gpt_oss: router logits have a bias
     expert_bias: bool = False  # aux-loss-free selection bias (e_score_correction_bias)
     expert_bias_terms: bool = False  # gpt_oss: experts' gate_up/down have biases
-    expert_act: str = "swiglu"  # "swiglu" | "clamped_swiglu" (gpt_oss)
+    expert_act: str = "swiglu"  # "swiglu" | "clamped_swiglu" (gpt_oss) | "swiglu_limit" (deepseek_v4) | "relu2"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     moe_impl: str | list[str] = "grouped"  # MoE compute, one for all layers or one per decoder layer
@@ -253,6 +286,16 @@ class ModelConfig:
     index_head_dim: int = 0
     index_n_heads: int = 0
     indexer_types: list[str] | None = None  # per layer "full" | "shared" (reuses the previous full layer's top-k)
+    # deepseek_v4 (models/deepseek_v4.py): layer_types per layer DSV4_SLIDING | DSV4_CSA | DSV4_HCA,
+    # mlp_layer_types per layer "hash_moe" | "moe"; every attention also has the sliding window
+    o_groups: int = 0  # grouped output projection: head groups g, each projected to o_lora_rank
+    o_lora_rank: int = 0
+    compress_rates: dict | None = None  # layer kind -> tokens pooled into one compressed entry
+    compress_rope_theta: float = 160000.0  # rope of the compressed layers (and their compressors)
+    compress_rope_scaling: dict | None = None  # None or yarn, as rope_scaling
+    hc_mult: int = 0  # hyper-connection residual streams (0: a plain residual)
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
     # gpt_oss attention
     attention_sinks: bool = False
     sliding_window: int | None = None
@@ -331,7 +374,7 @@ class ModelConfig:
             return False
         if self.architecture == "nemotron_h":
             return self.layer_types[layer_idx] == "moe"
-        if self.architecture == "qwen3_5_moe_text":
+        if self.architecture in ("qwen3_5_moe_text", "deepseek_v4"):
             return True
         if self.mlp_layer_types is not None:
             return self.mlp_layer_types[layer_idx] == "sparse"
@@ -434,6 +477,8 @@ class ModelConfig:
                 hf_extra={k: copy.deepcopy(v) for k, v in d.items() if k not in _OWNED_HF_KEYS},
                 **family,
             )
+            if arch == "deepseek_v4":
+                _check_dsv4(cfg, d, source)
             if cfg.num_experts and cfg.n_group > 1 and cfg.num_experts % cfg.n_group:
                 raise ModelLoadError(f"{source}: n_group={cfg.n_group} does not divide n_routed_experts={cfg.num_experts}")
             for key in ("layer_types", "mlp_layer_types", "indexer_types"):
@@ -483,6 +528,8 @@ class ModelConfig:
         if self.architecture == "nemotron_h":  # no rope, no hidden_act / rms_norm_eps / layer count keys
             for k in ("rope_parameters", "rope_theta", "hidden_act", "rms_norm_eps", "num_hidden_layers"):
                 d.pop(k, None)
+        if self.architecture == "deepseek_v4":
+            _dsv4_to_hf(self, d)
         if self.torch_dtype:
             d["dtype"] = self.torch_dtype
         if self.vision is not None:
@@ -564,6 +611,82 @@ def _check_dsa(cfg: ModelConfig, d: dict, source: str) -> None:
         raise ModelLoadError(f"{source}: the first layer's indexer must be 'full' (shared layers reuse an earlier one)")
     if not cfg.q_lora_rank or cfg.index_topk <= 0:
         raise ModelLoadError(f"{source}: glm_moe_dsa needs q_lora_rank and index_topk > 0")
+
+
+def _check_dsv4(cfg: ModelConfig, d: dict, source: str) -> None:
+    """DeepSeek-V4: fold the legacy keys in and derive what config.json may leave out, as
+    transformers' DeepseekV4Config does (layer kinds, hash layers, rotary share, the two ropes)."""
+    n = cfg.num_layers
+    legacy = {k: d.get(k) for k in ("compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers")}
+    rates = dict(cfg.compress_rates or DSV4_DEFAULT_RATES)
+    for key, kind in (("compress_rate_csa", DSV4_CSA), ("compress_rate_hca", DSV4_HCA)):
+        if legacy[key] is not None:
+            rates[kind] = legacy[key]
+    cfg.compress_rates = rates
+    if cfg.layer_types is None and legacy["compress_ratios"] is not None:
+        by_ratio = {0: DSV4_SLIDING, 4: DSV4_CSA, 128: DSV4_HCA}
+        cfg.layer_types = [by_ratio.get(r, f"compress_ratio {r}") for r in legacy["compress_ratios"]][:n]
+    if cfg.layer_types is None:  # two HCA layers, then CSA / HCA alternating (V4-Pro)
+        cfg.layer_types = [DSV4_HCA] * min(n, 2) + [DSV4_CSA if i % 2 else DSV4_HCA for i in range(max(n - 2, 0))]
+    if cfg.mlp_layer_types is None:
+        hashed = legacy["num_hash_layers"] if legacy["num_hash_layers"] is not None else 3
+        cfg.mlp_layer_types = ["hash_moe"] * min(n, hashed) + ["moe"] * max(0, n - hashed)
+    for key, allowed in (("layer_types", (DSV4_SLIDING, DSV4_CSA, DSV4_HCA)), ("mlp_layer_types", ("hash_moe", "moe"))):
+        bad = sorted(set(getattr(cfg, key)) - set(allowed))
+        if bad:
+            raise ModelLoadError(f"{source}: {key} entries must be one of {list(allowed)}, got {bad}")
+    for kind in set(cfg.layer_types) - {DSV4_SLIDING}:
+        if not isinstance(rates.get(kind), int) or rates[kind] < 1:
+            raise ModelLoadError(f"{source}: compress_rates needs a positive rate for {kind!r} (got {rates.get(kind)!r})")
+    if cfg.router_scoring not in _DSV4_SCORING:
+        raise ModelLoadError(f"{source}: scoring_func {cfg.router_scoring!r} is not one of {list(_DSV4_SCORING)}")
+    cfg.router_scoring = _DSV4_SCORING[cfg.router_scoring]
+    # rope: {"main": sliding layers, "compress": compressed layers and their compressors}, or flat
+    rope = d.get("rope_parameters") or {}
+    main, compress = rope.get("main"), rope.get("compress")
+    if isinstance(main, dict) and isinstance(compress, dict):
+        if main.get("rope_type", main.get("type", "default")) != "default":
+            raise ModelLoadError(f"{source}: the main (sliding-layer) rope must be 'default', got {main.get('rope_type')!r}")
+        cfg.rope_theta = float(main.get("rope_theta", cfg.rope_theta))
+        cfg.compress_rope_theta, cfg.compress_rope_scaling = _rope_from_hf({"rope_parameters": compress}, source)
+        partial = main.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    else:  # flat: the parameters (yarn) apply to the compress rope; the main rope stays default
+        cfg.compress_rope_scaling, cfg.rope_scaling = cfg.rope_scaling, None
+        if cfg.compress_rope_scaling and cfg.compress_rope_scaling.get("rope_type") == "yarn":
+            cfg.compress_rope_scaling.setdefault("attention_factor", 1.0)
+        partial = d.get("partial_rotary_factor")
+    if partial is None:  # transformers: legacy qk_rope_head_dim / head_dim, else 64 / 512
+        partial = d["qk_rope_head_dim"] / cfg.head_dim if d.get("qk_rope_head_dim") else 64 / 512
+    cfg.partial_rotary_factor = float(partial)
+    # the shared expert is moe_intermediate_size wide (transformers reads it as intermediate_size)
+    cfg.intermediate_size = cfg.shared_expert_intermediate_size = cfg.moe_intermediate_size
+    cfg.num_kv_heads = 1  # one shared key=value head
+    rd = cfg.rotary_dim
+    if rd % 2 or rd > cfg.head_dim or ("compressed_sparse_attention" in cfg.layer_types and rd > cfg.index_head_dim):
+        raise ModelLoadError(f"{source}: the rotary dims ({rd}) must be even and fit head_dim / index_head_dim")
+    if cfg.o_groups < 1 or cfg.num_heads % cfg.o_groups:
+        raise ModelLoadError(f"{source}: o_groups={cfg.o_groups} must divide num_attention_heads={cfg.num_heads}")
+    if cfg.hc_mult < 1 or not cfg.q_lora_rank or not cfg.sliding_window:
+        raise ModelLoadError(f"{source}: deepseek_v4 needs hc_mult >= 1, q_lora_rank and sliding_window")
+
+
+def _dsv4_to_hf(cfg: ModelConfig, d: dict) -> None:
+    """The DeepSeek-V4 keys transformers writes (inverse of `_check_dsv4`)."""
+    d["scoring_func"] = {v: k for k, v in _DSV4_SCORING.items()}[cfg.router_scoring]
+    d.pop("intermediate_size", None)  # transformers maps it onto moe_intermediate_size
+    d["partial_rotary_factor"] = cfg.partial_rotary_factor
+    d["qk_rope_head_dim"] = cfg.rotary_dim
+    rope = {"rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor}
+    d["rope_parameters"] = {"main": {"rope_type": "default", **rope},
+                            "compress": {"rope_type": "default", **(cfg.compress_rope_scaling or {}), **rope,
+                                         "rope_theta": cfg.compress_rope_theta}}
+
+
+def compress_rope_config(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with the compressed layers' rope in place of the main one (for a `layers.Rotary`)."""
+    from dataclasses import replace
+
+    return replace(cfg, rope_theta=cfg.compress_rope_theta, rope_scaling=cfg.compress_rope_scaling, hf_extra={})
 
 
 def _nemotron_layer_types(d: dict, source: str) -> list[str]:

@@ -19,7 +19,7 @@ Ops:
 Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
 family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
 (`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
-GLM-4.5 and DeepSeek-V3, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
+GLM-4.5, DeepSeek-V3 and DeepSeek-V4, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
 """
 
 from __future__ import annotations
@@ -127,6 +127,38 @@ for _fam in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
             "concat", [L + "mlp.shared_experts.gate_proj.weight", L + "mlp.shared_experts.up_proj.weight"]),
         "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_experts.down_proj.weight"]),
     })
+
+# DeepSeek-V4: transformers saves DeepSeek's own names (`attn.wq_a`, `ffn.experts.{e}.w1`, `hc_attn_fn`,
+# `head`, ...) under `model.` (its in-memory names are `self_attn.q_a_proj`, ...); models/deepseek_v4.py
+AT, CP, IX = L + "attn.", L + "attn.compressor.", L + "attn.indexer."
+FAMILY_TABLE["deepseek_v4"] = {
+    "lm_head.weight": ("rename", ["head.weight"]),
+    "hc_head.fn": ("rename", ["model.hc_head.hc_fn"]),
+    "hc_head.base": ("rename", ["model.hc_head.hc_base"]),
+    "hc_head.scale": ("rename", ["model.hc_head.hc_scale"]),
+    "layers.{i}.attn_norm.weight": ("rename", [L + "attn_norm.weight"]),
+    "layers.{i}.mlp_norm.weight": ("rename", [L + "ffn_norm.weight"]),
+    **{f"layers.{{i}}.{ours}_hc.{p}": ("rename", [L + f"hc_{theirs}_{p}"])
+       for ours, theirs in (("attn", "attn"), ("mlp", "ffn")) for p in ("fn", "base", "scale")},
+    **{f"layers.{{i}}.attn.{ours}": ("rename", [AT + theirs]) for ours, theirs in (
+        ("q_a_proj.weight", "wq_a.weight"), ("q_a_norm.weight", "q_norm.weight"), ("q_b_proj.weight", "wq_b.weight"),
+        ("kv_proj.weight", "wkv.weight"), ("kv_norm.weight", "norm.weight"), ("o_a_proj.weight", "wo_a.weight"),
+        ("o_b_proj.weight", "wo_b.weight"), ("sinks", "attn_sink"))},
+    **{f"layers.{{i}}.attn.{part}.{ours}": ("rename", [src + theirs]) for part, src in (
+        ("compressor", CP), ("indexer.compressor", IX + "compressor.")) for ours, theirs in (
+        ("kv_proj.weight", "wkv.weight"), ("gate_proj.weight", "wgate.weight"), ("position_bias", "ape"),
+        ("kv_norm.weight", "norm.weight"))},
+    "layers.{i}.attn.indexer.q_b_proj.weight": ("rename", [IX + "wq_b.weight"]),
+    "layers.{i}.attn.indexer.weights_proj.weight": ("rename", [IX + "weights_proj.weight"]),
+    "layers.{i}.mlp.router.weight": ("rename", [L + "ffn.gate.weight"]),
+    "layers.{i}.mlp.router.expert_bias": ("rename", [L + "ffn.gate.bias"]),
+    "layers.{i}.mlp.router.tid2eid": ("rename", [L + "ffn.gate.tid2eid"]),
+    "layers.{i}.mlp.gate_up_proj": ("stack", [L + "ffn.experts.{e}.w1.weight", L + "ffn.experts.{e}.w3.weight"]),
+    "layers.{i}.mlp.down_proj": ("stack", [L + "ffn.experts.{e}.w2.weight"]),
+    "layers.{i}.mlp.shared.gate_up_proj.weight": (
+        "concat", [L + "ffn.shared_experts.w1.weight", L + "ffn.shared_experts.w3.weight"]),
+    "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "ffn.shared_experts.w2.weight"]),
+}
 
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not

@@ -67,8 +67,13 @@ class SinkAttention(Attention):
             if allowed is None:  # a fresh block: causal over itself (keys at positions 0..T-1)
                 allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)[None, None]
         S = k.shape[2]
-        bias = sink_window_bias(position_ids, allowed, S, self.window, self.sinks.to(q.dtype))
-        zeros = k.new_zeros(B, k.shape[1], 1, self.hd)
-        out = F.scaled_dot_product_attention(q, torch.cat((k, zeros), 2), torch.cat((v, zeros), 2),
-                                             attn_mask=bias, enable_gqa=self.nh != self.nkv)
+        out = attend_with_sinks(q, k, v, sink_window_bias(position_ids, allowed, S, self.window, self.sinks.to(q.dtype)))
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+def attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """q [B, nh, T, d], k/v [B, nkv, S, d], bias [B, nh, T, S + 1] from `sink_window_bias` -> [B, nh, T, d]:
+    SDPA over the keys plus one zero key/value whose column of the bias is the sink logit."""
+    zeros = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[-1])
+    return F.scaled_dot_product_attention(q, torch.cat((k, zeros), 2), torch.cat((v, zeros), 2),
+                                          attn_mask=bias, enable_gqa=q.shape[1] != k.shape[1])

@@ -298,13 +298,23 @@ def sdpa(q, k, v, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up; with `limit` (DeepSeek-V4's swiglu_limit) gate is clipped to <= limit and up
+    to [-limit, limit] first."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)) with gate/up fused in `gate_up_proj` [2I, H]; or
-    act="relu2" (Nemotron-H, not gated): down(relu(up(x))²) with `up_proj` [I, H]."""
+    act="relu2" (Nemotron-H, not gated): down(relu(up(x))²) with `up_proj` [I, H]; `limit` clips the
+    SwiGLU inputs (see `swiglu`)."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False, act: str = "swiglu"):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, act: str = "swiglu",
+                 limit: float | None = None):
         super().__init__()
-        self.intermediate, self.act = intermediate, act
+        self.intermediate, self.act, self.limit = intermediate, act, limit
         if act == "relu2":
             self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         else:
@@ -315,4 +325,4 @@ class MLP(nn.Module):
         if self.act == "relu2":
             return self.down_proj(torch.relu(self.up_proj(x)).square())
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(swiglu(gate, up, self.limit))

@@ -23,8 +23,11 @@ Routing (`Router.forward`), always in fp32:
   idx = top-k(choice); w = scores[idx], renormalised to sum 1 when norm_topk_prob, times
   routed_scaling_factor. (GPT-OSS's softmax over the top-k logits is softmax scoring + renormalise.)
 Experts: act(gate) * up with act = SiLU ("swiglu"), or GPT-OSS's clamped SwiGLU
-  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or Nemotron-H's squared
-  ReLU on the up projection alone ("relu2": relu(up)²).
+  ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or DeepSeek-V4's
+  ("swiglu_limit": SiLU(min(gate, limit)) · clamp(up, ±limit), its shared expert too), or
+  Nemotron-H's squared ReLU on the up projection alone ("relu2": relu(up)²).
+Routers that choose by token id (DeepSeek-V4's hash layers, models/hash_routing.py) get the
+token ids: `forward(x, token_ids)`.
 
 Two compute paths, chosen per layer (`impl`):
   "loop"    reference: for each expert, find its tokens, compute, scatter-add (mirrors transformers).
@@ -36,10 +39,17 @@ Two compute paths, chosen per layer (`impl`):
             padded bmm (no zero rows: C is ~1.6x the mean load at random init) and both beat the
             loop (see `bench_moe`). The first CPU grouped_mm call of a process is slow (one-off setup).
 Load-balance statistics accumulate over forwards until `pop_stats()` (see `stats_from_counts`).
+
+Router replay (`--model.router-replay`): the engine records the expert ids each MoE layer picked
+(`RoutingRecorder` switches `record_routing` on; off, the forward does nothing more), and the trainer
+hands them back (`replay_routing`): a layer with `replay` set [N, k] uses those ids instead of its
+own top-k for every token whose ids are ≥ 0 (−1: route normally). The gate weights are still the
+router's scores at the given ids (renormalised and scaled as usual), so the router keeps its gradient.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -47,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 from vf.models.config import MOE_IMPLS, ModelConfig
 from vf.models.errors import ModelLoadError
-from vf.models.layers import MLP
+from vf.models.layers import MLP, swiglu
 
 SCORINGS = ("softmax", "sigmoid", "sqrt_softplus")
 
@@ -56,6 +66,15 @@ def check_impl(impl: str) -> str:
     if impl not in MOE_IMPLS:
         raise ModelLoadError(f"unknown MoE implementation {impl!r}", hint=f"choose one of {', '.join(MOE_IMPLS)}")
     return impl
+
+
+def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Per-expert scores from router logits [N, E] (one of SCORINGS)."""
+    if scoring == "softmax":
+        return logits.softmax(dim=-1)
+    if scoring == "sigmoid":
+        return logits.sigmoid()
+    return F.softplus(logits).sqrt()
 
 
 class Router(nn.Module):
@@ -74,16 +93,11 @@ class Router(nn.Module):
         self.bias = nn.Parameter(torch.empty(E)) if config.router_bias else None
         self.expert_bias = nn.Parameter(torch.empty(E), requires_grad=False) if config.expert_bias else None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, H] -> (weights [N, k] fp32, expert ids [N, k], confidence [N] fp32: the selected
-        share of the score mass, detached)."""
+        share of the score mass, detached). `replay` [N, k]: expert ids to use where ≥ 0."""
         logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
-        if self.scoring == "softmax":
-            scores = logits.softmax(dim=-1)
-        elif self.scoring == "sigmoid":
-            scores = logits.sigmoid()
-        else:
-            scores = F.softplus(logits).sqrt()
+        scores = router_scores(logits, self.scoring)
         choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
         if self.n_group > 1:
             N, G = choice.shape[0], self.n_group
@@ -93,6 +107,12 @@ class Router(nn.Module):
             keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1, sorted=False)[1], True)
             choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, -1), float("-inf"))
         idx = choice.topk(self.top_k, dim=-1)[1]
+        if replay is not None:
+            if replay.shape != idx.shape:
+                raise ValueError(f"router replay: expert ids of shape {tuple(replay.shape)} for a forward "
+                                 f"of {tuple(idx.shape)} (tokens, top-k)")
+            replay = replay.to(device=idx.device, dtype=idx.dtype)
+            idx = torch.where(replay >= 0, replay, idx)
         w = scores.gather(1, idx)
         with torch.no_grad():
             confidence = w.sum(-1) / scores.sum(-1)
@@ -119,17 +139,26 @@ class MoE(nn.Module):
             self.gate_up_proj_bias = self.down_proj_bias = None
         self.act, self.alpha, self.limit = config.expert_act, config.swiglu_alpha, config.swiglu_limit
         shared = config.shared_expert_intermediate_size or Im * config.n_shared_experts
-        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2") if shared else None
+        limit = self.limit if self.act == "swiglu_limit" else None
+        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2", limit=limit) if shared else None
         self.shared_gate = nn.Linear(H, 1, bias=False) if config.shared_expert_gate else None
         self.impl = check_impl(impl or config.moe_impl_for(0))
         self._counts: torch.Tensor | None = None  # [E] assignments since the last pop_stats()
         self._confidence: torch.Tensor | None = None  # Σ routing confidence over those tokens
         self._tokens = 0
+        self.record_routing = False  # keep the last forward's expert ids in `routed` (RoutingRecorder)
+        self.routed: torch.Tensor | None = None  # [N, k]
+        self.replay: torch.Tensor | None = None  # [N, k] expert ids to use, −1 = own top-k (replay_routing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        w, idx, confidence = self.router(flat)
+        if token_ids is not None:  # a hash router: the experts are a function of the token id
+            w, idx, confidence = self.router(flat, token_ids.reshape(-1))
+        else:
+            w, idx, confidence = self.router(flat, self.replay)
+        if self.record_routing:
+            self.routed = idx
         w = w.to(x.dtype)
         impl = check_impl(self.impl)
         out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
@@ -146,8 +175,8 @@ class MoE(nn.Module):
         if self.act == "relu2":  # [..., Im] -> [..., Im]
             return torch.relu(gate_up).square()
         gate, up = gate_up.chunk(2, dim=-1)
-        if self.act == "swiglu":
-            return F.silu(gate) * up
+        if self.act in ("swiglu", "swiglu_limit"):
+            return swiglu(gate, up, self.limit if self.act == "swiglu_limit" else None)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
@@ -223,6 +252,60 @@ class MoE(nn.Module):
         out = {**stats_from_counts(self._counts), "routing_confidence": float(self._confidence) / self._tokens}
         self._counts, self._confidence, self._tokens = None, None, 0
         return out
+
+
+# -- router replay ------------------------------------------------------------------------------
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The model's MoE layers in module order (= decoder layer order): the `L` axis of routed experts."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+class RoutingRecorder:
+    """The engine's side of router replay: switches recording on in every MoE layer and, after a
+    forward, reads the expert ids of the positions whose logits are sampled from.
+
+    `take(seqs)` after a forward over `len(seqs)` rows returns, per row, [L][k] expert ids (L = MoE
+    layers) at the position that produced the row's next token: in a prefill ([rows, T] padded
+    block, no token sampled yet) the row's last prompt token, in a decode step its one token."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = moe_layers(model)
+        for layer in self.layers:
+            layer.record_routing = True
+
+    def take(self, seqs) -> list[list[list[int]]]:
+        routed = [layer.routed for layer in self.layers]
+        for layer in self.layers:
+            layer.routed = None  # a layer the next forward skips fails loudly instead of repeating
+        if any(r is None for r in routed) or routed[0].shape[0] % len(seqs):
+            raise RuntimeError("router replay: the last forward did not run every MoE layer over its rows")
+        ids = torch.stack(routed, dim=1)  # [N, L, k]
+        T = ids.shape[0] // len(seqs)
+        pos = [r * T + (len(s.prompt_ids) - 1 if not s.token_ids else 0) for r, s in enumerate(seqs)]
+        return ids[torch.tensor(pos, device=ids.device)].tolist()
+
+
+@contextlib.contextmanager
+def replay_routing(model: nn.Module, routed: torch.Tensor | None):
+    """The trainer's side: during the block, MoE layer l of a forward over [R, T] tokens routes
+    each token to `routed[r, t, l]` (k expert ids; −1 = its own top-k). Keep the block around the
+    backward too, so activation checkpointing recomputes the same routing. `routed` None: no-op."""
+    if routed is None:
+        yield
+        return
+    layers = moe_layers(model)
+    if routed.shape[-2] != len(layers):
+        raise ValueError(f"router replay: routed experts for {routed.shape[-2]} MoE layers, the model has {len(layers)}")
+    flat = routed.reshape(-1, *routed.shape[-2:])
+    try:
+        for i, layer in enumerate(layers):
+            layer.replay = flat[:, i]
+        yield
+    finally:
+        for layer in layers:
+            layer.replay = None
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:

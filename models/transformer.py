@@ -5,7 +5,8 @@ Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAtten
 `gpt_oss.SinkAttention` (GPT-OSS), or for the hybrids (Qwen3-Next, Qwen3.5) gated attention or
 `deltanet.GatedDeltaNet` by `config.layer_types`; the MLP is `layers.MLP` or `moe.MoE`
 (`config.is_moe_layer`), its compute path per layer from `config.moe_impl`. Nemotron-H layers are
-`hybrid.MixerLayer` (one mixer each: Mamba-2, attention, MLP or MoE).
+`hybrid.MixerLayer` (one mixer each: Mamba-2, attention, MLP or MoE); DeepSeek-V4's are
+`deepseek_v4.DeepseekV4Layer` (hyper-connection streams) in its `DeepseekV4Model` subclass.
 Engine caches: `cache_kinds()` says per layer whether it keeps keys/values ("kv"), recurrent state
 ("state", shapes from `state_shapes()`) or nothing (None).
 
@@ -74,6 +75,10 @@ class DecoderLayer(nn.Module):
 
 
 def decoder_layer(config: ModelConfig, layer_idx: int) -> nn.Module:
+    if config.architecture == "deepseek_v4":  # hyper-connection streams (models/deepseek_v4.py)
+        from vf.models.deepseek_v4 import DeepseekV4Layer
+
+        return DeepseekV4Layer(config, layer_idx)
     if config.architecture == "nemotron_h":
         from vf.models.hybrid import MixerLayer
 
@@ -138,17 +143,23 @@ class NativeModel(nn.Module):
         position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
+        x = self.run_layers(x, cos, sin, mask, cache=cache, position_ids=position_ids)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.norm(x)
+
+    def run_layers(self, x: torch.Tensor, *args, cache=None, **kwargs) -> torch.Tensor:
+        """x through every decoder layer, `layer(x, *args, cache=cache, **kwargs)`; with activation
+        checkpointing (grad enabled, no cache) each layer recomputes in backward."""
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
 
             for layer in self.layers:
-                x = checkpoint(layer, x, cos, sin, mask, None, position_ids, use_reentrant=False)
+                x = checkpoint(layer, x, *args, use_reentrant=False, **kwargs)
         else:
             for layer in self.layers:
-                x = layer(x, cos, sin, mask, cache, position_ids)
-        if cache is not None and hasattr(cache, "advance"):
-            cache.advance(T)
-        return self.norm(x)
+                x = layer(x, *args, cache=cache, **kwargs)
+        return x
 
     def compute_logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None):
         return self.forward(input_ids, position_ids, cache) @ self.lm_head_weight.t()  # [B, T, V]
@@ -156,13 +167,15 @@ class NativeModel(nn.Module):
 
 def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02) -> NativeModel:
     """Normal(0, std) for matrices, embeddings, attention sinks and SSM/DeltaNet decay parameters,
-    zeros for biases (also expert and router biases), ones for norms (zeros for zero-centred ones:
-    HF's init)."""
+    zeros for biases (also expert and router biases) and integer tables, ones for norms (zeros for
+    zero-centred ones: HF's init)."""
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     zero_centered = {id(m.weight) for m in model.modules() if getattr(m, "zero_centered", False)}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if re.search(r"norm\d?\.weight$", name):  # RMSNorm and (vision) LayerNorm weights
+            if not p.is_floating_point():  # integer tables (DeepSeek-V4's hash routing): zeros, as transformers
+                p.zero_()
+            elif re.search(r"norm\d?\.weight$", name):  # RMSNorm and (vision) LayerNorm weights
                 p.fill_(0.0 if id(p) in zero_centered else 1.0)
             elif name.endswith("bias"):
                 p.zero_()
@@ -172,7 +185,11 @@ def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02)
 
 
 def model_class(config: ModelConfig) -> type[NativeModel]:
-    """NativeModel, or its vision-language subclass when the config has a vision tower."""
+    """NativeModel, or its subclass for DeepSeek-V4 or a model with a vision tower."""
+    if config.architecture == "deepseek_v4":
+        from vf.models.deepseek_v4 import DeepseekV4Model
+
+        return DeepseekV4Model
     if config.vision is not None:
         from vf.models.qwen3_vl import Qwen3VLModel
 

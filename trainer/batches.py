@@ -73,8 +73,9 @@ class Rollouts:
         batch, wait = self.orch.get(step) if self.orch is not None else (None, 0.0)
         return distributed.broadcast(batch, self.d), wait
 
-    def publish(self, version: int, weights: dict | None) -> None:
-        """Policy `version` exists: batches generated from it may start (rank 0)."""
+    def publish(self, version: int, weights) -> None:
+        """Policy `version` exists (`weights`: the learner's stream): batches generated from it
+        may start (rank 0)."""
         if self.orch is not None:
             self.orch.publish(version, weights)
             self.orch.forget_before(self.orch.version_for(version))
@@ -89,10 +90,11 @@ class Rollouts:
 
     @classmethod
     def start(cls, config: TrainConfig, run_dir: Path, learner, loaded, tasks, push, start: int,
-              weights: dict | None, snapshots: dict[int, dict]) -> Rollouts:
+              weights, snapshots: dict[int, dict]) -> Rollouts:
         """On rank 0, the orchestrator generating batches max(start, W) .. total−1 on the embedded
         engine (its own copy of the model) or the server (`push`: the server's weight pusher),
-        seeded with the versions a resumed run still needs; other ranks only receive batches."""
+        seeded with the versions a resumed run still needs and the starting policy `weights` (the
+        learner's stream, read here on rank 0); other ranks only receive batches."""
         d = learner.d
         if not d.is_main:
             return cls(None, d)
@@ -106,7 +108,7 @@ class Rollouts:
         else:
             engine = engines.embedded(learner.path, learner.tokenizer, config.drift.engine_dtype or config.model.dtype,
                                       "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
-                                      config.model.impl)
+                                      config.model.impl, router_replay=config.model.router_replay)
             push = EmbeddedPush(engine, config.drift.weight_noise, config.seed)
         o = config.orchestrator
         spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),

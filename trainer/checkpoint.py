@@ -129,7 +129,7 @@ def save_run(run_dir: Path, version: int, learner, state, rollouts, keep_last: i
         save_sharded(run_dir, version, learner, snapshots, state.progress(), keep_last)
         return
     opt_state = distributed.optimizer_state(learner.policy, learner.optimizer, d)
-    model_state = state.weights if state.weights is not None else learner.full_state()
+    model_state = learner.full_state()  # one process: a copy of its own parameters, nothing gathered
     if not d.is_main:
         return
     save(run_dir, version, model_state=model_state, optimizer_state=opt_state,

@@ -2,7 +2,7 @@
 
     TrainConfig
       model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype,
-                    device, impl (auto|native|hf), compile, moe.impl
+                    device, impl (auto|native|hf), compile, moe.impl, router_replay
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -61,6 +61,12 @@ class ModelSection(_Section):
     native: refuse other families (exit 2); hf: always transformers' model."""
     compile: bool = False
     """torch.compile each decoder block (training): fused elementwise work; the first steps compile."""
+    router_replay: bool = False
+    """MoE models: the engine returns the experts it routed each sampled token to (traces carry them
+    as `routed_experts`) and the trainer's forward uses them instead of its own top-k on those
+    tokens (prompt tokens route normally), so a router that moved since sampling cannot change which
+    experts produced a log-prob. Embedded engine, `vf-serve --router-replay`, vLLM on GPU; exits 2
+    on a dense model (docs/router-replay.md)."""
 
 
 class TrainSampling(SamplingConfig):

@@ -14,6 +14,8 @@ Without torchrun (no WORLD_SIZE in the environment) every function here is a no-
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +78,78 @@ def full_state_dict(policy, d: Dist) -> dict[str, Any]:
 
     state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k.removeprefix(PREFIX): v for k, v in state.items()}
+
+
+GROUP = re.compile(r"^((?:.*\.)?(?:layers|blocks)\.\d+)\.")
+"""A parameter's publish group: its decoder (or vision) block, e.g. `layers.3`; else its top-level
+module (`embed_tokens`, `norm`, `visual`, ...)."""
+
+
+def param_group(name: str) -> str:
+    m = GROUP.match(name)
+    return m.group(1) if m else name.split(".")[0]
+
+
+@dataclass
+class GatherMeter:
+    """Parameter bytes materialised by `stream_state` on this rank that are still alive (`live`)
+    and the most at once (`peak`): the publish memory bound the tests hold us to."""
+
+    live: int = 0
+    peak: int = 0
+
+    def track(self, t) -> None:
+        import weakref
+
+        n = t.numel() * t.element_size()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(t, self._free, n)
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+
+METER = GatherMeter()
+
+
+def stream_state(policy, d: Dist) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The native model's parameters (own names), one group (`param_group`: a decoder layer, the
+    embedding, ...) at a time. Under FSDP each parameter is gathered (`DTensor.full_tensor`, a
+    collective: every rank must iterate the whole stream, in step) and a group's tensors are
+    released when the consumer asks for the next one (the yielded dict is emptied), so a rank holds
+    about one layer, never the whole model. Without FSDP the tensors are views of the live
+    parameters: consume them before the next optimizer step (copy what must outlive it)."""
+    import torch
+
+    def gather(p):
+        if not hasattr(p, "full_tensor"):
+            return p.detach()
+        t = p.detach().full_tensor()
+        METER.track(t)
+        return t
+
+    group: dict[str, Any] = {}
+    current = None
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            key = param_group(name)
+            if group and key != current:
+                yield current, group
+                group.clear()  # the consumer's reference too: the tensors go before the next gather
+                group = {}
+            current = key
+            group[name] = gather(p)
+        if group:
+            yield current, group
+            group.clear()
+
+
+def drain(groups) -> None:
+    """Read the rest of a weight stream without using it: under torchrun every rank must take part
+    in every group's gather, whether or not it (or rank 0's consumer) wants the weights."""
+    for _ in groups:
+        pass
 
 
 def optimizer_state(policy, optimizer, d: Dist) -> dict[str, Any]:

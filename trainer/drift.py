@@ -29,16 +29,19 @@ def rollout_version(batch: int, first_rl_step: int, async_level: int, stale_step
 
 def perturb(state: dict, sigma: float, seed: int, version: int) -> dict:
     """A copy of `state` with relative Gaussian noise on every floating matrix (norm weights,
-    vectors, are left alone so the model stays well-conditioned)."""
+    vectors, are left alone so the model stays well-conditioned). Each tensor's noise is seeded by
+    (seed, version, its name), so a state perturbed group by group (the trainer streams its
+    weights a layer at a time) gets the same noise as the whole."""
     if sigma <= 0:
         return state
+    import zlib
+
     import torch
 
-    g = torch.Generator().manual_seed((seed * 1_000_003 + version) % 2**63)
     out = {}
-    for k in sorted(state):
-        v = state[k]
+    for k, v in state.items():
         if v.is_floating_point() and v.dim() >= 2:
+            g = torch.Generator().manual_seed((seed * 1_000_003 + version) * 4_294_967_311 % 2**63 ^ zlib.crc32(k.encode()))
             noise = torch.randn(v.shape, generator=g, dtype=torch.float32).to(v.dtype)
             v = v + noise * (sigma * float(v.float().std()))
         out[k] = v

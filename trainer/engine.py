@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = "cpu", max_batch: int = 64,
-             impl: str = "auto"):
+             impl: str = "auto", router_replay: bool = False):
     import torch
     from vf.models import load_model
 
@@ -31,7 +31,8 @@ def embedded(model_path: Path, tokenizer, dtype: str = "float32", device: str = 
         p.requires_grad_(False)
     from vf.engines.local import LocalEngine
 
-    return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path))
+    return LocalEngine(model, tokenizer, max_batch=max_batch, model_name=str(model_path), path=Path(model_path),
+                       router_replay=router_replay)
 
 
 def server(config, push=None):
@@ -43,7 +44,8 @@ def server(config, push=None):
 
     e = config.engine
     return create_engine("openai", base_url=e.base_url, model=config.model.path, api_key_var=e.api_key_var,
-                         timeout=e.timeout, max_retries=e.max_retries, max_connections=64)
+                         timeout=e.timeout, max_retries=e.max_retries, max_connections=64,
+                         router_replay=config.model.router_replay)
 
 
 def server_push(config, run_dir: Path, model_config, say=None):
@@ -118,6 +120,6 @@ def vllm(config, run_dir: Path, say=None):
     return VLLMEngine(model=config.model.path, servers=e.servers, base_urls=e.base_urls, python=e.python,
                       dtype=e.dtype, max_model_len=e.max_model_len, kv_cache_gb=e.kv_cache_gb,
                       startup_timeout=e.startup_timeout, timeout=max(e.timeout, 600.0), extra_args=e.extra_args,
-                      log_dir=Path(run_dir) / "logs", on_event=say)
+                      log_dir=Path(run_dir) / "logs", on_event=say, router_replay=config.model.router_replay)
 
 

@@ -107,9 +107,11 @@ class Evaluations:
                                           config.model.impl)
         return cls(config, run_dir, engine, push, learner.model.config, learner.tokenizer, say)
 
-    def run(self, version: int, label: str, weights: dict) -> dict[str, Any] | None:
-        """Evaluate policy `version` (its full state dict `weights`); the summary, or None when
-        there is no evaluation engine or the server cannot evaluate now."""
+    def run(self, version: int, label: str, weights) -> dict[str, Any] | None:
+        """Evaluate policy `version` (`weights`: the learner's stream, or a state dict); the
+        summary, or None when there is no evaluation engine or the server cannot evaluate now.
+        The embedded engine takes the stream group by group; on a server the evaluation also
+        saves the model it evaluated, so it collects the whole state first."""
         if self.engine is None:
             return None
         if self.push is not None:
@@ -118,8 +120,11 @@ class Evaluations:
                 self.say(f"eval {label} skipped: the server would serve two policies at once "
                          "(server mode evaluates mid-run only with --async.deterministic --async.level 0)")
                 return None
-            self.push.push(weights, version)
             from vf.models import build_model
+            from vf.trainer.weights import collect
+
+            weights = collect(weights)
+            self.push.push(weights, version)
 
             model = build_model(self.model_config)  # saved as RUN/evals/LABEL/model
             model.load_state_dict(weights)

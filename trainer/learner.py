@@ -1,12 +1,14 @@
 """The model being trained: tokenizer, native model (FSDP2-sharded under torchrun), optimizer, LR
 schedule and losses, with the two things the loop asks of it: one optimizer step on a batch
-(`step`) and the full weights of the current policy (`full_state`, a collective under torchrun).
+(`step`) and the weights of the current policy, streamed a layer at a time (`stream_state`, a
+collective under torchrun).
 
 Built from the config's `model`, `trainer`, `optim`, `warmup` (its LR phase) and `loss` sections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,10 +68,17 @@ class Learner:
         model.activation_checkpointing = config.trainer.activation_checkpointing
         if restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
             model.load_state_dict(restore["model"])
+        if m.router_replay:
+            from vf.models.moe import moe_layers
+
+            if not moe_layers(model):
+                raise UsageError(f"--model.router-replay needs a MoE model; {m.path} "
+                                 "has no MoE layers of vf's MoE runtime",
+                                 hint="drop --model.router-replay, or train a MoE family with --model.impl native")
         embedding_grad_in_place(model, distributed=d.enabled)
         if m.compile:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
-        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk), d)
+        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay), d)
         optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None
@@ -103,8 +112,22 @@ class Learner:
                             world_size=self.d.world_size)
         return result, n_tokens
 
+    def stream_state(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The policy's weights a group (a decoder layer, the embedding, ...) at a time, what the
+        weight pushers take (see `distributed.stream_state`: a collective under torchrun)."""
+        return distributed.stream_state(self.policy, self.d)
+
+    def with_weights(self, use: Callable[[Iterator], Any] | None) -> Any:
+        """`use(stream)` on the rank that consumes the weights (None elsewhere), every rank taking
+        part in the gather: what `use` leaves unread is read after it returns, so ranks stay in step."""
+        groups = self.stream_state()
+        out = use(groups) if use is not None else None
+        distributed.drain(groups)
+        return out
+
     def full_state(self) -> dict[str, Any]:
-        """Full CPU state dict of the policy (collective under torchrun; ranks > 0 get {})."""
+        """Full CPU state dict of the policy (collective under torchrun; ranks > 0 get {}): the
+        single-process checkpoint only; weights for inference are streamed (`stream_state`)."""
         return distributed.full_state_dict(self.policy, self.d)
 
     @property

@@ -5,7 +5,8 @@
     for step in start .. warmup.steps + steps:
         get batch   from the step's source (`batches`): gold warm-up | saved data | rollouts
         train step  forward/backward over this rank's packed micro-batches, optimizer step
-        publish     the new policy version to the orchestrator (which pushes it into the engine)
+        publish     the new policy version to the orchestrator (which pushes it into the engine),
+                    streamed from the (sharded) model a layer at a time
         log         one metrics.jsonl row, the rollouts trained on (traces.jsonl)
         evaluate    when due (RUN/evals/LABEL)
         checkpoint  when due, and at the end
@@ -66,12 +67,11 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     gold = gold_warmup(tasks, learner.tokenizer, config, learner.model) if W and not sft_data else None
     push = server_push(config, run_dir, learner, say) if d.is_main else None
     evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
-    need_weights = d.enabled or rl or (push is not None) or (evals is not None and evals.engine is not None)
-    state.weights = learner.full_state() if need_weights else None
-    if evals and state.start == 0 and config.eval.at_start:
-        state.reward_before = reward(evals.run(0, "before", state.weights))
-    rollouts = (Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start, state.weights,
-                               saved["snapshots"] if saved else {}) if rl else None)
+    if state.start == 0 and config.eval.at_start:
+        state.reward_before = reward(evaluate(evals, learner, 0, "before"))
+    rollouts = (learner.with_weights(lambda w: Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start,
+                                                              w, saved["snapshots"] if saved else {}))
+                if rl else None)
 
     def source(step: int) -> BatchSource:
         if data is not None:
@@ -88,14 +88,15 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             if result.skipped:
                 say(f"step {step}: non-finite logits ({int(result.metrics.get('nonfinite_logits', 0))} loss tokens) or "
                     f"gradient norm ({result.grad_norm}): update skipped, training continues")
-            state.weights = learner.full_state() if need_weights else None
-            if rollouts:
-                rollouts.publish(version, state.weights)
+            if rollouts:  # the weights stream from the (sharded) model into the engine, a layer at a time
+                learner.with_weights(lambda w, v=version: rollouts.publish(v, w))
             step_time = time.perf_counter() - t0
+            row = None
             if d.is_main:
                 row = state.record(step, src.phase, result, batch, wait, step_time, n_tokens, learner.lr, d.world_size)
                 row.update(push.metrics() if push is not None else {})
-                evaluate_due(evals, state, config, version, row, rl)
+            evaluate_due(evals, learner, state, config, version, row, rl)
+            if d.is_main:
                 files.write(row, batch)
                 state.rows.append(row)
                 if on_step:
@@ -111,12 +112,12 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
             rollouts.close()
 
     # -- end --------------------------------------------------------------------------------------
-    if push is not None and state.weights is not None:
-        push.push(state.weights, total)  # the server serves the trained policy (no-op after the final eval)
+    if config.engine.resolved_type != "local":  # the server serves the trained policy (no-op after the final eval)
+        learner.with_weights(push and (lambda w: push.push(w, total)))
+    if config.eval.at_end and state.start >= total:  # nothing left to train
+        state.reward_after = evaluate(evals, learner, total, "after")
     summary: dict[str, Any] = {}
     if d.is_main:
-        if state.reward_after is None and config.eval.at_end and state.start >= total:  # nothing left to train
-            state.reward_after = evals.run(total, "after", state.weights)
         plot(run_dir)
         summary = summarize(config, state, run_dir, d, resume, time.time() - wall0, push)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -157,21 +158,28 @@ def reward(summary: dict[str, Any] | None) -> float | None:
     return summary["mean_reward"] if summary else None
 
 
-def evaluate_due(evals: Evaluations, state: RunState, config: TrainConfig, version: int, row: dict, rl: bool) -> None:
-    """The evaluations due after policy `version` (rank 0): after the warm-up (when RL follows and
-    an evaluation ran before training), at the end, and every `eval.every` steps; their rewards
-    go into the step's row."""
+def evaluate(evals: Evaluations | None, learner: Learner, version: int, label: str) -> dict[str, Any] | None:
+    """Evaluation `label` of policy `version` on rank 0 (`evals`; None on the other ranks, which
+    only take part in streaming the weights); its summary on rank 0."""
+    return learner.with_weights(evals and (lambda w: evals.run(version, label, w)))
+
+
+def evaluate_due(evals: Evaluations | None, learner: Learner, state: RunState, config: TrainConfig, version: int,
+                 row: dict | None, rl: bool) -> None:
+    """The evaluations due after policy `version`: after the warm-up (when RL follows and an
+    evaluation ran before training), at the end, and every `eval.every` steps; their rewards go
+    into the step's row (rank 0). Every rank calls it (the weights are streamed from all)."""
     e, W, total = config.eval, config.warmup.steps, config.total_steps
-    evaluated = False
-    if W and version == W and e.at_start and rl:
-        s = evals.run(version, "after_warmup", state.weights)
+    after_warmup = bool(W and version == W and e.at_start and rl)
+    if after_warmup:
+        s = evaluate(evals, learner, version, "after_warmup")
         state.reward_after_warmup = reward(s)
         if s:
-            row["eval_reward"], evaluated = s["mean_reward"], True
+            row["eval_reward"] = s["mean_reward"]
     if version == total and e.at_end:
-        s = state.reward_after = evals.run(total, "after", state.weights)
-    elif e.every and version % e.every == 0 and not evaluated:
-        s = evals.run(version, f"step_{version}", state.weights)
+        s = state.reward_after = evaluate(evals, learner, total, "after")
+    elif e.every and version % e.every == 0 and not after_warmup:
+        s = evaluate(evals, learner, version, f"step_{version}")
     else:
         return
     if s:

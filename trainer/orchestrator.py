@@ -42,6 +42,7 @@ from typing import Any
 
 from vf.trainer import advantages as adv_mod
 from vf.trainer.samples import Sample, trace_samples
+from vf.trainer.weights import collect
 
 from vf.runner import EpisodeSpec, run_plan, with_shared_tools
 from vf.taskset import Task
@@ -240,7 +241,8 @@ class ReplayOrchestrator(_Generator):
 
         return rollout_version(step, self.first_rl, self.async_level, self.stale)
 
-    def publish(self, version: int, state: dict) -> None:
+    def publish(self, version: int, state) -> None:
+        state = collect(state)  # a whole copy: the batch owed this version is generated later
         with self._cv:
             self._snapshots[version] = state
             self._published = max(self._published, version)
@@ -318,8 +320,10 @@ class ContinuousOrchestrator(_Generator):
         self.push_time = 0.0
 
     # -- trainer side ---------------------------------------------------------------------------
-    def publish(self, version: int, state: dict) -> None:
-        """Keep only the newest state; the generator thread pushes it into the engine at once."""
+    def publish(self, version: int, state) -> None:
+        """Stage the state here (the trainer's thread, where a stream is gathered; see `weights`);
+        only the newest is kept and the generator thread pushes it into the engine at once."""
+        state = self.pusher.stage(state, version)
         with self._cv:
             if self._latest is None or version > self._latest[0]:
                 self._latest = (version, state)

@@ -30,8 +30,6 @@ class RunState:
     counters: dict[str, float] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     """metrics.jsonl rows of the whole run (rank 0)."""
-    weights: dict[str, Any] | None = None
-    """Full state dict of the current policy version, when anything needs it (see loop.py)."""
 
     @classmethod
     def resumed(cls, progress: dict[str, Any]) -> RunState:

@@ -14,6 +14,12 @@ model's image-pad token. Truncation cuts only at whole-image boundaries (an imag
 cut is dropped with the tokens after it), and a micro-batch carries its rows' references in
 row-major token order, from which the trainer recomputes the pixel inputs (`PolicyLogprobs`).
 
+Router replay (MoE): a sample whose assistant nodes carry `expert_ids` keeps them per token
+(`routed_experts[i]` = [L][k] expert ids of the engine's forward that sampled token i, None for
+context tokens), shifted like the log-probs when packed: the input at position t is the forward
+that produced target t + 1, so a micro-batch's `routed_experts` [R, T, L, k] hold the engine's ids
+exactly on the rows of sampled targets and −1 (route normally) on prompt/context positions.
+
 A node flagged `token_reset` (the chat template re-rendered history, so the next prompt is not an
 extension of what came before) starts a new sample; its own token_ids are the whole new prompt.
 
@@ -42,6 +48,7 @@ class Sample:
     advantage: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     images: list[str] = field(default_factory=list)  # image references, in token order
+    routed_experts: list | None = None  # router replay: per token [L][k] expert ids or None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -78,6 +85,13 @@ def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | N
         if not node.sampled:
             mask = [0] * n  # context tokens (prompt deltas, tool results) are never trained on
         lps = node.logprobs if node.logprobs is not None else None
+        routed = node.expert_ids if node.sampled else None
+        if routed is not None and len(routed) == n:
+            if cur.routed_experts is None:
+                cur.routed_experts = [None] * len(cur.token_ids)
+            cur.routed_experts += list(routed)
+        elif cur.routed_experts is not None:
+            cur.routed_experts += [None] * n
         cur.token_ids += list(node.token_ids)
         cur.loss_mask += [int(bool(m)) for m in mask]
         if lps is not None and len(lps) == n:
@@ -122,7 +136,8 @@ def truncate(s: Sample, keep: int, image_token_id: int | None = None) -> Sample:
         keep = next((start for start, end in spans if start < keep < end), keep)
         images = images[:sum(1 for _, end in spans if end <= keep)]
     return Sample(s.token_ids[:keep], s.loss_mask[:keep], s.logprobs[:keep], s.advantage,
-                  {**s.info, "truncated": True}, images=list(images))
+                  {**s.info, "truncated": True}, images=list(images),
+                  routed_experts=None if s.routed_experts is None else s.routed_experts[:keep])
 
 
 def pack(samples: list[Sample], seq_len: int, image_token_id: int | None = None) -> list[Bin]:
@@ -151,7 +166,8 @@ def pack(samples: list[Sample], seq_len: int, image_token_id: int | None = None)
 @dataclass
 class MicroBatch:
     """Tensors [R, T]: inputs, position ids, targets, loss mask, inference log-probs, advantages;
-    `images`: the image references of its rows in row-major token order (VL models)."""
+    `images`: the image references of its rows in row-major token order (VL models);
+    `routed_experts` [R, T, L, k] int64 (router replay; −1 = route normally) or None."""
 
     input_ids: Any
     position_ids: Any
@@ -160,6 +176,7 @@ class MicroBatch:
     inference_logprobs: Any
     advantages: Any
     images: list[str] = field(default_factory=list)
+    routed_experts: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -201,7 +218,31 @@ def collate(bins: list[Bin], pad_id: int = 0) -> MicroBatch:
         inference_logprobs=torch.tensor(rows["lp"], dtype=torch.float32),
         advantages=torch.tensor(rows["adv"], dtype=torch.float32),
         images=images,
+        routed_experts=collate_routing(bins, width),
     )
+
+
+def collate_routing(bins: list[Bin], width: int):
+    """[R, width, L, k] expert ids for a micro-batch's rows (−1 where a position routes normally),
+    or None when no sample carries routing. Input position t of a sample gets the ids recorded
+    with token t + 1 (the forward at t produced it), the same shift as the log-probs."""
+    import torch
+
+    shape = next((torch.tensor(r).shape for b in bins for s in b.samples if s.routed_experts
+                  for r in s.routed_experts if r is not None), None)
+    if shape is None:
+        return None
+    out = torch.full((len(bins), width, *shape), -1, dtype=torch.long)
+    rows, cols, ids = [], [], []
+    for row, b in enumerate(bins):
+        col = 0
+        for s in b.samples:
+            for t, r in enumerate(s.routed_experts[1:] if s.routed_experts is not None else ()):
+                if r is not None:
+                    rows.append(row), cols.append(col + t), ids.append(r)
+            col += len(s) - 1
+    out[rows, cols] = torch.tensor(ids, dtype=torch.long)
+    return out
 
 
 def micro_batches(samples: list[Sample], seq_len: int, micro_batch_size: int, pad_id: int = 0,

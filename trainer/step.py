@@ -2,6 +2,7 @@
 
     for each of this rank's micro-batches:
         hidden = model(input_ids, position_ids)                    packed rows, attention within documents
+                  (router replay: MoE layers take the engine's expert ids, `moe.replay_routing`)
         per-token loss (every built-in), fused into the LM head on the loss tokens only:
           loss = fused_head_loss(hidden[loss rows], lm_head_weight, targets, loss, T)   dh, dW in the same pass
         any other loss:
@@ -24,7 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from vf.models.moe import moe_stats
+from vf.models.moe import moe_stats, replay_routing
 from vf.trainer.logprobs import FUSED_BLOCK_ELEMENTS, chunked_logprobs, fused_head_loss
 from vf.trainer.losses import Loss, Stat, merge_stats, stat_value
 from vf.trainer.samples import MicroBatch
@@ -37,9 +38,10 @@ class PolicyLogprobs(torch.nn.Module):
     log-probs are computed."""
 
     def __init__(self, model, chunk_size: int = 8192, fused_loss: bool = True,
-                 fused_block_elements: int = FUSED_BLOCK_ELEMENTS):
+                 fused_block_elements: int = FUSED_BLOCK_ELEMENTS, router_replay: bool = False):
         super().__init__()
         self.model = model
+        self.router_replay = router_replay  # MoE layers route as the engine did (micro-batch routed_experts)
         self.chunk_size = chunk_size
         self.fused_loss = fused_loss
         self.fused_block_elements = fused_block_elements
@@ -111,31 +113,38 @@ def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], lo
     total = torch.zeros((), dtype=torch.float64)
     stats = []
     fused = getattr(policy, "fused_loss", False) and loss_fn.per_token
+    replay = getattr(policy, "router_replay", False)
     for mb in micro_batches:
-        mask, mu, adv = (t.reshape(-1) for t in (mb.loss_mask, mb.inference_logprobs, mb.advantages))
-        if fused:
-            rows = mask.nonzero().squeeze(1)
-            mu, adv = mu.index_select(0, rows), adv.index_select(0, rows)
-
-            def token_loss(lp, a, b, mu=mu, adv=adv):
-                out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool), **loss_params)
-                out.stats.update(_nonfinite(lp, torch.ones_like(lp, dtype=torch.bool)))
-                return out
-
-            loss, _, outs = policy(mb.input_ids, mb.position_ids, mb.targets, temperature,
-                                   fused=(rows, token_loss, scale), images=mb.images)
-            loss.backward()
-            if not outs:  # no loss token in this micro-batch: the metrics still count it
-                outs = [token_loss(torch.zeros(0), 0, 0)]
-            total += sum(o.loss.double() for o in outs)
-            stats.extend(o.stats for o in outs)
-            continue
-        logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature, images=mb.images)
-        out = loss_fn(logp, mu, adv, mask, **loss_params)
-        (out.loss * scale).backward()
-        total += out.loss.detach().double()
-        stats.append({**out.stats, **_nonfinite(logp, mask.bool())})
+        with replay_routing(policy.model, mb.routed_experts if replay else None):  # forward and backward
+            total += _forward_backward_one(policy, mb, loss_fn, loss_params, scale, temperature, fused, stats)
     return total, stats
+
+
+def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: dict, scale: float, temperature: float,
+                          fused: bool, stats: list) -> torch.Tensor:
+    """One micro-batch of `forward_backward`: returns Σ loss (detached), appends its stats."""
+    mask, mu, adv = (t.reshape(-1) for t in (mb.loss_mask, mb.inference_logprobs, mb.advantages))
+    if fused:
+        rows = mask.nonzero().squeeze(1)
+        mu, adv = mu.index_select(0, rows), adv.index_select(0, rows)
+
+        def token_loss(lp, a, b):
+            out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool), **loss_params)
+            out.stats.update(_nonfinite(lp, torch.ones_like(lp, dtype=torch.bool)))
+            return out
+
+        loss, _, outs = policy(mb.input_ids, mb.position_ids, mb.targets, temperature,
+                               fused=(rows, token_loss, scale), images=mb.images)
+        loss.backward()
+        if not outs:  # no loss token in this micro-batch: the metrics still count it
+            outs = [token_loss(torch.zeros(0), 0, 0)]
+        stats.extend(o.stats for o in outs)
+        return sum(o.loss.double() for o in outs)
+    logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature, images=mb.images)
+    out = loss_fn(logp, mu, adv, mask, **loss_params)
+    (out.loss * scale).backward()
+    stats.append({**out.stats, **_nonfinite(logp, mask.bool())})
+    return out.loss.detach().double()
 
 
 def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list[MicroBatch], loss_fn: Loss,

@@ -1,8 +1,21 @@
-"""Getting new weights to the inference engine: one interface, `push(state, version)`, three paths.
+"""Getting new weights to the inference engine: one interface, three paths.
 
-- Embedded engine (in-process): `EmbeddedPush` copies the full state dict into the engine's own
-  copy of the model (`engine.update_weights(state, version)`); drift noise, if configured, is
-  applied to that copy only.
+What a pusher takes (`weights`): the learner's stream (`Learner.stream_state()`: (group,
+{native name: tensor}) one decoder layer or so at a time, gathered from the FSDP shards as it
+is read) or a plain native state dict (one group: replay snapshots, tests). Two calls:
+
+- `stage(weights, version) -> Staged`, in the trainer's thread, where the stream is gathered: the
+  version goes where the engine can load it: checkpoint files, or straight into an engine that can
+  only take it as it arrives (the embedded engine, NCCL).
+- `push(weights | Staged, version)`, from any thread (the orchestrator's): the engine starts
+  serving that version (stages first when given weights). Pushing the version the engine already
+  holds is a no-op: within one run a version names one set of weights, and the orchestrator and the
+  trainer's evaluations push through the same pusher from different threads (hence the lock).
+
+The paths:
+- Embedded engine (in-process): `EmbeddedPush` copies each group into the engine's own copy of the
+  model as it arrives (`engine.update_weights(groups, version)`; the engine pauses between two
+  decode steps until the last group); drift noise, if configured, is applied to that copy only.
 - `vf-serve` (HTTP): `HttpPush` writes an HF checkpoint and POSTs `{"path", "version"}` to
   `BASE/v1/load_weights`, with the engine's API key (`Authorization: Bearer $api_key_var`).
 - vLLM servers (`--engine.type vllm`): `VLLMPush` writes the same HF checkpoint and has every
@@ -10,40 +23,59 @@
   (`VLLMEngine.load_weights`: pause(keep) → start → update → finish(version) → resume, so requests
   in flight survive). On GPUs `NcclPush` uses vLLM's own `nccl` backend instead (no files).
 
-Checkpoints go to `RUN/broadcasts/step_N/` (config.json + safetensors; tmp dir + rename so a
-reader never sees a half-written one); older ones are removed, the newest `keep` stay (a restarted
-vLLM server reloads the newest). Pushing the version the engine already holds is a no-op: within
-one run a version names one set of weights, and the orchestrator and the trainer's evaluations
-push through the same pusher from different threads (hence the lock). `seconds` is the wall time of
-the last push (logged as `weight_sync_time`), `pushes` their count.
+Checkpoints go to `RUN/broadcasts/step_N/`, one safetensors file per group (written as the group
+arrives, so the writer holds one layer, never the model) plus config.json and
+model.safetensors.index.json, in a tmp dir renamed when complete so a reader never sees a
+half-written one; older ones are removed, the newest `keep` and the loaded one stay (a restarted
+vLLM server reloads the newest). `seconds` is the wall time of the last push, staging included
+(logged as `weight_sync_time`), `pushes` their count.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from vf.trainer.distributed import drain
 from vf.trainer.drift import perturb
 
 from vf.errors import EngineError
 
-
-class EmbeddedPush:
-    def __init__(self, engine, noise: float = 0.0, seed: int = 0):
-        self.engine, self.noise, self.seed = engine, noise, seed
-        self.seconds, self.pushes = 0.0, 0
-
-    def push(self, state: dict, version: int) -> None:
-        t0 = time.perf_counter()
-        self.engine.update_weights(perturb(state, self.noise, self.seed, version), version)
-        self.seconds, self.pushes = time.perf_counter() - t0, self.pushes + 1
+Groups = Iterable[tuple[str, dict[str, Any]]]
 
 
-class _Versioned:
-    """Skip a version the engine already holds; time each push; one push at a time."""
+def as_groups(weights) -> Groups:
+    """A native state dict is one group; the learner's stream passes through."""
+    return [("all", weights)] if isinstance(weights, Mapping) else weights
+
+
+def collect(weights) -> dict[str, Any]:
+    """A full CPU copy of `weights` (a stream's tensors are views of live parameters, or freed
+    after their group): the whole model in memory, for what needs it (replay snapshots, evaluations
+    on a server)."""
+    out: dict[str, Any] = {}
+    for _, group in as_groups(weights):
+        out.update({k: v.detach().to("cpu", copy=True) for k, v in group.items()})
+    return out
+
+
+@dataclass
+class Staged:
+    version: int
+    path: Path | None
+    """The checkpoint directory (file pushers); None: the engine already holds it."""
+    seconds: float
+
+
+class Pusher:
+    """`stage` + `push` (see the module docstring); subclasses write `_stage` and `_load`."""
 
     def __init__(self):
         self.loaded: int | None = None
@@ -52,18 +84,29 @@ class _Versioned:
         self.seconds = 0.0
         self._lock = threading.Lock()
 
-    def push(self, state: dict, version: int) -> None:
+    def stage(self, weights, version: int) -> Staged:
+        t0 = time.perf_counter()
+        groups = as_groups(weights)
+        path = self._stage(groups, version)
+        drain(groups)  # a stream is read to its end (under torchrun every rank gathers every group)
+        return Staged(version, path, time.perf_counter() - t0)
+
+    def push(self, weights, version: int) -> None:
         with self._lock:
             if version == self.loaded:
                 return
+            staged = weights if isinstance(weights, Staged) else self.stage(weights, version)
             t0 = time.perf_counter()
-            self._push(state, version)
-            self.seconds = time.perf_counter() - t0
+            self._load(staged)
+            self.seconds = staged.seconds + time.perf_counter() - t0
             self.loaded = version
             self.pushes += 1
 
-    def _push(self, state: dict, version: int) -> None:
+    def _stage(self, groups: Groups, version: int) -> Path | None:
         raise NotImplementedError
+
+    def _load(self, staged: Staged) -> None:
+        pass
 
     def metrics(self) -> dict[str, float]:
         """Per-step numbers for metrics.jsonl: the last push's seconds."""
@@ -73,7 +116,20 @@ class _Versioned:
         pass
 
 
-class _ToVLLM(_Versioned):
+class EmbeddedPush(Pusher):
+    """Into the embedded engine: staging is the copy itself (the engine takes the stream)."""
+
+    def __init__(self, engine, noise: float = 0.0, seed: int = 0):
+        super().__init__()
+        self.engine, self.noise, self.seed = engine, noise, seed
+
+    def _stage(self, groups: Groups, version: int) -> None:
+        if self.noise > 0:
+            groups = ((name, perturb(g, self.noise, self.seed, version)) for name, g in groups)
+        self.engine.update_weights(groups, version)
+
+
+class _ToVLLM(Pusher):
     """Pushers into a `VLLMEngine` fleet; they own it (`close()` stops the servers it started)."""
 
     engine = None
@@ -94,26 +150,44 @@ class CheckpointFiles:
         self.dir = Path(run_dir) / "broadcasts"
         self.model_config, self.keep = model_config, keep
 
-    def write(self, state: dict, version: int) -> Path:
-        from vf.models import build_model, save_hf
+    def write(self, weights, version: int) -> Path:
+        """An HF checkpoint of `weights` (a stream or a state dict): one safetensors file per group,
+        each converted to HF names and written as it arrives, then config.json and the index."""
+        from safetensors.torch import save_file
+        from vf.models.checkpoint import INDEX, write_hf_config
+        from vf.models.convert import native_to_hf
 
         target = self.dir / f"step_{version}"
         tmp = self.dir / f".step_{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        model = build_model(self.model_config)
-        model.load_state_dict(state)
-        save_hf(model, tmp)
+        tmp.mkdir(parents=True)
+        weight_map: dict[str, str] = {}
+        total, dtypes = 0, set()
+        for i, (name, group) in enumerate(as_groups(weights)):
+            # per group: a layer's fused q/k/v and gate/up split into that layer's HF tensors
+            hf = {k: v.cpu() for k, v in native_to_hf(group, self.model_config).items()}
+            file = f"model-{i:05d}-{name}.safetensors"
+            save_file(hf, tmp / file, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(hf, file))
+            total += sum(t.numel() * t.element_size() for t in hf.values())
+            dtypes.update(t.dtype for t in hf.values())
+            del hf, group  # freed before the next group is gathered
+        write_hf_config(tmp, self.model_config, dtypes)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         return target.resolve()
 
-    def prune(self) -> None:
+    def prune(self, loaded: Path | None = None) -> None:
+        """Remove all but the newest `keep` checkpoints (and `loaded`, which a server holds)."""
         old = sorted(self.dir.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
         for p in old[: -self.keep]:
-            shutil.rmtree(p, ignore_errors=True)
+            if loaded is None or p.resolve() != loaded:
+                shutil.rmtree(p, ignore_errors=True)
 
 
-class HttpPush(_Versioned):
+class HttpPush(Pusher):
     def __init__(self, base_url: str, run_dir: Path, model_config, keep: int = 2, timeout: float = 300.0,
                  api_key_var: str | None = "OPENAI_API_KEY"):
         super().__init__()
@@ -127,12 +201,14 @@ class HttpPush(_Versioned):
         key = os.environ.get(api_key_var) if api_key_var else None
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
-    def _push(self, state: dict, version: int) -> None:
+    def _stage(self, groups: Groups, version: int) -> Path:
+        return self.files.write(groups, version)
+
+    def _load(self, staged: Staged) -> None:
         import httpx
 
-        target = self.files.write(state, version)
         try:
-            r = httpx.post(self.url, json={"path": str(target), "version": version},
+            r = httpx.post(self.url, json={"path": str(staged.path), "version": staged.version},
                            headers=self.headers, timeout=self.timeout)
         except httpx.HTTPError as e:
             raise EngineError(f"weight reload at {self.url} failed: {e}", type="WeightReload") from None
@@ -142,7 +218,7 @@ class HttpPush(_Versioned):
             if r.status_code in (401, 403):
                 e.hint = f"put the server's API key in ${self.key_var} (or name another variable with --engine.api-key-var)"
             raise e
-        self.files.prune()
+        self.files.prune(staged.path)
 
 
 class VLLMPush(_ToVLLM):
@@ -154,10 +230,12 @@ class VLLMPush(_ToVLLM):
         self.engine = engine
         self.files = CheckpointFiles(run_dir, model_config, keep)
 
-    def _push(self, state: dict, version: int) -> None:
-        target = self.files.write(state, version)
-        self.engine.load_weights(str(target), version)
-        self.files.prune()
+    def _stage(self, groups: Groups, version: int) -> Path:
+        return self.files.write(groups, version)
+
+    def _load(self, staged: Staged) -> None:
+        self.engine.load_weights(str(staged.path), staged.version)
+        self.files.prune(staged.path)
 
 
 class NcclPush(_ToVLLM):
@@ -176,30 +254,45 @@ class NcclPush(_ToVLLM):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         class HFSource(WeightSource):
-            """The pushed state under HF names (vLLM's `load_weights` reads checkpoint names)."""
+            """The pushed weights under HF names (vLLM's `load_weights` reads checkpoint names),
+            converted a group at a time as the transfer reads them; the metadata (names, dtypes,
+            shapes) comes from a meta-device model, so no weights are needed for it."""
 
-            def __init__(self):
-                self.tensors: dict = {}
+            def __init__(self, model_config):
+                self.config, self.groups, self.meta = model_config, [], None
 
             def metadata(self):
-                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors.items()]
+                if self.meta is None:
+                    import torch
+                    from vf.models.convert import native_to_hf
+                    from vf.models.transformer import model_class
+
+                    dtype = getattr(torch, str(getattr(self.config, "torch_dtype", None) or "float32"))
+                    with torch.device("meta"):
+                        model = model_class(self.config)(self.config).to(dtype)
+                    hf = native_to_hf(dict(model.named_parameters()), self.config)
+                    self.meta = [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in hf.items()]
+                return self.meta
 
             def __iter__(self):
-                return iter(self.tensors.items())
+                from vf.models.convert import native_to_hf
 
-        self.engine, self.model_config, self.source = engine, model_config, HFSource()
+                for _, group in self.groups:
+                    yield from native_to_hf(group, self.config).items()
+
+        self.engine, self.model_config, self.source = engine, model_config, HFSource(model_config)
         self.clients = [_RouteClient(engine, s) for s in engine.servers]
         self.transfers = []
-        self._first = True
         self._init = [(c, NCCLTrainerInitInfo(master_address=host, master_port=port + i, rank=0,
                                               world_size=1 + c.world_size()))
                       for i, c in enumerate(self.clients)]
         self._factory = WeightTransferTrainerFactory
 
-    def _push(self, state: dict, version: int) -> None:
-        from vf.models.convert import native_to_hf
-
-        self.source.tensors = native_to_hf(state, self.model_config)
+    def _stage(self, groups: Groups, version: int) -> None:
+        """The send itself (a stream can only be read once, where it is gathered)."""
+        if len(self.clients) > 1:  # every server's transfer reads the whole model: keep one copy
+            groups = as_groups(collect(groups))
+        self.source.groups = groups
         if not self.transfers:  # the rendezvous needs the metadata: on the first push
             self.transfers = [self._factory.trainer_init(info, client=c, source=self.source) for c, info in self._init]
         for c, t in zip(self.clients, self.transfers):

@@ -442,6 +442,7 @@ class Rollout:
         record.usage = {"prompt_tokens": result.usage.prompt_tokens,
                         "completion_tokens": result.usage.completion_tokens}
         record.policy_version = result.policy_version
+        record.endpoint = getattr(result, "endpoint", None)
         record.attempts = getattr(result, "attempts", 1)
         if spec.require_tokens and (result.token_ids is None or result.logprobs is None):
             raise EngineError(f"engine {spec.engine.name!r} returned no token ids/log-probs",
@@ -451,6 +452,8 @@ class Rollout:
         if result.token_ids is not None:
             fields = {"token_ids": list(result.token_ids), "mask": [1] * len(result.token_ids),
                       "logprobs": [round(x, 6) for x in result.logprobs] if result.logprobs is not None else None}
+            if getattr(result, "routed_experts", None) is not None:
+                fields["expert_ids"] = result.routed_experts
         message = {"role": "assistant", **{k: v for k, v in result.message.items() if k != "role"}}
         record.node = self.add(message, sampled=True, **fields)
         if result.token_ids is not None and self._seq is not None:

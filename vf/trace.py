@@ -3,7 +3,7 @@
 Field names follow verifiers 0.4 (Episode → traces → nodes/calls) so the two ecosystems can read
 each other's runs. Every record carries `version` (the format version) and `producer`
 (the tool and its version). Training fields live on assistant nodes (`token_ids`, `mask`,
-`logprobs`) and on the trace (`policy.start` / `policy.end`: the policy version, i.e. trainer
+`logprobs`, and `expert_ids` with router replay) and on the trace (`policy.start` / `policy.end`: the policy version, i.e. trainer
 step, of the weights that produced the first and the last reply).
 
     Episode ─┬─ task (TraceTask: type, data, key, hash)
@@ -81,6 +81,11 @@ class MessageNode(_Record):
     mask: list[int] | None = None
     logprobs: list[float] | None = None
     advantages: list[float] | None = None
+    expert_ids: list[list[list[int]]] | None = None
+    """Router replay (MoE, `--model.router-replay`): per token of `token_ids`, one list per MoE
+    layer of the k expert ids the engine's forward that sampled the token chose (absent otherwise).
+    Not named `routed_experts`: verifiers 0.4's node reserves that name for a numpy array it keeps
+    off disk (its JSON reader rejects a list there)."""
 
 
 class ModelCall(_Record):

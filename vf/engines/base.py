@@ -66,6 +66,10 @@ class GenerateResult:
     `policy_version` is the policy version the reply started from (its prompt was processed by),
     `policy_version_end` the version that sampled its last token (None: the same as the start);
     they differ when weights were updated while the request was in flight.
+    `endpoint` is the server that produced it, when the engine spreads requests over several.
+    `routed_experts` (router replay, MoE models, engines asked for it): per token of `token_ids`,
+    [L][k] — for each of the L MoE layers, the k expert ids of the forward whose logits sampled
+    that token (the previous token's position; the first token's is the last prompt token's).
     """
 
     message: dict[str, Any]
@@ -77,6 +81,8 @@ class GenerateResult:
     policy_version: int | None = None
     policy_version_end: int | None = None
     model: str | None = None
+    endpoint: str | None = None
+    routed_experts: list[list[list[int]]] | None = None
 
 
 @runtime_checkable

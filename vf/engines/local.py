@@ -15,6 +15,10 @@ for greedy), what the trainer computes at the same tokens. Token ids include the
 ended a reply; `message.content` is the decoded text without special tokens, cut before a stop
 string, with `<tool_call>` blocks moved into `tool_calls`.
 
+Router replay (`router_replay=True`, MoE models only): each result also carries `routed_experts`,
+per sampled token the expert ids every MoE layer chose at the position that produced it
+(`vf.models.moe.RoutingRecorder`; one `.tolist()` per step more, nothing when off).
+
 `policy_version` on a result is the version when the request was admitted (its prompt's KV came
 from that policy), `policy_version_end` the version that sampled its last token: a weight update
 lands between decode steps and later tokens of in-flight requests use the new weights (the usual
@@ -27,6 +31,7 @@ import asyncio
 import itertools
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +96,15 @@ class LocalEngine:
 
     def __init__(self, model, tokenizer, max_batch: int = 64, model_name: str | None = None,
                  max_len: int | None = None, path: Path | None = None, fast_decode: bool = True,
-                 image_roots: list[str | os.PathLike] | None = None, threads: int | None = None, **_: Any):
+                 image_roots: list[str | os.PathLike] | None = None, router_replay: bool = False,
+                 threads: int | None = None, **_: Any):
         from vf.engines.scheduler import Scheduler
+        from vf.models.moe import moe_layers
+
+        if router_replay and not moe_layers(model):
+            raise UsageError(f"router replay needs a MoE model; {model_name or 'this model'} has no MoE layers "
+                             f"(of vf's MoE runtime)", hint="drop --model.router-replay for dense models")
+        self.router_replay = bool(router_replay)
 
         self.model = model.eval()
         # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
@@ -107,7 +119,7 @@ class LocalEngine:
         self.eos_ids = _eos_ids(path, model, tokenizer)
         self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
                                    decode_tail=self._decode_tail, version=lambda: self.policy_version,
-                                   fast_decode=fast_decode, threads=threads)
+                                   fast_decode=fast_decode, router_replay=router_replay, threads=threads)
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
@@ -220,29 +232,43 @@ class LocalEngine:
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(seq.token_ids)),
             prompt_token_ids=prompt_ids, token_ids=list(seq.token_ids), logprobs=list(seq.logprobs),
             policy_version=seq.policy_version, policy_version_end=seq.policy_version_end, model=request.model or self.model_name,
+            routed_experts=list(seq.routed_experts) if self.router_replay else None,
         )
 
     # -- weights -----------------------------------------------------------------------------
     def update_weights(self, weights, version: int | None = None) -> int:
-        """Copy `weights` (a NativeModel or its native state dict) into the served model in place,
-        between decode steps; set policy_version to `version` (default: +1). Returns the version."""
+        """Copy `weights` into the served model in place, between decode steps; set policy_version
+        to `version` (default: +1). Returns the version. `weights`: a NativeModel, its native state
+        dict, or a stream of (group, {native name: tensor}) groups (the trainer's publish), copied
+        group by group as it arrives while decoding waits for the last one."""
         import torch
 
-        state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+        if hasattr(weights, "state_dict"):
+            weights = weights.state_dict()
+        whole = isinstance(weights, Mapping)
+        groups = [("all", dict(weights))] if whole else weights
         params = dict(self.model.named_parameters())
-        missing = sorted(set(params) - set(state))
-        unknown = sorted(set(state) - set(params))
-        if missing or unknown:
-            raise UsageError(
-                f"weights do not match the served model: missing {missing[:5]}, unexpected {unknown[:5]}",
-                hint="pass a state dict of the same native architecture (vf.models names)")
-        for name, p in params.items():
-            if tuple(state[name].shape) != tuple(p.shape):
-                raise UsageError(f"weight {name} has shape {tuple(state[name].shape)}, the served model "
-                                 f"has {tuple(p.shape)}", hint="load a checkpoint of the same model")
+        seen: set[str] = set()
+
+        def check(state: dict, last: bool) -> None:
+            missing = sorted(set(params) - seen - set(state)) if last else []
+            unknown = sorted(set(state) - set(params))
+            if missing or unknown:
+                raise UsageError(
+                    f"weights do not match the served model: missing {missing[:5]}, unexpected {unknown[:5]}",
+                    hint="pass a state dict of the same native architecture (vf.models names)")
+            for name, t in state.items():
+                if tuple(t.shape) != tuple(params[name].shape):
+                    raise UsageError(f"weight {name} has shape {tuple(t.shape)}, the served model "
+                                     f"has {tuple(params[name].shape)}", hint="load a checkpoint of the same model")
+
         with self.scheduler.lock, torch.no_grad():
-            for name, p in params.items():
-                p.copy_(state[name].to(device=p.device, dtype=p.dtype))
+            for _, state in groups:
+                check(state, last=whole)  # a whole state dict is checked before anything is copied
+                for name, t in state.items():
+                    params[name].copy_(t.to(device=params[name].device, dtype=params[name].dtype))
+                seen.update(state)
+            check({}, last=True)
             self.scheduler.refresh_head()
             self.policy_version = int(version) if version is not None else self.policy_version + 1
         return self.policy_version

@@ -8,6 +8,10 @@ Asks for per-token log-probs, and for token ids through the vLLM/vf-serve extens
 Retries: 429, 5xx, timeouts and connection errors are retried with exponential backoff
 (honouring Retry-After, capped) up to `max_retries` times; other 4xx fail at once. The API key
 is read from the environment variable named by `api_key_var` and never recorded.
+
+Router replay (`router_replay=True`): each reply must carry `choices[0].routed_experts` (per token
+of `token_ids`, [L][k] expert ids; `vf-serve --router-replay` sends it), else the call fails
+with `MissingRouting` instead of training without replay.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class OpenAIEngine:
 
     def __init__(self, base_url: str, model: str | None = None, api_key_var: str = "OPENAI_API_KEY",
                  timeout: float = 120.0, max_retries: int = 3, backoff: float = 0.5,
-                 max_connections: int = 256, **_: Any):
+                 max_connections: int = 256, router_replay: bool = False, **_: Any):
         if not base_url:
             raise EngineError("the openai engine needs a base URL", type="ConfigError")
         self.base_url = base_url.rstrip("/")
@@ -41,6 +45,7 @@ class OpenAIEngine:
         self.backoff = backoff
         self.timeout = timeout
         self.supports_tokens = True
+        self.router_replay = router_replay
         self._extensions = True
         key = os.environ.get(api_key_var) if api_key_var else None
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -138,6 +143,10 @@ class OpenAIEngine:
         usage = data.get("usage") or {}
         if token_ids is not None and logprobs is not None and len(token_ids) != len(logprobs):
             token_ids = logprobs = None  # inconsistent extension output: do not train on it
+        routed = choice.get("routed_experts")
+        if self.router_replay and (token_ids is None or not isinstance(routed, list) or len(routed) != len(token_ids)):
+            raise EngineError(f"{self.base_url} returned no routed experts for the sampled tokens (router replay): "
+                              "serve the model with `vf-serve --router-replay`", type="MissingRouting")
         return GenerateResult(
             message=message,
             finish_reason=choice.get("finish_reason") or "stop",
@@ -148,6 +157,7 @@ class OpenAIEngine:
             logprobs=logprobs,
             policy_version=data.get("policy_version"),
             model=data.get("model"),
+            routed_experts=routed if self.router_replay else None,
         )
 
     async def close(self) -> None:

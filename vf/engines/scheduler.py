@@ -7,7 +7,8 @@ Contract:
     `lock` is held for each step; weight updates take it so they land between decode steps: a
     sequence in flight keeps its KV cache and samples its next tokens from the new weights. Each
     Seq records the version at admission (`policy_version`) and at its last token
-    (`policy_version_end`), so a reply that spans an update says so.
+    (`policy_version_end`), so a reply that spans an update says so. With `router_replay` each
+    Seq also gets `routed_experts` per sampled token (`vf.models.moe.RoutingRecorder`).
 
 One iteration: admit waiting sequences into free rows (up to max_batch) and prefill them as one
 right-padded block (their first token is sampled from the prefill logits); then one decode step
@@ -78,12 +79,14 @@ class Seq:
     cancelled: bool = False
     generator: torch.Generator | None = None
     mm: dict | None = None  # a VL model's image inputs for the prompt (pixel_values, image_grid_thw, rope_delta)
+    # router replay (MoE): per sampled token, [L][k] expert ids of the forward that produced it
+    routed_experts: list[list[list[int]]] = field(default_factory=list)
 
 
 class Scheduler:
     def __init__(self, model, max_batch: int, max_len: int, eos_ids: set[int],
                  decode_tail: Callable[[list[int]], str], version: Callable[[], int], fast_decode: bool = True,
-                 threads: int | None = None):
+                 router_replay: bool = False, threads: int | None = None):
         self.model = model
         self.max_batch, self.max_len = max_batch, max_len
         self.eos_ids = set(eos_ids)
@@ -103,6 +106,9 @@ class Scheduler:
 
         self.multimodal = bool(getattr(model, "is_multimodal", False))
         self.fast = FastDecoder(model, self.cache) if fast_decode and FastDecoder.supports(model) else None
+        from vf.models.moe import RoutingRecorder
+
+        self.routing = RoutingRecorder(model) if router_replay else None  # fills Seq.routed_experts
         self.refresh_head()
         self._cv = threading.Condition()
         self._waiting: collections.deque[Seq] = collections.deque()
@@ -264,9 +270,12 @@ class Scheduler:
         tokens, logprobs = sample(logits, params, uniforms)
         self.last[start : start + k] = tokens
         toks, lps = tokens.tolist(), logprobs.tolist()
+        routes = self.routing.take(seqs) if self.routing is not None else None
         finished: list[int] = []
         for r, s in enumerate(seqs):
             tok = toks[r]
+            if routes is not None:
+                s.routed_experts.append(routes[r])
             s.token_ids.append(tok)
             s.logprobs.append(lps[r])
             if s.on_token is not None:

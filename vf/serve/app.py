@@ -12,7 +12,9 @@ Routes (all JSON; errors are {"error": {"message", "type", "code"}}):
 vLLM extensions kept compatible with `vf/engines/openai_client.py`: `return_token_ids` adds
 `choices[i].token_ids` and top-level `prompt_token_ids`; `return_tokens_as_token_ids` writes
 logprob tokens as "token_id:<id>"; also `top_k`, `min_p`, `ignore_eos`, `min_tokens`,
-`stop_token_ids`. Every completion carries `policy_version`. `top_logprobs` > 0 is accepted and
+`stop_token_ids`. Every completion carries `policy_version`. With `vf-serve --router-replay` (MoE)
+a non-streamed chat choice that asks for `return_token_ids` also gets `routed_experts`: per token,
+per MoE layer, the k expert ids of the forward that sampled it (`docs/router-replay.md`). `top_logprobs` > 0 is accepted and
 answered with empty lists (only the sampled token's log-prob is computed).
 
 Admin routes (`/v1/load_weights` and its aliases: everything that changes server state) need the
@@ -284,6 +286,8 @@ class ServeApp:
             }
             if ret_ids:
                 choice["token_ids"] = list(seq.token_ids)
+                if getattr(self.engine, "router_replay", False):
+                    choice["routed_experts"] = seq.routed_experts
             choices.append(choice)
         out = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
                "choices": choices, "usage": self._usage(prompt_ids, seqs),
