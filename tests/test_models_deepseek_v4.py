@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from test_models_families import (
     check_engine_greedy,
+    check_packed_rows,
     check_logits_parity,
     check_refused,
     check_round_trip,
@@ -83,13 +84,7 @@ def test_dsv4_default_layer_schedule_matches_transformers(tmp_path):
 
 
 def test_dsv4_packed_rows_match_separate_documents(saved):
-    model = load_model(saved[1])
-    a, b = IDS[0, :15], IDS[1, :25]
-    packed, pos = torch.cat([a, b])[None], torch.cat([torch.arange(15), torch.arange(25)])[None]
-    with torch.no_grad():
-        got = model.compute_logits(packed, pos)[0]
-        sep = torch.cat([model.compute_logits(a[None])[0], model.compute_logits(b[None])[0]])
-    assert (got - sep).abs().max().item() <= 1e-5
+    check_packed_rows(load_model(saved[1]), IDS)
 
 
 def test_dsv4_activation_checkpointing_same_loss_and_grads(saved):

@@ -98,8 +98,12 @@ def check_logits_parity(family, hf, d, ids):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_packed_rows_match_separate_documents(family, saved):
-    model = load_model(saved[family][1])
-    a, b = IDS[0, :15], IDS[1, :25]
+    check_packed_rows(load_model(saved[family][1]), IDS)
+
+
+def check_packed_rows(model, ids):
+    """Two documents packed into one row give the logits they give apart."""
+    a, b = ids[0, :15], ids[1, :25]
     packed, pos = torch.cat([a, b])[None], torch.cat([torch.arange(15), torch.arange(25)])[None]
     with torch.no_grad():
         got = model.compute_logits(packed, pos)[0]
