@@ -264,24 +264,24 @@ def serve(config, run_dir: Path, say=lambda _msg: None) -> None:
                          hint="with --role, weights travel as files in RUN/broadcasts (the default transfer)")
     session = wait_for_session(p, say)
     p.error.unlink(missing_ok=True)
-    with Heartbeat(p.heartbeat):
-        from vf.trainer.batches import load_tasks
+    push = None
+    try:
+        check_config(config, p, session)
+        with Heartbeat(p.heartbeat):
+            from vf.trainer.batches import load_tasks
 
-        push = server_pusher(config, run_dir, say)
-        try:
+            push = server_pusher(config, run_dir, say)
             loaded, tasks = load_tasks(config)
-            while True:
-                check_config(config, p, session)
-                if not Generation(config, p, session, loaded, tasks, push, say).run():
-                    break
+            while Generation(config, p, session, loaded, tasks, push, say).run():
                 session = read_json(p.trainer)
-        except BaseException as e:
-            if not isinstance(e, KeyboardInterrupt):
-                write_json(p.error, {"message": str(e) or type(e).__name__, "time": time.time()})
-            raise
-        finally:
-            if push is not None:
-                push.close()
+                check_config(config, p, session)
+    except BaseException as e:
+        if not isinstance(e, KeyboardInterrupt):  # the trainer reports it and stops waiting
+            write_json(p.error, {"message": str(e) or type(e).__name__, "time": time.time()})
+        raise
+    finally:
+        if push is not None:
+            push.close()
     say("the trainer's run is complete")
 
 
@@ -392,6 +392,7 @@ class Generation:
                 done = read_json(self.p.done)
                 if done and done.get("session") == self.id:
                     self._final_push(done["version"])
+                    shutil.rmtree(self.p.rollouts, ignore_errors=True)  # the trainer took them all
                     return False
                 current = read_json(self.p.trainer)
                 if current and current.get("session") != self.id:
