@@ -10,6 +10,7 @@ import time
 
 import pytest
 from test_trainer_cli import ENV, EXACT, PY, SMALL, losses, train
+from test_trainer_server import server  # noqa: F401 - the vf-serve fixture
 
 ORCH_LOG = "orchestrator.log"
 
@@ -154,3 +155,35 @@ def test_a_batch_crosses_the_boundary_unchanged(tmp_path):
     assert (g.token_ids, g.loss_mask, g.advantage, g.info, g.images) == (s.token_ids, s.loss_mask, 0.25, s.info, s.images)
     assert g.logprobs[:2] == s.logprobs[:2] and math.isnan(g.logprobs[2])
     assert got.episodes[0].run == {"step": 4} and got.metrics["off_policy/hist"] == {"1": 2}
+
+
+@pytest.mark.slow
+def test_orchestrator_drives_a_server_from_the_trainers_broadcasts(server, tmp_path):
+    """Server mode across the boundary: the orchestrator has `vf-serve` load each policy version
+    straight from the trainer's RUN/broadcasts (no second copy); deterministic replay, so batch b
+    is sampled from exactly version max(W, b − 1)."""
+    from test_trainer_server import KEY
+
+    run = tmp_path / "s"
+    args = ["--engine.base-url", server + "/v1", "--trainer.threads", "1", "--seed", "7", "--batch-size", "4",
+            "--group-size", "2", "--warmup.steps", "2", "--warmup.batch-size", "8", "--steps", "3",
+            "--eval.at-start", "false", "--eval.at-end", "false", "--async.deterministic"]
+    env = {**ENV, "OPENAI_API_KEY": KEY}
+    log = open(tmp_path / ORCH_LOG, "w")  # noqa: SIM115
+    orch = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "orchestrator", "-o", str(run), *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.run([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *args],
+                          capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    starts = {}
+    for line in (run / "traces.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        starts.setdefault(ep["run"]["step"], set()).update(t["policy"]["start"] for t in ep["traces"])
+    assert starts == {2: {2}, 3: {2}, 4: {3}}
+    rl = [r for r in rows(run) if r["phase"] == "rl"]
+    assert all(r["weight_sync_time"] > 0 for r in rl)  # the orchestrator's pusher metrics
+    # after the run the server serves the final policy (version 5), as in one process
+    import httpx
+
+    assert httpx.get(server + "/health", timeout=10).json()["policy_version"] == 5

@@ -428,10 +428,10 @@ class Generation:
             self.orch.forget_before(self.orch.version_for(v))
             self.published = v
 
-    def _state(self, path: Path) -> dict | None:
-        """The weights of a broadcast (servers load the files themselves: None)."""
+    def _state(self, path: Path) -> dict | str:
+        """The weights of a broadcast (servers load the files themselves: its path)."""
         if self.push is not None:
-            return None
+            return str(path)
         import torch
         from vf.models import load_model
 
@@ -465,4 +465,4 @@ class Generation:
     def _final_push(self, version: int) -> None:
         """Servers serve the trained policy afterwards (as in one process)."""
         if self.push is not None and (self.p.broadcasts / f"step_{version}").exists():
-            self.push.push(None, version)
+            self.push.push(str(self.p.broadcasts / f"step_{version}"), version)
