@@ -27,7 +27,8 @@ EPILOG = options.epilog(
         "vf-train --loss sft --data runs/rollouts -o runs/sft",
         "vf-train --base-url http://127.0.0.1:8000/v1 -o runs/served",
         "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp",
-        "vf-train --role orchestrator -o runs/split & vf-train --role trainer -o runs/split",
+        "vf-train --role orchestrator -o runs/split",
+        "vf-train --role trainer -o runs/split",
     ])
 
 
