@@ -114,8 +114,9 @@ def test_role_errors_exit_2(tmp_path):
 
 
 def test_orchestrator_refuses_a_config_that_differs_from_the_trainers(tmp_path):
-    """Both roles must run the same config: the orchestrator lists what differs (exit 2) and tells
-    the trainer (error.json) instead of generating the wrong batches."""
+    """Both roles must run the same config: the orchestrator waits `exchange.timeout` for a trainer
+    with its config, then lists what differs (exit 2) and tells the trainer (error.json) instead of
+    generating the wrong batches. `exchange` itself may differ per role."""
     from vf.trainer.config import resolve
     from vf.trainer.exchange import Paths, digest, write_json
 
@@ -129,9 +130,10 @@ def test_orchestrator_refuses_a_config_that_differs_from_the_trainers(tmp_path):
     p.dir.mkdir()
     write_json(p.trainer, {"session": "s1", "first": 0, "total": 3, "config": digest(config)})
     proc = subprocess.run([PY, "-m", "vf.commands.train", "--role", "orchestrator", "--resume", str(run.path),
-                           "--steps", "5", "--lr", "0.01"], capture_output=True, text=True, env=ENV, timeout=60)
+                           "--steps", "5", "--lr", "0.01", "--exchange.timeout", "1"], capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "steps: trainer 3, orchestrator 5" in proc.stderr and "optim.lr" in proc.stderr
+    assert "exchange" not in proc.stderr.split("hint")[0]
     assert "differs" in json.loads(p.error.read_text())["message"]
 
 

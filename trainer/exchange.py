@@ -74,8 +74,13 @@ def read_json(path: Path) -> Any:
         return None
 
 
+def shared(config) -> dict:
+    """The config both roles must agree on (`exchange` may differ per role)."""
+    return config.model_dump(mode="json", exclude={"exchange"})
+
+
 def digest(config) -> str:
-    return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(shared(config), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def step_dirs(root: Path) -> dict[int, Path]:
@@ -266,7 +271,7 @@ def serve(config, run_dir: Path, say=lambda _msg: None) -> None:
     p.error.unlink(missing_ok=True)
     push = None
     try:
-        check_config(config, p, session)
+        session = matching_session(config, p, session, say)
         with Heartbeat(p.heartbeat):
             from vf.trainer.batches import load_tasks
 
@@ -296,6 +301,19 @@ def wait_for_session(p: Paths, say) -> dict:
     return session
 
 
+def matching_session(config, p: Paths, session: dict, say) -> dict:
+    """`session`, or, when its config differs from ours (a trainer that ended, before a resumed one
+    with other flags starts), a newer one with our config, waited for up to `exchange.timeout`."""
+    deadline = time.monotonic() + config.exchange.timeout
+    if digest(config) != session["config"]:
+        say(f"the trainer's session {session['session']} runs another config: waiting for a trainer with this one")
+    while digest(config) != session["config"] and time.monotonic() < deadline:
+        time.sleep(POLL * 4)
+        session = read_json(p.trainer) or session
+    check_config(config, p, session)
+    return session
+
+
 def check_config(config, p: Paths, session: dict) -> None:
     if digest(config) == session["config"]:
         return
@@ -303,8 +321,8 @@ def check_config(config, p: Paths, session: dict) -> None:
 
     from vf.config import load_yaml
 
-    theirs = TrainConfig.model_validate(load_yaml(p.run / "config.yaml")).model_dump(mode="json")
-    ours = config.model_dump(mode="json")
+    theirs = shared(TrainConfig.model_validate(load_yaml(p.run / "config.yaml")))
+    ours = shared(config)
     diff = [f"{k}: trainer {v!r}, orchestrator {ours.get(k)!r}" for k, v in flatten(theirs).items()
             if flatten(ours).get(k) != v]
     raise UsageError("the orchestrator's config differs from the trainer's (RUN/config.yaml): " + "; ".join(diff[:8]),
