@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import Sample
@@ -248,7 +248,7 @@ class Heartbeat:
             n += 1
             self._stop.wait(BEAT)
 
-    def __enter__(self) -> Heartbeat:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
