@@ -1,6 +1,7 @@
 """`vf-train --role orchestrator` and `--role trainer`: the two halves of one run as two real
 processes sharing the run dir (trainer/exchange.py)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -14,21 +15,25 @@ from test_trainer_server import server  # noqa: F401 - the vf-serve fixture
 ORCH_LOG = "orchestrator.log"
 
 
-def orchestrator(run_dir, *args, resume=False):
-    """`vf-train --role orchestrator` in the background (its output in a log file next to the run)."""
-    log = open(run_dir.parent / ORCH_LOG, "a")  # noqa: SIM115 - the process owns it
+@contextlib.contextmanager
+def orchestrator(run_dir, *args, resume=False, env=ENV):
+    """`vf-train --role orchestrator` in the background (its output in a log file next to the run),
+    killed on the way out if it is still running."""
     where = ["--resume", str(run_dir)] if resume else ["-o", str(run_dir)]
-    return subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "orchestrator", *where, *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    with open(run_dir.parent / ORCH_LOG, "a") as log:
+        proc = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "orchestrator", *where, *args],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def finish(proc, timeout=60):
-    try:
-        return proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """The orchestrator's exit code once the trainer is done (it stops on its own)."""
+    return proc.wait(timeout=timeout)
 
 
 def rows(run_dir):
@@ -41,9 +46,9 @@ def test_two_processes_repeat_the_one_process_losses(tmp_path):
     loss equals the one-process run's (RL steps: the engine's float32 noise, see test_train_golden)."""
     args = [*EXACT, "--steps", "2"]
     train("-o", str(tmp_path / "one"), *args)
-    orch = orchestrator(tmp_path / "two", *args)
-    train("--role", "trainer", "-o", str(tmp_path / "two"), *args)
-    assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    with orchestrator(tmp_path / "two", *args) as orch:
+        train("--role", "trainer", "-o", str(tmp_path / "two"), *args)
+        assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
     one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
     assert [r["phase"] for r in two] == ["warmup", "warmup", "rl", "rl"]
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-6, abs=1e-7)
@@ -57,11 +62,27 @@ def test_two_processes_repeat_the_one_process_losses(tmp_path):
 
 
 @pytest.mark.slow
+def test_torchrun_trainer_ranks_with_an_orchestrator_process(tmp_path):
+    """M trainer ranks under torchrun (`--role trainer`) + one orchestrator process: rank 0 takes
+    the batches from the run dir and broadcasts them; the losses are the one-process run's."""
+    args = [*EXACT, "--steps", "1", "--trainer.micro-batch-size", "1", "--trainer.seq-len", "96"]
+    train("-o", str(tmp_path / "one"), *args)
+    with orchestrator(tmp_path / "two", *args) as orch:
+        proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                               "vf.commands.train", "--role", "trainer", "-o", str(tmp_path / "two"), *args],
+                              capture_output=True, text=True, timeout=240, env=ENV, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-4, abs=1e-6)
+    assert [r["phase"] for r in rows(tmp_path / "two")] == ["warmup", "warmup", "rl"]
+
+
+@pytest.mark.slow
 def test_continuous_two_processes_report_the_orchestrators_staleness(tmp_path):
     run = tmp_path / "c"
-    orch = orchestrator(run, *SMALL, "--steps", "3")
-    proc = train("--role", "trainer", "-o", str(run), *SMALL, "--steps", "3", "--json")
-    assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    with orchestrator(run, *SMALL, "--steps", "3") as orch:
+        proc = train("--role", "trainer", "-o", str(run), *SMALL, "--steps", "3", "--json")
+        assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
     rl = [r for r in rows(run) if r["phase"] == "rl"]
     assert len(rl) == 3
     for r in rl:  # the orchestrator's per-step counters reach the trainer's metrics
@@ -78,16 +99,16 @@ def test_continuous_two_processes_report_the_orchestrators_staleness(tmp_path):
 def test_trainer_stops_when_the_orchestrator_dies_and_both_resume(tmp_path):
     run = tmp_path / "k"
     args = [*SMALL, "--steps", "4", "--ckpt-every", "1", "--exchange.timeout", "4"]
-    orch = orchestrator(run, *args)
-    trainer = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(r["phase"] == "rl" for r in (rows(run) if (run / "metrics.jsonl").exists() else [])):
-        time.sleep(0.1)
-    os.killpg(orch.pid, signal.SIGKILL)
-    orch.wait()
-    killed = time.time()
-    _, err = trainer.communicate(timeout=60)
+    with orchestrator(run, *args) as orch:
+        trainer = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(r["phase"] == "rl" for r in (rows(run) if (run / "metrics.jsonl").exists() else [])):
+            time.sleep(0.1)
+        os.killpg(orch.pid, signal.SIGKILL)
+        orch.wait()
+        killed = time.time()
+        _, err = trainer.communicate(timeout=60)
     assert trainer.returncode == 1, err
     assert time.time() - killed < 4 + 15  # the timeout, plus the step in progress
     assert "heartbeat" in err and str(run / "exchange" / "heartbeat.json") in err and "--resume" in err, err
@@ -95,9 +116,9 @@ def test_trainer_stops_when_the_orchestrator_dies_and_both_resume(tmp_path):
     done = len(rows(run))
     assert 3 <= done < 6 and (run / "checkpoints" / f"step_{done}").is_dir()  # checkpoints kept
     # restart both (the orchestrator first here; either order works)
-    orch = orchestrator(run, resume=True)
-    proc = train("--role", "trainer", "--resume", str(run), "--json")
-    assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    with orchestrator(run, resume=True) as orch:
+        proc = train("--role", "trainer", "--resume", str(run), "--json")
+        assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["resumed_from"] == done
     assert [r["step"] for r in rows(run)] == list(range(6))
@@ -170,13 +191,11 @@ def test_orchestrator_drives_a_server_from_the_trainers_broadcasts(server, tmp_p
             "--group-size", "2", "--warmup.steps", "2", "--warmup.batch-size", "8", "--steps", "3",
             "--eval.at-start", "false", "--eval.at-end", "false", "--async.deterministic"]
     env = {**ENV, "OPENAI_API_KEY": KEY}
-    log = open(tmp_path / ORCH_LOG, "w")  # noqa: SIM115
-    orch = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "orchestrator", "-o", str(run), *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    proc = subprocess.run([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *args],
-                          capture_output=True, text=True, timeout=240, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
+    with orchestrator(run, *args, env=env) as orch:
+        proc = subprocess.run([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *args],
+                              capture_output=True, text=True, timeout=240, env=env, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert finish(orch) == 0, (tmp_path / ORCH_LOG).read_text()
     starts = {}
     for line in (run / "traces.jsonl").read_text().splitlines():
         ep = json.loads(line)
