@@ -19,9 +19,12 @@ session id, so nothing from an earlier trainer session is ever used.
 
 Timing follows the one-process run: the orchestrator takes batch S from its orchestrator only once
 the trainer asks for it (`wanted.json`), so `max_inflight` and the staleness counters mean the
-same; in deterministic replay the batches, hence the losses, are the one-process ones exactly.
+same; in deterministic replay the batches, hence the losses, are the one-process ones (up to the
+embedded engine's float32 noise in μ, see tests/test_train_golden.py). Server modes: the servers
+load RUN/broadcasts/step_N as the trainer wrote it (`Broadcasts` stands in for the pusher's own
+checkpoint files); vLLM's NCCL transfer needs one process and is refused.
 The trainer gives up (exit 1, `OrchestratorGone`) when the heartbeat has not changed for
-`exchange.timeout` seconds; its checkpoints are untouched. The orchestrator follows trainer
+`exchange.timeout` seconds (it proves the process alive, not busy); its checkpoints are untouched. The orchestrator follows trainer
 sessions: a restarted trainer (`--resume`) starts a new session, and the orchestrator restarts
 its generation from the trainer's checkpoint step; a restarted orchestrator joins the current
 session at the batch the trainer waits for, with the newest broadcast versions.
@@ -213,7 +216,7 @@ class Remote:
                     " (it never started)"
                 raise OrchestratorGone(
                     f"no batch for step {step}: the orchestrator's heartbeat {self.p.heartbeat} has not changed for "
-                    f"{self.timeout:g} s{who}; the orchestrator process is gone or stuck",
+                    f"{self.timeout:g} s{who}: the orchestrator process is gone (or its machine unreachable)",
                     hint=self._resume_hint())
             time.sleep(POLL)
 
