@@ -366,7 +366,7 @@ class Broadcasts:
     def write(self, _state, version: int) -> Path:
         return (self.p.broadcasts / f"step_{version}").resolve()
 
-    def prune(self) -> None:
+    def prune(self, _loaded=None) -> None:
         pass
 
 
