@@ -27,6 +27,8 @@ EPILOG = options.epilog(
         "vf-train --loss sft --data runs/rollouts -o runs/sft",
         "vf-train --base-url http://127.0.0.1:8000/v1 -o runs/served",
         "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp",
+        "vf-train --role orchestrator -o runs/split",
+        "vf-train --role trainer -o runs/split",
     ])
 
 
@@ -99,6 +101,9 @@ def command(
                                                   help="Rewrite RUN_DIR's old pickle checkpoints in the safe format, then exit."),
     trust_pickle: bool = typer.Option(False, "--trust-pickle", help="With --convert-checkpoint: also unpickle "
                                       "files outside torch's safe allow-list (runs their code; only for run dirs you made)."),
+    role: str = typer.Option("both", "--role", metavar="ROLE", help="both (default: one process), trainer, or "
+                             "orchestrator: the two halves as separate processes (machines) sharing the run dir; "
+                             "give both the same flags (docs/multi-node.md)."),
 ):
     """Train a model: RL with IPO by default (icepop, ppo, cispo, sft), on the embedded engine or a server."""
     import json
@@ -113,6 +118,9 @@ def command(
     if config_file and config_opt:
         raise UsageError("two config files: CONFIG.yaml and --config", hint="pass one of them")
     config_file = config_file or config_opt
+    if role not in ROLES:
+        raise UsageError(f"--role {role!r}: not one of {', '.join(ROLES)}",
+                         hint="--role trainer and --role orchestrator run the two halves of one run as two processes")
     if convert_checkpoint is not None:
         from vf.trainer.checkpoint import convert
 
@@ -129,6 +137,9 @@ def command(
         "orchestrator.batch_size": batch_size, "orchestrator.group_size": group_size, "optim.lr": lr,
         "async.max_inflight": max_inflight, "async.max_off_policy_steps": max_off_policy_steps, "ckpt.every": ckpt_every, "seed": seed,
         "data.path": data, "eval.select.limit": num_eval}, config_file)
+    if role == "orchestrator":
+        serve(over, output, resume)
+        return
     if resume is not None:
         if output is not None:
             raise UsageError("--resume continues in its own dir; drop -o")
@@ -148,7 +159,8 @@ def command(
 
     printer = StepPrinter(config.total_steps)
     try:
-        summary = train(config, run_dir, resume=resume is not None, on_step=printer.step, on_event=printer.event)
+        summary = train(config, run_dir, resume=resume is not None, on_step=printer.step, on_event=printer.event,
+                        role=role)
     finally:
         printer.close()
     if not summary:  # a non-zero rank under torchrun
@@ -159,6 +171,30 @@ def command(
         console.print(
             f"done: {summary['steps']} steps in {summary['wall_time']:.0f}s  reward {fmt(summary['reward_before'])} → "
             f"{fmt(summary['reward_after'])}  masked {fmt(summary['masked_fraction'])}  → {run_dir}", markup=False)
+
+
+ROLES = ("both", "trainer", "orchestrator")
+
+
+def serve(over: dict, output: str | None, resume: str | None) -> None:
+    """`--role orchestrator`: the trainer (`--role trainer`, same flags) owns the run dir and its
+    config.yaml; this process resolves the same config, checks it against the trainer's, and
+    generates the trainer's batches until its run is complete."""
+    import os
+    from pathlib import Path
+
+    from vf.trainer.config import resolve
+    from vf.trainer.exchange import serve as orchestrate
+
+    from vf.errors import UsageError
+    from vf.rundir import RunDir
+
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        raise UsageError("--role orchestrator is one process", hint="run it without torchrun; the trainer takes torchrun")
+    if (output is None) == (resume is None):
+        raise UsageError("--role orchestrator needs the trainer's run dir: -o RUN (a new run) or --resume RUN")
+    config = resolve(over, base=RunDir(resume).load_config()) if resume else resolve(over)
+    orchestrate(config, Path(resume or output), say=lambda msg: console.print(f"[orchestrator] {msg}", markup=False))
 
 
 def fmt(v) -> str:

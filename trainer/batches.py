@@ -90,41 +90,58 @@ class Rollouts:
 
     @classmethod
     def start(cls, config: TrainConfig, run_dir: Path, learner, loaded, tasks, push, start: int,
-              weights, snapshots: dict[int, dict]) -> Rollouts:
+              weights, snapshots: dict[int, dict], remote: bool = False) -> Rollouts:
         """On rank 0, the orchestrator generating batches max(start, W) .. total−1 on the embedded
         engine (its own copy of the model) or the server (`push`: the server's weight pusher),
         seeded with the versions a resumed run still needs and the starting policy `weights` (the
-        learner's stream, read here on rank 0); other ranks only receive batches."""
+        learner's stream, read here on rank 0); other ranks only receive batches.
+        `remote` (`--role trainer`): the orchestrator is another process (`exchange.Remote`)."""
         d = learner.d
         if not d.is_main:
             return cls(None, d)
-        from vf.trainer import engine as engines
-        from vf.trainer.weights import EmbeddedPush
+        first = max(start, config.warmup.steps)
+        if remote:
+            from vf.trainer.exchange import Remote
 
-        from vf.runner import EpisodeSpec, taskset_toolsets
-
-        if push is not None:
-            engine = engines.server(config, push)
+            orch = Remote(config, run_dir, learner.model.config, first)
         else:
-            engine = engines.embedded(learner.path, learner.tokenizer, config.drift.engine_dtype or config.model.dtype,
-                                      "cpu" if d.device == "cpu" else d.device, config.engine.max_batch,
-                                      config.model.impl, router_replay=config.model.router_replay)
-            push = EmbeddedPush(engine, config.drift.weight_noise, config.seed)
-        o = config.orchestrator
-        spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),
-                           max_turns=o.max_turns, env=loaded.env, env_id=loaded.id,
-                           run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
-                           shared_toolsets=taskset_toolsets(loaded))
-        W = config.warmup.steps
-        orch = make(config, source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
-                    group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
-                    seed=config.seed, first=max(start, W), last=config.total_steps, first_rl_step=W,
-                    std_norm=o.std_norm, max_concurrent=o.max_concurrent)
+            engine, push = rollout_engine(config, push, learner.path, learner.tokenizer,
+                                          "cpu" if d.device == "cpu" else d.device)
+            orch = build_orchestrator(config, run_dir, engine, push, loaded, tasks, first)
         for v, snap in snapshots.items():
             orch.publish(v, snap)
         orch.publish(start, weights)
         orch.start()
         return cls(orch, d)
+
+
+def rollout_engine(config: TrainConfig, push, model_path: Path, tokenizer, device: str):
+    """The rollouts' engine and its weight pusher: the server behind `push` (server modes), or an
+    embedded engine on `device` with its own copy of the model."""
+    from vf.trainer import engine as engines
+    from vf.trainer.weights import EmbeddedPush
+
+    if push is not None:
+        return engines.server(config, push), push
+    engine = engines.embedded(model_path, tokenizer, config.drift.engine_dtype or config.model.dtype, device,
+                              config.engine.max_batch, config.model.impl, router_replay=config.model.router_replay)
+    return engine, EmbeddedPush(engine, config.drift.weight_noise, config.seed)
+
+
+def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, loaded, tasks, first: int) -> Orchestrator:
+    """The orchestrator of batches first .. total−1 (not started) over `engine`, pushing weights
+    with `push`."""
+    from vf.runner import EpisodeSpec, taskset_toolsets
+
+    o = config.orchestrator
+    spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),
+                       max_turns=o.max_turns, env=loaded.env, env_id=loaded.id,
+                       run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
+                       shared_toolsets=taskset_toolsets(loaded))
+    return make(config, source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
+                group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
+                seed=config.seed, first=first, last=config.total_steps, first_rl_step=config.warmup.steps,
+                std_norm=o.std_norm, max_concurrent=o.max_concurrent)
 
 
 def sampling(config: TrainConfig):

@@ -16,6 +16,7 @@
       ckpt          every, keep_last
       eval          every, taskset, select (-n/shuffle/seed/include/exclude), rollouts, sampling
       drift         stale_steps, weight_noise: inference that differs from the trainer on purpose
+      exchange      timeout: trainer and orchestrator as two processes (`--role`, trainer/exchange.py)
       steps, seed
 
 YAML file ← flags ← dotted overrides, validated here (unknown keys: every problem listed, exit 2).
@@ -197,6 +198,15 @@ class DriftSection(_Section):
     engine_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
+class ExchangeSection(_Section):
+    """`vf-train --role trainer` / `--role orchestrator`: the two halves as two processes that
+    exchange weights and batches through the run dir (trainer/exchange.py)."""
+
+    timeout: float = Field(600.0, gt=0)
+    """Seconds the trainer waits on an orchestrator whose heartbeat does not change before it
+    stops (exit 1; its checkpoints stay)."""
+
+
 class TrainConfig(_Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
                               serialize_by_alias=True)  # `async` is a Python keyword: field async_
@@ -214,6 +224,7 @@ class TrainConfig(_Section):
     ckpt: CkptSection = Field(default_factory=CkptSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     drift: DriftSection = Field(default_factory=DriftSection)
+    exchange: ExchangeSection = Field(default_factory=ExchangeSection)
     steps: int = Field(30, ge=0)
     """RL (or SFT-on-data) optimizer steps, after the warm-up; a resumed run trains up to it."""
     seed: int = 0

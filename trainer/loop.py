@@ -16,6 +16,11 @@ Step indices: step s consumes batch s and produces policy version s + 1 (version
 optimizer steps). Warm-up steps come first (0 .. W−1), RL steps after. Under torchrun rank 0
 runs the orchestrator, evaluations and run-dir files; every rank trains (see `distributed`).
 
+Roles (`--role`): by default one process does both halves. `role="trainer"` leaves the
+orchestrator to another process (`vf-train --role orchestrator`, see `exchange`): the rollouts come
+through the run dir, no engine or server is opened here, and evaluations run on an embedded copy
+of the model in this process (rank 0).
+
 Server mode (`engine.base_url`): rollouts and evaluations share one server, which holds one
 policy at a time; its weight pusher (`HttpPush`, a no-op when the server already holds a version)
 is shared by both (see `evaluation.Evaluations`). The final weights are pushed at the end, so the
@@ -44,7 +49,7 @@ SUMMARY_FILE = "summary.json"
 
 def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
         on_step: Callable[[dict[str, Any]], None] | None = None,
-        on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
+        on_event: Callable[[str], None] | None = None, role: str = "both") -> dict[str, Any]:
     import torch
 
     say = on_event or (lambda _msg: None)
@@ -65,12 +70,13 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
     data = saved_data(config.data, config.orchestrator, config.seed) if sft_data else None
     gold = gold_warmup(tasks, learner.tokenizer, config, learner.model) if W and not sft_data else None
-    push = server_push(config, run_dir, learner, say) if d.is_main else None
+    push = server_push(config, run_dir, learner, say) if d.is_main and role == "both" else None
     evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
     if state.start == 0 and config.eval.at_start:
         state.reward_before = reward(evaluate(evals, learner, 0, "before"))
     rollouts = (learner.with_weights(lambda w: Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start,
-                                                              w, saved["snapshots"] if saved else {}))
+                                                              w, saved["snapshots"] if saved else {},
+                                                              remote=role == "trainer"))
                 if rl else None)
 
     def source(step: int) -> BatchSource:

@@ -59,7 +59,9 @@ def as_groups(weights) -> Groups:
 def collect(weights) -> dict[str, Any]:
     """A full CPU copy of `weights` (a stream's tensors are views of live parameters, or freed
     after their group): the whole model in memory, for what needs it (replay snapshots, evaluations
-    on a server)."""
+    on a server). A `Staged` checkpoint is kept as it is: its files are the copy."""
+    if isinstance(weights, Staged):
+        return weights
     out: dict[str, Any] = {}
     for _, group in as_groups(weights):
         out.update({k: v.detach().to("cpu", copy=True) for k, v in group.items()})
@@ -85,6 +87,8 @@ class Pusher:
         self._lock = threading.Lock()
 
     def stage(self, weights, version: int) -> Staged:
+        if isinstance(weights, Staged):  # already where the engine loads it from (`vf-train --role orchestrator`)
+            return weights
         t0 = time.perf_counter()
         groups = as_groups(weights)
         path = self._stage(groups, version)
