@@ -21,8 +21,8 @@ Timing follows the one-process run: the orchestrator takes batch S from its orch
 the trainer asks for it (`wanted.json`), so `max_inflight` and the staleness counters mean the
 same; in deterministic replay the batches, hence the losses, are the one-process ones (up to the
 embedded engine's float32 noise in μ, see tests/test_train_golden.py). Server modes: the servers
-load RUN/broadcasts/step_N as the trainer wrote it (`Broadcasts` stands in for the pusher's own
-checkpoint files); vLLM's NCCL transfer needs one process and is refused.
+load RUN/broadcasts/step_N as the trainer wrote it (pushed as `weights.Staged`; `Broadcasts`
+stands in for the pusher's own checkpoint files); vLLM's NCCL transfer needs one process and is refused.
 The trainer gives up (exit 1, `OrchestratorGone`) when the heartbeat has not changed for
 `exchange.timeout` seconds (it proves the process alive, not busy); its checkpoints are untouched. The orchestrator follows trainer
 sessions: a restarted trainer (`--resume`) starts a new session, and the orchestrator restarts
@@ -360,8 +360,9 @@ def server_pusher(config, run_dir: Path, say):
 
 
 class Broadcasts:
-    """Stands in for a pusher's `CheckpointFiles`: the checkpoint of a version is the one the
-    trainer wrote; the trainer prunes them."""
+    """Stands in for a pusher's `CheckpointFiles`: the orchestrator pushes the trainer's broadcasts
+    as `weights.Staged` (nothing is written here), and only the trainer prunes them (a replay
+    orchestrator may still need an older one)."""
 
     def __init__(self, p: Paths):
         self.p = p
