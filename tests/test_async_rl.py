@@ -32,7 +32,8 @@ def test_weight_update_lands_between_decode_steps(engine):
     from vf.engines.base import Sampling
 
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    sampling = Sampling(temperature=1.0, max_tokens=48, seed=3)
+    # long enough that the update surely lands mid-request: the tiny model decodes ~1 ms a token
+    sampling = Sampling(temperature=1.0, max_tokens=1000, seed=3)
 
     async def run(update: bool):
         seen = []
@@ -52,7 +53,7 @@ def test_weight_update_lands_between_decode_steps(engine):
     mixed = asyncio.run(run(True))
     engine.update_weights(original, 0)
     assert mixed.policy_version == 0 and mixed.policy_version_end == 7
-    assert len(mixed.token_ids) == 48  # not aborted by the update
+    assert len(mixed.token_ids) == 1000  # not aborted by the update
     # same seed: identical until the update, then the new weights give other log-probs
     assert mixed.logprobs[:8] == plain.logprobs[:8]
     assert mixed.logprobs[-8:] != plain.logprobs[-8:]
