@@ -367,9 +367,6 @@ class Broadcasts:
     def __init__(self, p: Paths):
         self.p = p
 
-    def write(self, _state, version: int) -> Path:
-        return (self.p.broadcasts / f"step_{version}").resolve()
-
     def prune(self, _loaded=None) -> None:
         pass
 
