@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
+from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
 from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
 from vf.toolset import SharedTools, ToolError, ToolRunner, open_tools
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
@@ -79,8 +80,10 @@ def _function(name: str, description: str, properties: dict[str, str], required:
 class BashHarness(NullHarness):
     """The chat loop plus verifiers' `bash` harness tools, run in the rollout's runtime: `bash`
     (its combined stdout and stderr come back) and `edit` (replace a string that occurs exactly
-    once in a file; `--env.agent.harness.edit false` leaves it out). The tools, their replies and
-    the system prompt are verifiers 0.4's, so a model sees the same conversation on both."""
+    once in a file of at most `EDIT_MAX_BYTES`; `--env.agent.harness.edit false` leaves it out).
+    The tools, their replies and the system prompt are verifiers 0.4's, so a model sees the same
+    conversation on both. A command that fills the runtime (`ROLLOUT_LIMITS`: disk, total
+    memory) ends the rollout with a `RuntimeLimitError` on the trace (stop condition `limit`)."""
 
     NEEDS_RUNTIME = True
     BASH = _function("bash", "Run a bash command and return its combined stdout and stderr.",
@@ -89,6 +92,9 @@ class BashHarness(NullHarness):
                      {"path": "File path (relative to cwd or absolute).",
                       "old_str": "Exact string to find (must appear exactly once).",
                       "new_str": "Replacement string."}, ["path", "old_str", "new_str"])
+    EDIT_MAX_BYTES = 4 << 20
+    """Largest file `edit` takes (a larger one is a tool error telling the model so): a command
+    can make a huge, even sparse, file, and the host must not load it."""
     PROMPT = "You are a coding agent. You have access to a bash tool for running shell commands."
     EDIT_PROMPT = "You also have an edit tool for single-occurrence string replacement in a file."
 
@@ -104,12 +110,21 @@ class BashHarness(NullHarness):
             command = arguments.get("command")
             if not isinstance(command, str):
                 raise ToolError("bash needs a string argument 'command'")
+            # the runtime stops the command at the tool's timeout (and kills all of it if the
+            # rollout's own timeout cancels the call first), so its output still comes back
             result = await rollout.runtime.run(command, rollout.task.runtime_env() or None,
                                                timeout=self.config.tool_timeout)
+            output = result.stdout + result.stderr
+            if result.limit in ROLLOUT_LIMITS:  # the sandbox is full: the rollout ends, recorded
+                try:
+                    result.raise_for_limit()
+                except RuntimeLimitError as e:
+                    rollout.fail(e, "limit")
+                    return f"error: {e}\n{output}"
             if result.timed_out:  # shown to the model and recorded; the rollout goes on
                 rollout.trace.info.setdefault("tool_errors", []).append({"tool": "bash", "type": "Timeout"})
-                return f"error: command timed out after {self.config.tool_timeout:g}s\n{result.stdout}{result.stderr}"
-            return result.stdout + result.stderr
+                return f"error: command timed out after {self.config.tool_timeout:g}s\n{output}"
+            return output
 
         async def edit(arguments: dict[str, Any]) -> str:
             path, old, new = (arguments.get(k) for k in ("path", "old_str", "new_str"))
@@ -119,15 +134,18 @@ class BashHarness(NullHarness):
                 return "error: 'old_str' and 'new_str' must be strings"
             if not old:  # '' occurs everywhere: it would insert, not replace
                 return "error: 'old_str' must be a non-empty string"
-            try:
-                content = (await rollout.runtime.read(path)).decode()
+            try:  # the runtime refuses links and non-files: a command may have put anything there
+                content = (await rollout.runtime.read(path, max_bytes=self.EDIT_MAX_BYTES)).decode()
             except FileNotFoundError:
                 return f"error: {path} not found"
             except Exception as e:  # noqa: BLE001 - shown to the model, as verifiers does
                 return f"error: could not read {path}: {e}"
             if (count := content.count(old)) != 1:
                 return f"error: old_str must appear exactly once in {path} (found {count})"
-            await rollout.runtime.write(path, content.replace(old, new, 1))
+            try:
+                await rollout.runtime.write(path, content.replace(old, new, 1))
+            except Exception as e:  # noqa: BLE001 - e.g. the name became a directory meanwhile
+                return f"error: could not write {path}: {e}"
             return f"Edited {path}"
 
         tools = {"bash": (self.BASH, bash)}

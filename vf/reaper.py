@@ -1,12 +1,14 @@
-"""Process groups that must not outlive vf, even when vf is killed with `kill -9`.
+"""Process groups and directories that must not outlive vf, even when vf is killed with `kill -9`.
 
 Runtimes start each command, and `vf.mcp` each tool server, in its own process group (session)
-so that closing a rollout can kill the whole tree. A `kill -9` of vf skips that cleanup, and
-PR_SET_PDEATHSIG cannot help: it reaches only the direct child, not what a shell started in
-the background. So the first `watch()` starts one small reaper process per vf process. vf
-tells it about every group it starts (`+PGID`) and finishes (`-PGID`) over a pipe; when that
-pipe ends (vf exited, however) the reaper kills every group still listed, then exits. It
-detaches (double fork), so it is nobody's child process and never waits to be reaped.
+so that closing a rollout can kill the whole tree, and make a working directory per rollout
+that closing it removes. A `kill -9` of vf skips that cleanup, and PR_SET_PDEATHSIG cannot
+help: it reaches only the direct child, not what a shell started in the background. So the
+first `watch()` (or `watch_dir()`) starts one small reaper process per vf process. vf tells it
+about every group it starts (`+PGID`) and finishes (`-PGID`), and every directory it makes
+(`+/path`) and removes (`-/path`), over a pipe; when that pipe ends (vf exited, however) the
+reaper kills every group still listed, then removes every directory still listed, then exits.
+It detaches (double fork), so it is nobody's child process and never waits to be reaped.
 """
 
 from __future__ import annotations
@@ -17,17 +19,29 @@ import sys
 import threading
 
 _REAPER = """
-import os, signal, sys
+import os, shutil, signal, sys, time
 if os.fork():
     os._exit(0)
-groups = set()
+groups, dirs = set(), set()
 for line in sys.stdin:  # EOF: the vf process that started us is gone
-    (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
+    item = line[1:].rstrip("\\n")
+    if item.startswith("/"):
+        (dirs.add if line[0] == "+" else dirs.discard)(item)
+    else:
+        (groups.add if line[0] == "+" else groups.discard)(int(item))
 for group in groups:
     try:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
+for _ in range(20):  # a killed process may still be writing for a moment
+    for path in list(dirs):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            dirs.discard(path)
+    if not dirs:
+        break
+    time.sleep(0.1)
 """
 
 _lock = threading.Lock()
@@ -68,3 +82,15 @@ def forget(group: int) -> None:
     """`group` has been stopped (or is no longer ours to stop)."""
     if _pipe is not None and _owner == os.getpid():
         _send(f"-{group}\n")
+
+
+def watch_dir(path: str) -> None:
+    """Remove directory `path` (absolute) if this process dies before `forget_dir(path)`."""
+    if path.startswith("/") and "\n" not in path:
+        _send(f"+{path}\n")
+
+
+def forget_dir(path: str) -> None:
+    """`path` has been removed (or is no longer ours to remove)."""
+    if _pipe is not None and _owner == os.getpid() and "\n" not in path:
+        _send(f"-{path}\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -11,7 +12,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vf import reaper
 from vf.errors import UsageError, VfError
+from vf.runtime.files import parts_beneath, read_beneath, write_beneath
 
 
 class RuntimeConfig(BaseModel):
@@ -34,7 +37,18 @@ class RuntimeConfig(BaseModel):
     max_processes: int = Field(256, gt=0)
     """Processes and threads a command may have at once (sandbox, docker)."""
     max_file_mb: int = Field(1024, gt=0)
-    """Largest file a command may write, in MiB (sandbox)."""
+    """Largest file a command may write, in MiB (sandbox; never more than `disk_mb`)."""
+    disk_mb: int = Field(4096, gt=0)
+    """Disk the working directory may use in all, in MiB (every type): checked while a command
+    runs (`du`, a few times a second) and when it ends; past it the command is killed and its
+    result carries `limit="disk"`. A fast writer may get a fraction of a second past it."""
+    tmp_mb: int = Field(512, gt=0)
+    """Size of the sandbox's private /tmp in MiB (sandbox: a size-capped tmpfs, so it is host
+    memory, freed when the command ends). A command that fills it gets `limit="disk"`."""
+    total_memory_mb: int = Field(4096, gt=0)
+    """Memory all of a command's processes may hold together in MiB (sandbox: the sum of their
+    resident memory, checked a few times a second), on top of `memory_mb` per process. Past it
+    the command is killed and its result carries `limit="total_memory"`."""
     network_allow: list[str] = Field(default_factory=list)
     """Hosts the command may reach. Empty = no network at all; any entry gives the host's network
     (bubblewrap cannot filter by host, so a non-empty list is all-or-nothing: the task's
@@ -45,7 +59,9 @@ class RuntimeConfig(BaseModel):
     """Container image (docker)."""
 
 
-LIMITS = ("wall_time", "cpu_time", "memory", "processes", "output")
+LIMITS = ("wall_time", "cpu_time", "memory", "processes", "output", "disk", "total_memory")
+ROLLOUT_LIMITS = ("disk", "total_memory")
+"""Limits on what a rollout holds in all (not one command's own): a harness ends the rollout."""
 
 
 class RuntimeLimitError(VfError):
@@ -88,7 +104,11 @@ class Runtime(ABC):
         self.config = config
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"vf-{self.type}-"))
+        if self._owns_workdir:  # removed by vf's reaper if vf is killed before close()
+            reaper.watch_dir(str(self.workdir))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._root_fd: int | None = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """Every host-side file access starts here (vf.runtime.files), never at a path."""
 
     @abstractmethod
     async def run(self, command: str | list[str], env: dict[str, str] | None = None, *,
@@ -98,22 +118,25 @@ class Runtime(ABC):
         second and positional, as verifiers' `runtime.run(argv, env)` calls it."""
 
     async def write(self, path: str, data: str | bytes) -> None:
-        target = self._resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        """Put `data` at `path` (parents made as needed). A symlink or hard link at that name is
+        replaced, never written through (vf.runtime.files)."""
+        write_beneath(self._fd(), self._parts(path), path, data.encode() if isinstance(data, str) else data,
+                      owner=self._file_owner())
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
-        """The file's bytes, as verifiers' `runtime.read` returns them; more than `max_bytes`
-        raises (a file written by something we do not control)."""
-        target = self._resolve(path)
-        if max_bytes is not None and target.stat().st_size > max_bytes:
-            raise UsageError(f"{path} is larger than max_bytes={max_bytes}")
-        return target.read_bytes()
+        """The file's bytes, as verifiers' `runtime.read` returns them. A file larger than
+        `max_bytes`, a symlink anywhere in the path, a hard link or anything but a regular file
+        raises UsageError (the command may have put anything there; vf.runtime.files)."""
+        return read_beneath(self._fd(), self._parts(path), path, max_bytes)
 
     async def close(self) -> None:
         """Stop what still runs and remove the working directory (if this runtime made it)."""
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            reaper.forget_dir(str(self.workdir))
 
     async def __aenter__(self) -> Runtime:
         return self
@@ -121,14 +144,22 @@ class Runtime(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _parts(self, path: str) -> list[str]:
+        """`path`'s components below the working directory (relative paths are relative to it)."""
+        return parts_beneath(str(self.workdir), str(path))
+
     def _resolve(self, path: str) -> Path:
-        """A path inside the working directory; relative paths are relative to it."""
-        p = Path(path)
-        p = p if p.is_absolute() else self.workdir / p
-        resolved = p.resolve()
-        if not resolved.is_relative_to(self.workdir.resolve()):
-            raise UsageError(f"path {path!r} lies outside the runtime's working directory")
-        return resolved
+        """A path inside the working directory, by name (nothing on disk is looked at)."""
+        return self.workdir.joinpath(*self._parts(path))
+
+    def _fd(self) -> int:
+        if self._root_fd is None:
+            raise UsageError("the runtime is closed")
+        return self._root_fd
+
+    def _file_owner(self) -> int | None:
+        """Who gets the files `write` makes (None: whoever vf runs as)."""
+        return None
 
     def _cut(self, data: bytes) -> str:
         limit = self.config.max_output_bytes

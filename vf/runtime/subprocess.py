@@ -1,7 +1,8 @@
 """`subprocess`: commands run as plain host processes. No isolation: for debugging and trusted code.
 
-Each command starts in its own process session so that a timeout or `close()` kills the whole
-tree it spawned, not just the shell. Output is read as it arrives and the command is stopped
+Each command starts in its own process session so that a limit, a cancelled call (the caller's
+own timeout) or `close()` kills the whole tree it spawned, not just the shell, before `run()`
+returns. While it runs, the working directory's disk use is checked (`du`) against `disk_mb`. Output is read as it arrives and the command is stopped
 once it writes more than `max_output_bytes` (a `yes` must not fill the host's memory).
 The sandbox and docker runtimes reuse all of this and only change what is started (`_argv`),
 with which environment (`_env`) and as whom (`_spawn_kwargs`).
@@ -12,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
+import time
 
 from vf import reaper
 from vf.runtime.base import CommandResult, Runtime, register_runtime
 
 _warned = False
+POLL = 0.1
+"""Seconds between checks of a running command's disk (and, in the sandbox, memory) use."""
 
 
 @register_runtime
@@ -39,8 +44,9 @@ class SubprocessRuntime(Runtime):
             print("vf: warning: runtime 'subprocess' runs model-written commands on this host with your "
                   "files, network and environment (no sandbox); use it only for trusted code", file=sys.stderr)
 
-    def _argv(self, command: str | list[str], cwd: str) -> list[str]:
-        """The argv to start; other runtimes wrap it (sandbox, container)."""
+    def _argv(self, command: str | list[str], cwd: str, timeout: float) -> list[str]:
+        """The argv to start (`timeout`: this call's wall-time limit); other runtimes wrap it
+        (sandbox, container)."""
         return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
@@ -51,8 +57,9 @@ class SubprocessRuntime(Runtime):
 
     async def run(self, command, env=None, *, timeout=None, cwd=None, input=None) -> CommandResult:
         cwd_path = str(self._resolve(cwd) if cwd else self.workdir)
+        timeout = timeout or self.config.timeout
         proc = await asyncio.create_subprocess_exec(
-            *self._argv(command, cwd_path), env=self._env(env),
+            *self._argv(command, cwd_path, timeout), env=self._env(env),
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
             **{"cwd": cwd_path, **self._spawn_kwargs()})
@@ -62,12 +69,16 @@ class SubprocessRuntime(Runtime):
         out, err = bytearray(), bytearray()
         limit: list[str] = []
 
+        def stop(reason: str) -> None:
+            if not limit:
+                limit.append(reason)
+            self._kill(proc.pid)
+
         async def drain(stream, buf: bytearray) -> None:
             while chunk := await stream.read(1 << 16):
                 buf += chunk[: cap + 1 - len(buf)]
-                if len(buf) > cap and not limit:
-                    limit.append("output")
-                    self._kill(proc.pid)
+                if len(buf) > cap:
+                    stop("output")
 
         async def feed() -> None:
             if input is not None:
@@ -78,22 +89,66 @@ class SubprocessRuntime(Runtime):
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
+        async def watch() -> None:
+            while True:
+                started = time.monotonic()
+                if over := await self._over_limit(proc):
+                    stop(over)
+                    return
+                # a few checks a second, but never more than a fifth of the time (a big tree)
+                await asyncio.sleep(max(POLL, 4 * (time.monotonic() - started)))
+
         readers = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed())
+        watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait_for(asyncio.shield(readers), timeout or self.config.timeout)
+            await asyncio.wait_for(asyncio.shield(readers), timeout)
             await proc.wait()
         except TimeoutError:
-            limit.append("wall_time")
-            self._kill(proc.pid)
-            await proc.wait()
-        try:  # a detached grandchild can hold the pipes open; never wait on it for long
-            await asyncio.wait_for(readers, 2)
-        except (TimeoutError, asyncio.CancelledError):
-            readers.cancel()
+            stop("wall_time")
+        finally:
+            # on every path, a cancelled call (the harness's own timeout) included: the command's
+            # whole tree is dead before run() returns or raises
+            watcher.cancel()
+            if proc.returncode is None or limit:
+                self._kill(proc.pid)
+                await self._reap(proc)
+                self._groups.discard(proc.pid)
+                reaper.forget(proc.pid)
+            else:  # background children of a host command live on until close()
+                await self._reap(proc)
+            try:  # a detached grandchild can hold the pipes open; never wait on it for long
+                await asyncio.wait_for(asyncio.shield(readers), 2)
+            except (TimeoutError, asyncio.CancelledError):
+                readers.cancel()
+                await asyncio.gather(readers, return_exceptions=True)
+        if not limit and (over := await self._over_limit(None)):
+            limit.append(over)  # filled the disk faster than the checks above
         code = proc.returncode
         found = limit[0] if limit else self._limit_hit(code, bytes(err))
         return CommandResult(code, self._cut(bytes(out)), self._cut(bytes(err)),
                              timed_out=found == "wall_time", limit=found)
+
+    async def _reap(self, proc: asyncio.subprocess.Process) -> None:
+        """Wait until the command (killed, or exited by itself) is gone."""
+        await proc.wait()
+        await self._gone(proc.pid)
+
+    async def _gone(self, group: int) -> None:
+        """Wait until what a killed group left behind is gone (the sandbox: its namespace)."""
+
+    async def _over_limit(self, proc: asyncio.subprocess.Process | None) -> str | None:
+        """Which rollout-wide limit the command (still running, or `None`: just ended) is past."""
+        du = shutil.which("du", path="/usr/bin:/bin")
+        if du is None:  # no way to measure: the per-file limit is all there is
+            return None
+        child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir), stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await child.communicate()
+        try:
+            used_kib = int(out.split()[0])
+        except (IndexError, ValueError):
+            return None
+        return "disk" if used_kib > self.config.disk_mb << 10 else None
 
     def _limit_hit(self, exit_code: int, stderr: bytes) -> str | None:
         """Which limit (if any) ended a command that exited by itself; only the limited runtimes know."""
@@ -106,8 +161,10 @@ class SubprocessRuntime(Runtime):
             pass
 
     async def close(self) -> None:
-        for group in self._groups:
+        groups, self._groups = self._groups, set()
+        for group in groups:
             self._kill(group)
             reaper.forget(group)
-        self._groups.clear()
+        for group in groups:
+            await self._gone(group)
         await super().close()
