@@ -25,9 +25,11 @@ What a sandboxed command sees and may do:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 from vf.errors import UsageError
@@ -59,9 +61,19 @@ def find_bwrap() -> str | None:
         return None
 
 
+@functools.cache
+def bwrap_sizes_tmpfs(bwrap: str) -> bool:
+    """Whether this bwrap has `--size` for a tmpfs (bubblewrap 0.10 and later)."""
+    try:
+        return b"--size" in subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @register_runtime
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
+    BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
 
     def __init__(self, *args, **kwargs):
         self.bwrap = find_bwrap()
@@ -86,8 +98,10 @@ class SandboxRuntime(SubprocessRuntime):
         c = self.config
         work = str(self.workdir)
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
-                "--size", str(c.tmp_mb << 20), "--tmpfs", "/tmp"]
+                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+        if bwrap_sizes_tmpfs(self.bwrap):  # else /tmp's use is only checked while the command runs
+            argv += ["--size", str(c.tmp_mb << 20)]
+        argv += ["--tmpfs", "/tmp"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64"):
             top = Path("/") / name
             if top.is_symlink():
@@ -159,7 +173,7 @@ class SandboxRuntime(SubprocessRuntime):
                 return "total_memory"
             try:
                 tmp = os.statvfs(f"/proc/{init}/root/tmp")
-                if tmp.f_bavail == 0:
+                if (tmp.f_blocks - tmp.f_bfree) * tmp.f_frsize >= self.config.tmp_mb << 20:
                     return "disk"
             except OSError:
                 pass

@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+from typing import ClassVar
 
 from vf import reaper
 from vf.runtime.base import CommandResult, Runtime, register_runtime
@@ -29,6 +30,9 @@ POLL = 0.1
 @register_runtime
 class SubprocessRuntime(Runtime):
     type = "subprocess"
+    BACKGROUND_OUTLIVES: ClassVar[bool] = True
+    """Whether what a command left in the background lives on after it exits (on the host: until
+    `close()` kills its group); a runtime whose commands take it all with them says False."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -90,13 +94,15 @@ class SubprocessRuntime(Runtime):
                     pass
 
         async def watch() -> None:
+            spent = 0.0
             while True:
+                # a few checks a second, but never more than a fifth of the time (a big tree)
+                await asyncio.sleep(max(POLL, 4 * spent))
                 started = time.monotonic()
                 if over := await self._over_limit(proc):
                     stop(over)
                     return
-                # a few checks a second, but never more than a fifth of the time (a big tree)
-                await asyncio.sleep(max(POLL, 4 * (time.monotonic() - started)))
+                spent = time.monotonic() - started
 
         readers = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err), feed())
         watcher = asyncio.ensure_future(watch())
@@ -114,8 +120,11 @@ class SubprocessRuntime(Runtime):
                 await self._reap(proc)
                 self._groups.discard(proc.pid)
                 reaper.forget(proc.pid)
-            else:  # background children of a host command live on until close()
+            else:
                 await self._reap(proc)
+                if not self.BACKGROUND_OUTLIVES:
+                    self._groups.discard(proc.pid)
+                    reaper.forget(proc.pid)
             try:  # a detached grandchild can hold the pipes open; never wait on it for long
                 await asyncio.wait_for(asyncio.shield(readers), 2)
             except (TimeoutError, asyncio.CancelledError):
