@@ -5,6 +5,7 @@ would fail without the sandbox), under `sandbox` it is stopped and recorded on t
 """
 
 import asyncio
+import os
 import socket
 import threading
 
@@ -200,3 +201,38 @@ def test_task_network_allow_reaches_the_runtime_only_when_set():
     assert runtime_for_task(None, vf.TaskData(prompt="x")).network_allow == []  # default ["*"] is not a request
     assert runtime_for_task(None, vf.TaskData(prompt="x", network_allow=["pypi.org"])).network_allow == ["pypi.org"]
     assert runtime_for_task({"type": "subprocess"}, vf.TaskData(prompt="x")).type == "subprocess"
+
+
+@needs_bwrap
+def test_host_side_reads_and_writes_follow_no_link(tmp_path):
+    """What `read`/`write` do when a command left links in the working directory: a symlink
+    (to a file or a directory on the way) or a hard link to a host file is refused on read and
+    replaced, never written through, on write; the host file keeps its content and owner."""
+    host = tmp_path / "host.txt"
+    host.write_text("host\n")
+
+    async def go():
+        async with make_runtime(RuntimeConfig()) as rt:
+            r = await rt.run(f"ln -s {host} f && ln -s {tmp_path} d && echo x > plain")
+            assert r.ok, r.stderr
+            refused = []
+            for path in ("f", "d/host.txt", "../host.txt", str(host)):
+                with pytest.raises(UsageError) as e:
+                    await rt.read(path)
+                refused.append(str(e.value))
+            with pytest.raises(UsageError, match="symbolic link or not a directory"):
+                await rt.write("d/host.txt", "pwned")
+            if host.stat().st_dev == rt.workdir.stat().st_dev:
+                os.link(host, rt.workdir / "hard")
+                with pytest.raises(UsageError, match="hard link"):
+                    await rt.read("hard")
+                await rt.write("hard", "mine")  # replaces the name, not the host file's content
+                assert (rt.workdir / "hard").stat().st_ino != host.stat().st_ino
+            await rt.write("f", "mine")
+            return refused, await rt.read("f"), await rt.read(str(rt.workdir / "plain")), (rt.workdir / "f").is_symlink()
+
+    refused, f, plain, still_link = asyncio.run(go())
+    assert "symbolic link" in refused[0] and "not a directory" in refused[1] and "outside" in refused[2]
+    assert "outside" in refused[3]
+    assert f == b"mine" and plain == b"x\n" and not still_link
+    assert host.read_text() == "host\n" and host.stat().st_uid == os.geteuid()
