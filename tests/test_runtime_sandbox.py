@@ -236,3 +236,14 @@ def test_host_side_reads_and_writes_follow_no_link(tmp_path):
     assert "outside" in refused[3]
     assert f == b"mine" and plain == b"x\n" and not still_link
     assert host.read_text() == "host\n" and host.stat().st_uid == os.geteuid()
+
+
+def test_read_without_max_bytes_is_capped_by_max_read_mb():
+    async def go():
+        async with make_runtime(RuntimeConfig(type="subprocess", max_read_mb=1)) as rt:
+            await rt.run("truncate -s 2M big && head -c 1000 /dev/zero > small")
+            with pytest.raises(UsageError, match="larger than max_bytes=1048576"):
+                await rt.read("big")
+            return len(await rt.read("small")), len(await rt.read("big", max_bytes=3 << 20))
+
+    assert asyncio.run(go()) == (1000, 2 << 20)

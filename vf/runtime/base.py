@@ -45,6 +45,10 @@ class RuntimeConfig(BaseModel):
     tmp_mb: int = Field(512, gt=0)
     """Size of the sandbox's private /tmp in MiB (sandbox: a size-capped tmpfs, so it is host
     memory, freed when the command ends). A command that fills it gets `limit="disk"`."""
+    max_read_mb: int = Field(64, gt=0)
+    """Largest file `read()` returns when its caller names no `max_bytes`, in MiB (every type): a
+    command can make a file of any size, even a sparse one that costs it nothing, and a hook
+    that reads it must not take the host's memory."""
     total_memory_mb: int = Field(4096, gt=0)
     """Memory all of a command's processes may hold together in MiB (sandbox: the sum of their
     resident memory, checked a few times a second), on top of `memory_mb` per process. Past it
@@ -125,9 +129,11 @@ class Runtime(ABC):
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
         """The file's bytes, as verifiers' `runtime.read` returns them. A file larger than
-        `max_bytes`, a symlink anywhere in the path, a hard link or anything but a regular file
-        raises UsageError (the command may have put anything there; vf.runtime.files)."""
-        return read_beneath(self._fd(), self._parts(path), path, max_bytes)
+        `max_bytes` (default: `max_read_mb`), a symlink anywhere in the path, a hard link or
+        anything but a regular file raises UsageError (the command may have put anything there;
+        vf.runtime.files)."""
+        cap = max_bytes if max_bytes is not None else self.config.max_read_mb << 20
+        return read_beneath(self._fd(), self._parts(path), path, cap)
 
     async def close(self) -> None:
         """Stop what still runs and remove the working directory (if this runtime made it)."""

@@ -6,7 +6,7 @@ earlier: every read and write starts at the working directory's descriptor and o
 component at a time with O_NOFOLLOW (a symlink anywhere is refused; `..` is resolved by name
 before anything is opened and may not leave the directory), then checks the file it opened
 (`fstat`), not the name. That is what openat2's RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS gives, on
-every kernel. Reads take regular files with one name only (a second name could be a host file)
+every kernel and with one code path. Reads take regular files with one name only (a second name could be a host file)
 and stop at a size cap; writes go to a new file that is renamed over the name, so whatever the
 name pointed at before is never opened, and ownership is set on the new file's descriptor.
 """
@@ -78,7 +78,7 @@ def open_dir(root_fd: int, parts: list[str], path: str, *, create: bool = False,
         raise
 
 
-def read_beneath(root_fd: int, parts: list[str], path: str, max_bytes: int | None) -> bytes:
+def read_beneath(root_fd: int, parts: list[str], path: str, max_bytes: int) -> bytes:
     """The bytes of regular file `parts` below `root_fd` (see module docstring); more than
     `max_bytes` raises UsageError without reading it."""
     if not parts:
@@ -99,13 +99,13 @@ def read_beneath(root_fd: int, parts: list[str], path: str, max_bytes: int | Non
             raise _refused(path, "is not a regular file")
         if st.st_nlink > 1:  # another name for the same file may lie outside (a host file)
             raise _refused(path, f"is a hard link ({st.st_nlink} names)")
-        if max_bytes is not None and st.st_size > max_bytes:
+        if st.st_size > max_bytes:
             raise UsageError(f"{path} is larger than max_bytes={max_bytes} ({st.st_size} bytes)")
         os.set_blocking(fd, True)
         buf = bytearray()
         while chunk := os.read(fd, CHUNK):
             buf += chunk
-            if max_bytes is not None and len(buf) > max_bytes:  # grew while we read
+            if len(buf) > max_bytes:  # grew while we read
                 raise UsageError(f"{path} is larger than max_bytes={max_bytes}")
         return bytes(buf)
     finally:
