@@ -6,9 +6,10 @@ earlier: every read and write starts at the working directory's descriptor and o
 component at a time with O_NOFOLLOW (a symlink anywhere is refused; `..` is resolved by name
 before anything is opened and may not leave the directory), then checks the file it opened
 (`fstat`), not the name. That is what openat2's RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS gives, on
-every kernel and with one code path. Reads take regular files with one name only (a second name could be a host file)
-and stop at a size cap; writes go to a new file that is renamed over the name, so whatever the
-name pointed at before is never opened, and ownership is set on the new file's descriptor.
+every kernel and with one code path. Reads take regular files with one name only (a second
+name could be a host file) and stop at a size cap; writes go to a new file that is renamed over
+the name, so whatever the name pointed at before is never opened, and ownership is set on the
+new file's descriptor.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _refused(path: str, why: str) -> UsageError:
     return UsageError(f"{path} {why}: refused (the runtime's file access follows no links)")
 
 
-def open_dir(root_fd: int, parts: list[str], path: str, *, create: bool = False, owner: int | None = None) -> int:
+def open_dir(root_fd: int, parts: list[str], path: str, *, create: bool = False,
+             owner: int | None = None) -> int:
     """A descriptor of the directory `parts` below `root_fd`, opened one component at a time
     without following links; missing ones are made when `create` (and given to `owner`)."""
     fd = os.dup(root_fd)
@@ -67,7 +69,8 @@ def open_dir(root_fd: int, parts: list[str], path: str, *, create: bool = False,
                     pass  # made meanwhile: opened (and checked) below like any other
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)
             except OSError as e:  # ELOOP: a symlink; ENOTDIR: a file
-                raise _refused(path, f"has a component ({part!r}) that is a symbolic link or not a directory") from e
+                raise _refused(path, f"has a component ({part!r}) that is a symbolic link or not a "
+                                     "directory") from e
             os.close(fd)
             fd = child
             if owner is not None:
@@ -125,7 +128,8 @@ def write_beneath(root_fd: int, parts: list[str], path: str, data: bytes, owner:
             mode = stat.S_IMODE(old.st_mode) & 0o777 if stat.S_ISREG(old.st_mode) else 0o644
         except FileNotFoundError:
             mode = 0o644
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode, dir_fd=parent)
         try:
             try:
                 if owner is not None:

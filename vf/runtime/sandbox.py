@@ -65,7 +65,8 @@ def find_bwrap() -> str | None:
 def bwrap_sizes_tmpfs(bwrap: str) -> bool:
     """Whether this bwrap has `--size` for a tmpfs (bubblewrap 0.10 and later)."""
     try:
-        return b"--size" in subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False).stdout
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
+        return b"--size" in helped.stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -212,7 +213,6 @@ class SandboxRuntime(SubprocessRuntime):
             return "memory"
         if any(s in tail for s in PROCESS_SIGNS):  # a shell that could not fork may still exit 0
             return "processes"
-        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ) or \
-                (exit_code != 0 and any(s in tail for s in DISK_SIGNS)):
-            return "disk"  # a file past the file-size cap, or a full /tmp
+        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ) or any(s in tail for s in DISK_SIGNS):
+            return "disk"  # a file past the file-size cap, or a full /tmp (a shell may go on)
         return None

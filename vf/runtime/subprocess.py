@@ -2,8 +2,9 @@
 
 Each command starts in its own process session so that a limit, a cancelled call (the caller's
 own timeout) or `close()` kills the whole tree it spawned, not just the shell, before `run()`
-returns. While it runs, the working directory's disk use is checked (`du`) against `disk_mb`. Output is read as it arrives and the command is stopped
-once it writes more than `max_output_bytes` (a `yes` must not fill the host's memory).
+returns. Output is read as it arrives and the command is stopped once it writes more than
+`max_output_bytes` (a `yes` must not fill the host's memory); the working directory's disk use
+is checked (`du`) while it runs and when it ends, and it is stopped past `disk_mb`.
 The sandbox and docker runtimes reuse all of this and only change what is started (`_argv`),
 with which environment (`_env`) and as whom (`_spawn_kwargs`).
 `vf.reaper` kills a command's process group if vf itself is killed first.
@@ -150,8 +151,8 @@ class SubprocessRuntime(Runtime):
         du = shutil.which("du", path="/usr/bin:/bin")
         if du is None:  # no way to measure: the per-file limit is all there is
             return None
-        child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir), stdout=asyncio.subprocess.PIPE,
-                                                     stderr=asyncio.subprocess.DEVNULL)
+        child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir),
+                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         out, _ = await child.communicate()
         try:
             used_kib = int(out.split()[0])
