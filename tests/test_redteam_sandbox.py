@@ -231,6 +231,8 @@ def test_disk_fill_of_the_work_dir_ends_the_rollout_with_a_limit(command):
         rollout = await open_rollout(disk_mb=16)
         try:
             reply = await call(rollout, "bash", command=command)
+            after = await call(rollout, "bash", command="echo more")  # a later call of the same turn
+            assert after == "error: the rollout has ended; the command was not run"
             return reply, du_kib(rollout.runtime.workdir), rollout.trace
         finally:
             await rollout.cleanup()

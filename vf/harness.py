@@ -110,6 +110,8 @@ class BashHarness(NullHarness):
             command = arguments.get("command")
             if not isinstance(command, str):
                 raise ToolError("bash needs a string argument 'command'")
+            if getattr(rollout, "done", False):  # a full sandbox ended it: later calls of the same turn
+                return "error: the rollout has ended; the command was not run"
             # the runtime stops the command at the tool's timeout (and kills all of it if the
             # rollout's own timeout cancels the call first), so its output still comes back
             result = await rollout.runtime.run(command, rollout.task.runtime_env() or None,
