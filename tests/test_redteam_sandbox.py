@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -100,7 +101,7 @@ def test_symlink_and_hard_link_race_against_edit_and_read(host_files):
     file was rewritten and chowned to nobody and the secret was read; now every access that
     meets a link is refused, and the secret never reaches a tool result or a read."""
     victim, secret, token = host_files
-    if victim.stat().st_dev != Path(os.environ.get("TMPDIR", "/tmp")).stat().st_dev:
+    if victim.stat().st_dev != Path(tempfile.gettempdir()).stat().st_dev:
         pytest.skip("the work dir and the test's files lie on different filesystems (no hard links)")
 
     async def go():
