@@ -141,7 +141,7 @@ def test_symlink_and_hard_link_race_against_edit_and_read(host_files):
 def test_command_outliving_its_tool_timeout_is_gone_when_the_call_returns():
     """The harness's timeout (1 s) cancels the call: before, the command and what it left in the
     background (a `setsid` child, a double fork) lived on until the rollout closed."""
-    mark = f"9{uuid.uuid4().int % 10**8}"
+    mark = f"20.{uuid.uuid4().int % 10**8}"  # `sleep 20.<mark>1`: 20 s, a command line of its own
 
     async def go():
         rollout = await open_rollout(tool_timeout=1.0)
@@ -293,15 +293,20 @@ asyncio.run(main())
 
 
 def test_kill_9_of_vf_leaves_no_work_dir_and_no_process():
-    """Before: the reaper killed the command but the work dir stayed in /tmp for good."""
-    mark = f"8{uuid.uuid4().int % 10**8}"
+    """Before: the work dir stayed in /tmp for good (and a sandbox started just before the kill
+    could outlive vf: the reaper had not been told its group yet)."""
+    mark = f"30.{uuid.uuid4().int % 10**8}"
     proc = subprocess.Popen([sys.executable, "-c", LEAVER.format(mark=mark)], stdout=subprocess.PIPE, text=True)
     workdir = Path(proc.stdout.readline().strip())
+
+    def command() -> list[int]:  # the sandbox's processes (vf's own command line names the mark too)
+        return [p for p in processes_with(mark) if p != proc.pid]
+
     deadline = time.time() + 10
-    while not processes_with(mark) and time.time() < deadline:
-        time.sleep(0.05)
-    assert workdir.is_dir() and processes_with(mark)
-    proc.send_signal(signal.SIGKILL)
+    while not command() and time.time() < deadline:
+        time.sleep(0.01)
+    assert workdir.is_dir() and command()
+    proc.send_signal(signal.SIGKILL)  # as soon as the command starts: vf may not have told its reaper
     proc.wait()
     for _ in range(50):
         if not workdir.exists() and not processes_with(mark):

@@ -7,7 +7,8 @@ help: it reaches only the direct child, not what a shell started in the backgrou
 first `watch()` (or `watch_dir()`) starts one small reaper process per vf process. vf tells it
 about every group it starts (`+PGID`) and finishes (`-PGID`), and every directory it makes
 (`+/path`) and removes (`-/path`), over a pipe; when that pipe ends (vf exited, however) the
-reaper kills every group still listed, then removes every directory still listed, then exits.
+reaper kills every group still listed and every process working in a listed directory, then
+removes those directories, then exits.
 It detaches (double fork), so it is nobody's child process and never waits to be reaped.
 """
 
@@ -34,6 +35,20 @@ for group in groups:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
+# a command vf started just before it died may not be listed yet: what works in a listed
+# directory (its cwd, or the directory in its argv: a sandbox's bwrap) is a rollout's too
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = set(f.read().split(b"\\0"))
+    except OSError:
+        continue
+    if any(cwd == d or cwd.startswith(d + "/") or d.encode() in argv for d in dirs):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
 for _ in range(20):  # a killed process may still be writing for a moment
     for path in list(dirs):
         shutil.rmtree(path, ignore_errors=True)
