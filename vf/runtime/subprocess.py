@@ -151,12 +151,13 @@ class SubprocessRuntime(Runtime):
         du = shutil.which("du", path="/usr/bin:/bin")
         if du is None:  # no way to measure: the per-file limit is all there is
             return None
-        child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir),
-                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await child.communicate()
         try:
+            child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir),
+                                                         stdout=asyncio.subprocess.PIPE,
+                                                         stderr=asyncio.subprocess.DEVNULL)
+            out, _ = await child.communicate()
             used_kib = int(out.split()[0])
-        except (IndexError, ValueError):
+        except (OSError, IndexError, ValueError):  # could not measure this time (e.g. out of fds)
             return None
         return "disk" if used_kib > self.config.disk_mb << 10 else None
 
