@@ -112,8 +112,8 @@ class BashHarness(NullHarness):
                 raise ToolError("bash needs a string argument 'command'")
             if getattr(rollout, "done", False):  # a full sandbox ended it: later calls of the same turn
                 return "error: the rollout has ended; the command was not run"
-            # the runtime stops the command at the tool's timeout (and kills all of it if the
-            # rollout's own timeout cancels the call first), so its output still comes back
+            # the runtime stops the command at the tool's timeout; when the harness's own timeout
+            # cancels the call first, the runtime still kills all of it before the call ends
             result = await rollout.runtime.run(command, rollout.task.runtime_env() or None,
                                                timeout=self.config.tool_timeout)
             output = result.stdout + result.stderr
