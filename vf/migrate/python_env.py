@@ -34,6 +34,13 @@ def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
+def _inline(node: cst.CSTNode) -> str:
+    """`node`'s code for a one-line context (a class field, an assignment): an expression that
+    spans lines inside the original brackets (`str\n    | None`) gets brackets of its own."""
+    code = _code(node)
+    return f"({code})" if "\n" in code else code
+
+
 def _camel(stem: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[^0-9a-zA-Z]+", stem) if p) or "Migrated"
 
@@ -123,6 +130,13 @@ class _Rename(cst.CSTTransformer):
     def __init__(self, aliases: set[str]):
         self.aliases = aliases
         self.unknown: set[str] = set()
+
+    def leave_ImportFrom(self, original, updated):
+        """`from verifiers[.sub] import X` inside a function → `from vf.migrate.compat import X`."""
+        if not _is_verifiers_from(updated):
+            return updated
+        self.unknown |= set(_missing_names(updated))
+        return _to_compat(updated)
 
     def leave_Attribute(self, original, updated):
         if isinstance(updated.value, cst.Name) and updated.value.value in self.aliases:
@@ -576,7 +590,7 @@ class _Migration:
         L = [f"class {self.N['Config']}(vf.TasksetConfig):", '    """The keyword arguments of the v0 load_environment()."""', ""]
         fields = []
         for p in params:
-            default = f" = {_code(p.default)}" if p.default is not None else ""
+            default = f" = {_inline(p.default)}" if p.default is not None else ""
             fields.append(f"    {p.name.value}: {_field_type(p)}{default}")
         self.split_field = None
         if "eval_dataset" in kwargs and "dataset" in kwargs:
@@ -599,7 +613,7 @@ class _Migration:
              '    and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""']
         for name in self.bound:
             p = next(p for p in self.params if p.name.value == name)
-            default = _code(p.default) if p.default is not None else "None"
+            default = _inline(p.default) if p.default is not None else "None"
             L.append(f"    {name} = {default}  # default of load_environment({name}=...)")
             self.add(self.load_env, "ENV001", INFO, f"the parser/rubric are rebuilt with load_environment's default "
                      f"{name}={default}; a different --taskset.{name} does not reach them")
@@ -705,6 +719,20 @@ class MigrationError(ValueError):
     """A file that looks like a v0 environment but has no shape the codemod knows."""
 
 
+def _is_verifiers_from(node) -> bool:
+    return isinstance(node, cst.ImportFrom) and node.module is not None and \
+        (_code(node.module) == "verifiers" or _code(node.module).startswith("verifiers."))
+
+
+def _missing_names(node: cst.ImportFrom) -> list[str]:
+    names = [] if isinstance(node.names, cst.ImportStar) else [a.name.value for a in node.names]
+    return [n for n in names if n not in SUPPORTED]
+
+
+def _to_compat(node: cst.ImportFrom) -> cst.ImportFrom:
+    return node.with_changes(module=cst.parse_expression("vf.migrate.compat"), relative=[])
+
+
 def _rewrite_imports(stmt, add, line, imported_vf):
     out = []
     for small in stmt.body:
@@ -719,10 +747,23 @@ def _rewrite_imports(stmt, add, line, imported_vf):
                 out.append(cst.parse_statement("from vf.migrate import compat\n"))
                 imported_vf[1] = True
             add(stmt, "ENV008", MIGRATED, "import verifiers → import vf + vf.migrate.compat")
-        elif isinstance(small, cst.ImportFrom) and small.module is not None and _code(small.module) == "verifiers":
-            names = [] if isinstance(small.names, cst.ImportStar) else [a.name.value for a in small.names]
-            new = cst.SimpleStatementLine([small.with_changes(module=cst.parse_expression("vf.migrate.compat"))])
-            missing = [n for n in names if n not in SUPPORTED]
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and _code(small.module) == "datasets" \
+                and not isinstance(small.names, cst.ImportStar) and any(a.name.value == "load_dataset" for a in small.names):
+            # load_dataset goes through compat, which reads $VF_DATA_DIR's local files when set
+            rest = [a for a in small.names if a.name.value != "load_dataset"]
+            if rest:
+                out.append(cst.SimpleStatementLine([small.with_changes(
+                    names=[*rest[:-1], rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)],
+                    lparen=None, rparen=None, semicolon=cst.MaybeSentinel.DEFAULT)]))
+            alias = next(a for a in small.names if a.name.value == "load_dataset")
+            out.append(cst.SimpleStatementLine([cst.ImportFrom(
+                module=cst.parse_expression("vf.migrate.compat"),
+                names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT)])]))
+            add(stmt, "ENV008", MIGRATED, "datasets.load_dataset → compat.load_dataset (the hub as before; local "
+                "JSON-lines files under $VF_DATA_DIR when set)")
+        elif _is_verifiers_from(small):
+            new = cst.SimpleStatementLine([_to_compat(small).with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+            missing = _missing_names(small)
             if missing:
                 new = _flag(new, f"verifiers {', '.join(missing)} has no vf equivalent; port it")
                 add(stmt, "ENV900", MANUAL, f"imports verifiers {', '.join(missing)}")
@@ -733,7 +774,7 @@ def _rewrite_imports(stmt, add, line, imported_vf):
                 out.append(cst.parse_statement("from vf.migrate import compat\n"))
                 imported_vf[1] = True
             out.append(new)
-            add(stmt, "ENV008", MIGRATED, "from verifiers import ... → from vf.migrate.compat import ...")
+            add(stmt, "ENV008", MIGRATED, f"from {_code(small.module)} import ... → from vf.migrate.compat import ...")
         else:
             out.append(cst.SimpleStatementLine([small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]))
     if out:
@@ -807,7 +848,7 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
 
 def _field_type(p: cst.Param) -> str:
     if p.annotation is not None:
-        return _code(p.annotation.annotation)
+        return _inline(p.annotation.annotation)
     d = p.default
     if isinstance(d, cst.Integer):
         return "int"

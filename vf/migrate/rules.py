@@ -71,7 +71,10 @@ RULES: list[Rule] = [
       "        '''Add two integers.'''\n        return add(a=a, b=b)"),
     R("ENV008", "environment", "imports",
       "`import verifiers as vf` becomes `import vf` plus `from vf.migrate import compat`; "
-      "`from verifiers import X` becomes `from vf.migrate.compat import X`.",
+      "`from verifiers import X` and `from verifiers.<module> import X` (data_utils, types, parsers, "
+      "rubrics, utils.tools) become `from vf.migrate.compat import X`, also inside functions. "
+      "`from datasets import load_dataset` becomes `from vf.migrate.compat import load_dataset`: the hub "
+      "as before, or local JSON-lines files when `VF_DATA_DIR` is set (`<org>__<name>[.<config>][.<split>].jsonl`).",
       "import verifiers as vf", "import vf\nfrom vf.migrate import compat"),
     R("ENV009", "environment", "setup_state → Task.setup",
       "A v0 env class's `setup_state(state)` runs from the generated `Task.setup` on the rollout's v0 "
