@@ -358,14 +358,30 @@ class SingleTurnEnv(Environment):
     DEFAULT_MAX_TURNS = 1
 
 
+class _Verdict:
+    """A bool that can also be awaited (v0 changed is_completed from sync to async)."""
+
+    def __init__(self, value: bool):
+        self.value = bool(value)
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __await__(self):
+        yield from ()
+        return self.value
+
+
 class MultiTurnEnv(Environment):
     """Base for migrated v0 multi-turn envs: keeps `env_response` / `is_completed`.
     v0 default max_turns: -1 (no limit)."""
 
     DEFAULT_MAX_TURNS = -1
 
-    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
-        return False
+    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> "_Verdict":
+        """v0: done once `max_turns` (> 0) model turns ran. Usable as v0 0.1.x code calls it from an
+        override: `super().is_completed(...)` plain (sync) or awaited (async)."""
+        return _Verdict(self.max_turns > 0 and state.get("turn", 0) >= self.max_turns)
 
     def env_response(self, messages: Messages, state: dict, **kwargs: Any):
         raise NotImplementedError
@@ -457,7 +473,7 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
     saved.update(prompt=prompt, completion=completion, answer=getattr(task, "answer", ""),
                  info=getattr(task, "info", {}) or {}, example_id=getattr(task, "idx", 0),
                  task=getattr(task, "name", None) or "default", turn=trace.num_turns)
-    saved.setdefault("responses", [])
+    saved["responses"] = [m for m in completion if m.get("role") == "assistant"]  # one per model reply
     return saved
 
 

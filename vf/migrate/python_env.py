@@ -283,6 +283,8 @@ class _Migration:
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, cst.ClassDef] = {}
         self.load_env: cst.FunctionDef | None = None
+        self.module_lists: dict[str, cst.List] = {}  # NAME = [...] at module level
+        self.v0_imported: set[str] = set()  # names imported from verifiers.* modules
         for stmt in self.mod.body:
             self.module_names |= defined_names(stmt)
             if isinstance(stmt, cst.FunctionDef):
@@ -294,6 +296,11 @@ class _Migration:
                 self.classes[stmt.name.value] = stmt
             elif isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
+                    if isinstance(small, cst.Assign) and isinstance(small.value, cst.List) and \
+                            len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                        self.module_lists[small.targets[0].target.value] = small.value
+                    if _is_verifiers_from(small) and not isinstance(small.names, cst.ImportStar):
+                        self.v0_imported |= {(a.asname.name if a.asname else a.name).value for a in small.names}
                     if isinstance(small, cst.Import):
                         for a in small.names:
                             if _code(a.name) == "verifiers":
@@ -387,26 +394,74 @@ class _Migration:
                 rubric_call = rubric_arg.value
             elif isinstance(rubric_arg.value, cst.Name):
                 rubric_var = rubric_arg.value.value
-                for s in self.body:  # the last call assigned to the name, as v0 ran it
-                    if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
-                            rubric_var in defined_names(s) and isinstance(s.body[0].value, cst.Call):
-                        rubric_call = s.body[0].value
+                rubric_call = self._rubric_assigned(rubric_var)
+        if rubric_call is None and rubric_arg is None and self.v0_class is not None:
+            rubric_call = self._class_rubric(self.classes[self.v0_class])
         if rubric_call is None:
             self.plan.manual.append((self.line(self.load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
             return
-        self._rubric_class(rubric_call)
-        items = self._rubric_funcs(rubric_call) + (self._added_funcs(rubric_var) if rubric_var else [])
         used = set(TASK_ATTRS)
-        for i, (fn, w, metric) in enumerate(items):
+        for i, (fn, w, metric) in enumerate(self._rubric_items(rubric_call, rubric_var)):
             self._plan_func(i, fn, w, metric, used)
 
-    def _rubric_class(self, rubric_call: cst.Call) -> None:
+    @staticmethod
+    def _class_rubric(cls: cst.ClassDef):
+        """`self.rubric = SomeRubric(...)` in the v0 env class's __init__ (None: there is none)."""
+        init = next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+        for s in init.body.body if init is not None else []:
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    _code(s.body[0].targets[0].target) == "self.rubric" and isinstance(s.body[0].value, cst.Call):
+                return s.body[0].value
+        return None
+
+    def _rubric_assigned(self, name: str):
+        """The last call assigned to `name` in load_environment, as v0 ran it (None: there is none)."""
+        found = None
+        for s in self.body:
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    name in defined_names(s) and isinstance(s.body[0].value, cst.Call):
+                found = s.body[0].value
+        return found
+
+    def _rubric_items(self, rubric_call: cst.Call, rubric_var: str | None) -> list:
+        """(function, weight, is_metric) in v0's scoring order: a RubricGroup's members one after
+        the other, a MathRubric's `correct_answer` after its funcs, then `add_reward_func` calls."""
         rname = rubric_call.func.attr.value if isinstance(rubric_call.func, cst.Attribute) else _code(rubric_call.func)
+        if rname == "RubricGroup":
+            members = next((a.value for a in rubric_call.args if (a.keyword is None and not a.star)
+                            or (a.keyword is not None and a.keyword.value == "rubrics")), None)
+            if not isinstance(members, (cst.List, cst.Tuple)):
+                self.plan.manual.append((self.line(rubric_call), "RubricGroup(rubrics=...) is not a literal list: add "
+                                         "one @vf.reward per member function by hand"))
+                return []
+            items = []
+            for el in members.elements:
+                call = el.value if isinstance(el.value, cst.Call) else \
+                    self._rubric_assigned(el.value.value) if isinstance(el.value, cst.Name) else None
+                if call is None:
+                    self.plan.manual.append((self.line(el), f"RubricGroup member {_code(el.value)} is not a rubric "
+                                             "built in load_environment: add its rewards by hand"))
+                    continue
+                items += self._rubric_items(call, el.value.value if isinstance(el.value, cst.Name) else None)
+            self.add(rubric_call, "ENV003", MIGRATED, "RubricGroup → its members' functions, in order")
+            return items + (self._added_funcs(rubric_var) if rubric_var else [])
+        self._rubric_class(rubric_call, rname)
+        items = self._rubric_funcs(rubric_call)
+        if rname == "MathRubric":
+            items.append((cst.Name("correct_answer"), "1.0", False))
+            self.add(rubric_call, "ENV003", MIGRATED, "MathRubric → compat.MathRubric: correct_answer (weight 1.0), "
+                     "math_verify when installed, else normalised/numeric equality")
+        elif rname == "ToolRubric":
+            self.add(rubric_call, "ENV003", INFO, "ToolRubric's tool-call counts were metrics (weight 0): not "
+                     "migrated as rewards (v1 traces record every tool call)")
+        return items + (self._added_funcs(rubric_var) if rubric_var else [])
+
+    def _rubric_class(self, rubric_call: cst.Call, rname: str) -> None:
         if rname == "JudgeRubric":
             self.plan.judge = _judge_settings(rubric_call, self.load_env)
             self.add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config; "
                      "check its prompt placeholders and how the rewards read the verdict")
-        elif rname != "Rubric":
+        elif rname not in ("Rubric", "MathRubric", "ToolRubric"):
             self.plan.manual.append((self.line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
                                      "methods (a judge call inside a reward, or vf's math helpers)"))
 
@@ -494,9 +549,16 @@ class _Migration:
     def plan_tools(self, tools_arg) -> None:
         if tools_arg is None:
             return
-        if isinstance(tools_arg.value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in self.functions
-                                                        for e in tools_arg.value.elements):
-            self.tool_names += [e.value.value for e in tools_arg.value.elements if e.value.value not in self.tool_names]
+        value = tools_arg.value
+        if isinstance(value, cst.Name) and value.value in self.module_lists:  # tools=tool_list, a module-level list
+            value = self.module_lists[value.value]
+        for e in value.elements if isinstance(value, cst.List) else []:
+            # a v0 library tool (`from verifiers.utils.tools import python`): its compat twin, wrapped the same way
+            if isinstance(e.value, cst.Name) and e.value.value not in self.functions and e.value.value in self.v0_imported:
+                self.functions[e.value.value] = _library_tool(e.value.value)
+        if isinstance(value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in self.functions
+                                               for e in value.elements):
+            self.tool_names += [e.value.value for e in value.elements if e.value.value not in self.tool_names]
             self.add(tools_arg, "ENV007", MIGRATED, f"tools {', '.join(self.tool_names)} → @vf.tool methods of {self.base}Tools")
         else:
             self.plan.manual.append((self.line(tools_arg), "tools are not a list of module-level functions: write a "
@@ -754,7 +816,7 @@ def _rewrite_imports(stmt, add, line, imported_vf):
             if rest:
                 out.append(cst.SimpleStatementLine([small.with_changes(
                     names=[*rest[:-1], rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)],
-                    lparen=None, rparen=None, semicolon=cst.MaybeSentinel.DEFAULT)]))
+                    lpar=None, rpar=None, semicolon=cst.MaybeSentinel.DEFAULT)]))
             alias = next(a for a in small.names if a.name.value == "load_dataset")
             out.append(cst.SimpleStatementLine([cst.ImportFrom(
                 module=cst.parse_expression("vf.migrate.compat"),
@@ -780,6 +842,16 @@ def _rewrite_imports(stmt, add, line, imported_vf):
     if out:
         out[0] = out[0].with_changes(leading_lines=[*stmt.leading_lines, *out[0].leading_lines])
     return out
+
+
+def _library_tool(name: str) -> cst.FunctionDef:
+    """A stand-in definition of compat's `name` tool (signature and docstring), for `_tool_method`."""
+    import inspect
+
+    from vf.migrate import compat
+
+    fn = getattr(compat, name)
+    return cst.parse_statement(f"def {name}{inspect.signature(fn)}:\n    {inspect.getdoc(fn)!r}\n")
 
 
 def _tool_method(fn: cst.FunctionDef, skip=(), stateful: bool = False) -> cst.FunctionDef:
@@ -834,7 +906,7 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
     defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
     out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
     for a in call.args:
-        if a.keyword is None or a.keyword.value not in ("judge_model", "judge_prompt"):
+        if a.keyword is None or a.keyword.value not in ("judge_model", "model", "judge_prompt"):
             continue
         value = a.value
         if isinstance(value, cst.Name) and value.value in defaults:
@@ -842,7 +914,7 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
         if value is None:
             continue
         if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.Name, cst.Attribute)):
-            out["model" if a.keyword.value == "judge_model" else "prompt"] = _code(value)
+            out["prompt" if a.keyword.value == "judge_prompt" else "model"] = _code(value)
     return out
 
 
