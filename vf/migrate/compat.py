@@ -344,7 +344,7 @@ class Environment:
         which the v1 hook runner awaits), with its own rubric's parser as `parser`. `extra` adds
         arguments (e.g. a JudgeRubric's `judge`)."""
         fn, _, owner = self.rubric.entries()[index]
-        return fn(**pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
+        return _scored(fn, pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
 
     async def setup_state(self, state: dict, **kwargs: Any) -> dict:
         return state
@@ -352,6 +352,33 @@ class Environment:
     def update_tool_args(self, tool_name: str, tool_args: dict, messages: Messages, state: dict,
                          **kwargs: Any) -> dict:
         return tool_args
+
+
+def _scored(fn: Callable, kwargs: dict[str, Any]) -> Any:
+    """`fn(**kwargs)` as a float, 0.0 when it raises: v0 logged a failing reward function and scored
+    it 0 (a coroutine for an async function, which the hook runner awaits)."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        async def run() -> float:
+            try:
+                return float(await fn(**kwargs))
+            except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
+                return 0.0
+        return run()
+    try:
+        out = fn(**kwargs)
+    except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
+        return 0.0
+    if inspect.isawaitable(out):
+        async def wait() -> float:
+            try:
+                return float(await out)
+            except Exception:  # noqa: BLE001
+                return 0.0
+        return wait()
+    try:
+        return float(out)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 class SingleTurnEnv(Environment):
@@ -459,6 +486,25 @@ def split_messages(trace: Any) -> tuple[Messages, Messages]:
     return [dict(n.message) for n in branch[:first]], [dict(n.message) for n in branch[first:]]
 
 
+class AttrDict(dict):
+    """A dict whose keys also read as attributes: v0 reward functions read a tool call the way the
+    openai client returned it (`call.function.name`), v1 traces store it as JSON."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _attrs(value: Any) -> Any:
+    if isinstance(value, dict):
+        return AttrDict({k: _attrs(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_attrs(v) for v in value]
+    return value
+
+
 def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
     """The v0 `state` dict for this episode: kept on the v1 State so env_response's writes persist."""
     saved = getattr(state, "v0_state", None) if state is not None else None
@@ -470,6 +516,7 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
             except (AttributeError, ValueError):
                 pass
     prompt, completion = split_messages(trace)
+    completion = [{**m, "tool_calls": _attrs(m["tool_calls"])} if m.get("tool_calls") else m for m in completion]
     saved.update(prompt=prompt, completion=completion, answer=getattr(task, "answer", ""),
                  info=getattr(task, "info", {}) or {}, example_id=getattr(task, "idx", 0),
                  task=getattr(task, "name", None) or "default", turn=trace.num_turns)

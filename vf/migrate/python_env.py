@@ -24,6 +24,15 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool"}
+NO_V1_ENV = {
+    "EnvGroup": "vf.EnvGroup serves several v0 environments as one; a v1 module is one taskset. Decide: move each "
+                "member env into its own module with a load_environment() and migrate each, then list them as "
+                "[[env]] entries of one vf-train config (or eval them one by one)",
+    "TextArenaEnv": "TextArenaEnv plays a game of the textarena package, which vf does not wrap. Decide: for Wordle-v0 "
+                    "use vf's built-in `wordle` taskset (same <guess> tags, G/Y/X feedback, rewards from the trace; "
+                    "its reward names differ), or write a vf.Env whose respond() steps the textarena game",
+}
+"""v0 env classes with no v1 counterpart: the module is kept, flagged with the decision to make."""
 DATA_ARGS = ("dataset", "eval_dataset", "system_prompt", "few_shot")
 TASK_ATTRS = {"setup", "finalize", "validate", "messages", "hooks", "data", "config", "toolsets"}
 PLURAL = {"completions", "prompts", "answers", "infos", "states", "tasks"}
@@ -324,8 +333,16 @@ class _Migration:
         if env_call is None:
             raise MigrationError(f"{self.path}: load_environment() must end with `return <Env>(...)` "
                                  "(or return a variable assigned from one); migrate it by hand")
+        self.env_var, self.post_env = None, []
         if env_stmt is not None:
+            # statements after the env is built that use it (`vf_env.rubric = ...`) shape the env:
+            # they run in _v0_env(), not in load()
+            self.env_var = value.value
+            after = body[body.index(env_stmt) + 1:]
+            self.post_env = [s for s in after if self.env_var in used_names(s)]
             body.remove(env_stmt)
+            for s in self.post_env:
+                body.remove(s)
         self.body = body
         return env_call
 
@@ -342,6 +359,8 @@ class _Migration:
         """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
         plan, func = self.plan, env_call.func
         env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if env_name in NO_V1_ENV:
+            raise MigrationError(f"{self.path}: line {self.line(env_call)}: {NO_V1_ENV[env_name]}")
         kind, self.v0_class = ENV_KINDS.get(env_name), None
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
@@ -395,6 +414,11 @@ class _Migration:
             elif isinstance(rubric_arg.value, cst.Name):
                 rubric_var = rubric_arg.value.value
                 rubric_call = self._rubric_assigned(rubric_var)
+        for s in self.post_env:  # `vf_env.rubric = X(...)` after the env was built replaces its rubric
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    _code(s.body[0].targets[0].target) == f"{self.env_var}.rubric" and isinstance(s.body[0].value, cst.Call):
+                self.env_rubric = (rubric_call, rubric_var)
+                rubric_call, rubric_var = s.body[0].value, None
         if rubric_call is None and rubric_arg is None and self.v0_class is not None:
             rubric_call = self._class_rubric(self.classes[self.v0_class])
         if rubric_call is None:
@@ -436,6 +460,9 @@ class _Migration:
                 return []
             items = []
             for el in members.elements:
+                if self.env_var and _code(el.value) == f"{self.env_var}.rubric" and getattr(self, "env_rubric", None):
+                    items += self._rubric_items(*self.env_rubric)  # the rubric the env was built with
+                    continue
                 call = el.value if isinstance(el.value, cst.Call) else \
                     self._rubric_assigned(el.value.value) if isinstance(el.value, cst.Name) else None
                 if call is None:
@@ -538,7 +565,7 @@ class _Migration:
         self.env_expr = env_expr
         self.params = [*self.load_env.params.params, *self.load_env.params.kwonly_params]
         names = [p.name.value for p in self.params]
-        needed = used_names(env_expr)
+        needed = used_names(env_expr) | {n for p in self.post_env for n in used_names(p)}
         self.slice_stmts = []
         for s in reversed(self.body):
             if defined_names(s) & needed:
@@ -576,6 +603,11 @@ class _Migration:
             if marker in ("__VF_LOAD_BODY__", "__VF_PARTS_BODY__"):
                 load = marker == "__VF_LOAD_BODY__"
                 out += [self.renamed(x, report=load) for x in (self.body if load else self.slice_stmts)]
+            elif marker == "__VF_ENV_EXPR__" and self.post_env:
+                out.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(self.env_var))],
+                                                               self.ren(self.env_expr))]))
+                out += [self.renamed(x, report=False) for x in self.post_env]
+                out.append(cst.SimpleStatementLine([cst.Return(cst.Name(self.env_var))]))
             elif marker == "__VF_ENV_EXPR__":
                 out.append(cst.SimpleStatementLine([cst.Return(self.ren(self.env_expr))]))
             elif marker and marker.startswith("__VF_TOOL_"):
