@@ -321,8 +321,8 @@ class JudgeCall:
         else:
             response = completion if isinstance(completion, str) else next(
                 (content_text(m.get("content")) for m in reversed(completion or []) if m.get("role") == "assistant"), "")
-        result = await self.judge.evaluate(trace=self.trace, question=question, answer=answer, response=response)
-        return result.text
+        messages = self.judge.build_messages(question=question, answer=answer, response=response)
+        return (await self.judge.complete(messages, trace=self.trace)).text
 
 
 class Environment:

@@ -671,10 +671,9 @@ class _Migration:
         self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
         return [f"# {TODO}: JudgeRubric → {self.judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
                 "# {response}) and how the rewards read the verdict",
-                f"class {self.judge_cls}(vf.Judge[str]):",
+                f"class {self.judge_cls}(vf.Judge):",
                 '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
-                f"    prompt = {self.plan.judge['prompt']}", "",
-                "    def parse(self, response) -> str:", "        return response.text", "", "",
+                f"    prompt = {self.plan.judge['prompt']}", "", "",
                 f"class {self.task_config}(vf.TaskConfig):",
                 f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']})", "", ""]
 

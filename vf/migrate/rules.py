@@ -83,12 +83,12 @@ RULES: list[Rule] = [
       "async def setup_state(self, state, **kwargs):\n    state['secret'] = 7\n    return state",
       "async def setup(self, trace, state):\n    await compat.setup_state(_v0_env(), self.data, trace, state)"),
     R("ENV010", "environment", "JudgeRubric → vf.Judge",
-      "A `JudgeRubric` becomes a generated `vf.Judge[str]` (the v0 `judge_prompt`, default v0's prompt) "
+      "A `JudgeRubric` becomes a generated `vf.Judge` (the v0 `judge_prompt`, default v0's prompt) "
       "and a TaskConfig field `judge: vf.JudgeConfig(model=...)`; reward functions that name `judge` get "
       "a v0-style `judge(prompt, completion, answer, state)` that calls it (recorded in "
       "`trace.info[\"judge_calls\"]`). Flagged for review: check the prompt placeholders and verdicts.",
       "rubric = vf.JudgeRubric(judge_model='gpt-4.1-mini')",
-      "class MyEnvJudge(vf.Judge[str]):\n    prompt = compat.JUDGE_PROMPT\n\n"
+      "class MyEnvJudge(vf.Judge):\n    prompt = compat.JUDGE_PROMPT\n\n"
       "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini')"),
     R("ENV011", "environment", "StatefulToolEnv → Toolset with typed state",
       "The tools of a `StatefulToolEnv` (from `tools=` and `self.add_tool(fn, args_to_skip=[...])`) become "

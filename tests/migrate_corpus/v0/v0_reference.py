@@ -2,7 +2,7 @@
 
 Run with the python of a venv that has `verifiers` (0.1.x, with math-verify) installed — never
 vf's: `VF_V0_PYTHON=/path/to/v0/bin/python tests/...` (see tests/test_migrate_corpus.py). Prints
-JSON: {env: [{"row": i, "scores": [...], "weights": [...], "reward": Σ w·s}, ...]} for the
+JSON: {env: [{"row": i, "names": [...], "scores": [...], "weights": [...], "reward": Σ w·s}, ...]} for the
 cases of cases.json, on the local data files of data/ (standing in for the hub).
 """
 
@@ -36,6 +36,10 @@ def _local(path, name=None, *args, split=None, **kwargs):
 
 
 datasets.load_dataset = _local
+import verifiers  # noqa: E402 - after the patch: some releases bind load_dataset at import
+import verifiers.utils.data_utils as _data_utils  # noqa: E402
+
+_data_utils.load_dataset = _local
 
 
 def _objects(messages):
@@ -59,19 +63,29 @@ async def _score(env, row, completion):
              "info": row.get("info") or {}, "task": row.get("task", "default"), "example_id": 0,
              "turn": sum(m["role"] == "assistant" for m in completion),
              "responses": [m for m in completion if m["role"] == "assistant"]}
-    scores, weights = [], []
+    names, scores, weights = [], [], []
     for rubric in _members(env.rubric):
-        for fn, w in zip(rubric.funcs, rubric.weights):
-            scores.append(await rubric._call_individual_reward_func(fn, state))
+        if hasattr(rubric, "funcs"):  # 0.1.14
+            pairs = zip(rubric.funcs, rubric.weights)
+        else:  # 0.1.3
+            pairs = zip(rubric.reward_funcs, rubric.reward_weights)
+        for fn, w in pairs:
+            names.append(getattr(fn, "__name__", repr(fn)))
+            if hasattr(rubric, "_call_individual_reward_func"):
+                scores.append(await rubric._call_individual_reward_func(fn, state))
+            else:
+                scores.append(await rubric.call_reward_func(fn, state["prompt"], completion, state["answer"], state,
+                                                            task=state["task"], info=state["info"]))
             weights.append(w)
-    return scores, weights
+    return names, scores, weights
 
 
 def main() -> None:
     cases = json.loads((HERE / "cases.json").read_text())
     out = {}
+    only = set(sys.argv[1:])  # optional: just these envs
     for name, spec in cases.items():
-        if "cases" not in spec:
+        if "cases" not in spec or (only and name not in only):
             continue
         random.seed(spec.get("seed", 0))
         modspec = importlib.util.spec_from_file_location(f"v0_{name}", HERE / "envs" / f"{name}.py")
@@ -82,7 +96,8 @@ def main() -> None:
         except (ImportError, AttributeError) as e:  # written for another v0 release than this one
             out[name] = {"unavailable": f"{type(e).__name__}: {e}"}
             continue
-        ds = env.get_eval_dataset()
+        ds = env.get_eval_dataset() if env.eval_dataset is not None or hasattr(env, "build_eval_dataset") \
+            else env.get_dataset()
         results = []
         for case in spec["cases"]:
             row = ds[case["row"]]
@@ -90,8 +105,8 @@ def main() -> None:
             if completion is None:  # the ideal replies, from the row's own info
                 completion = [{"role": "assistant", "content": a} for a in row["info"][case["replies_from_info"]]]
                 completion = [m for a in completion for m in (a, {"role": "user", "content": "next"})][:-1]
-            scores, weights = asyncio.run(_score(env, row, _objects(completion)))
-            results.append({"row": case["row"], "scores": scores, "weights": weights,
+            names, scores, weights = asyncio.run(_score(env, row, _objects(completion)))
+            results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
                             "reward": sum(s * w for s, w in zip(scores, weights))})
         out[name] = results
     json.dump(out, sys.stdout, indent=1)
