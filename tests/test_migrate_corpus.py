@@ -54,6 +54,7 @@ def migrated(tmp_path_factory):
 @pytest.fixture
 def local_data(monkeypatch):
     monkeypatch.setenv("VF_DATA_DIR", str(V0 / "data"))
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")  # judge envs build their (v0) client at load, as v0 did
 
 
 def test_corpus_is_real_and_licensed():

@@ -684,7 +684,10 @@ class _Migration:
         fields = []
         for p in params:
             default = f" = {_inline(p.default)}" if p.default is not None else ""
-            fields.append(f"    {p.name.value}: {_field_type(p)}{default}")
+            fields.append(f"    {_field(p.name.value)}: {_field_type(p)}{default}")
+            if _field(p.name.value) != p.name.value:
+                self.add(load_env, "ENV001", INFO, f"parameter {p.name.value} is config field {_field(p.name.value)} "
+                         f"(vf.TasksetConfig.{p.name.value} means something else): --taskset.{_field(p.name.value)}")
         self.split_field = None
         if "eval_dataset" in kwargs and "dataset" in kwargs:
             self.split_field = "split" if "split" not in {p.name.value for p in params} else "dataset_split"
@@ -793,7 +796,7 @@ class _Migration:
         if self.env_cls:
             L += [f"    ENV = {self.env_cls}", ""]
         L += ["    def load(self):"]
-        L += [f"        {p.name.value} = self.config.{p.name.value}" for p in self.params]
+        L += [f"        {p.name.value} = self.config.{_field(p.name.value)}" for p in self.params]
         L.append("        __VF_LOAD_BODY__()")
         ds = self.code(kwargs["dataset"].value) if "dataset" in kwargs else None
         eds = self.code(kwargs["eval_dataset"].value) if "eval_dataset" in kwargs else None
@@ -931,6 +934,15 @@ def _calls(node: cst.CSTNode, method: str) -> list[cst.Call]:
     return found
 
 
+RESERVED_FIELDS = {"id", "system_prompt", "task"}
+"""vf.TasksetConfig's own fields (system_prompt there is a file that overrides the prompt)."""
+
+
+def _field(param: str) -> str:
+    """The config field for a load_environment parameter: its name, unless vf.TasksetConfig has it."""
+    return f"v0_{param}" if param in RESERVED_FIELDS else param
+
+
 def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]:
     """The judge model and prompt as class-level expressions: literals and module names stay,
     a load_environment parameter becomes its default."""
@@ -942,6 +954,10 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
         value = a.value
         if isinstance(value, cst.Name) and value.value in defaults:
             value = defaults[value.value]
+        elif isinstance(value, cst.Name):  # a local of load_environment: its literal value, if it has one
+            value = next((s.body[0].value for s in load_env.body.body if isinstance(s, cst.SimpleStatementLine)
+                          and isinstance(s.body[0], cst.Assign) and _code(s.body[0].targets[0].target) == value.value
+                          and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString))), None)
         if value is None:
             continue
         if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.Name, cst.Attribute)):
