@@ -265,6 +265,12 @@ def _trainer(data: dict, notes: list) -> dict:
     if sampling:
         out["sampling"] = _sampling(sampling, notes)
     seq_len = (trainer.get("model") or {}).get("seq_len", data.get("seq_len", orch.get("seq_len")))
+    max_tokens = (out.get("sampling") or {}).get("max_tokens")
+    if seq_len is not None and max_tokens is not None and seq_len <= max_tokens:
+        notes.append((MANUAL, f"seq_len {seq_len} leaves no room for the prompt next to max_completion_tokens "
+                      f"{max_tokens} (prime-rl truncated such samples; vf-train refuses): trainer.seq_len set to "
+                      f"{max_tokens + 2048}, lower sampling.max_tokens instead if memory is tight"))
+        seq_len = max_tokens + 2048
     if seq_len is not None:
         out["trainer"] = {"seq_len": seq_len}
     if "max_off_policy_steps" in orch:

@@ -205,7 +205,10 @@ def migrate_environment(path: Path, source: str) -> Report:
         report.add(path, 1, "ENV900", MANUAL, "marked earlier as not migratable; port it by hand")
         return report
     try:
-        report = _migrate_environment(path, source)
+        try:
+            report = _migrate_environment(path, source)
+        except cst.ParserSyntaxError:
+            report = _migrate_reparsed(path, source)  # SyntaxError here: Python cannot parse it either
         new = report.changes[-1].new if report.changes else None
         if new is not None:
             compile(new, str(path), "exec")
@@ -217,6 +220,22 @@ def migrate_environment(path: Path, source: str) -> Report:
     except Exception as e:  # noqa: BLE001 - any codemod failure: keep the module, flag it
         reason = f"the codemod failed ({type(e).__name__}: {e})"
     return _unmigrated(path, source, reason)
+
+
+def _migrate_reparsed(path: Path, source: str) -> Report:
+    """Migrate a module libcst cannot parse but Python can: from Python's own parse of it
+    (`ast.unparse`), so the same code is migrated; comments and layout are not kept, and the
+    report says so (the original stays as .bak)."""
+    import ast
+
+    normalised = ast.unparse(ast.parse(source)) + "\n"
+    report = _migrate_environment(path, normalised)
+    for c in report.changes:
+        if c.path == path:
+            c.old = source
+    report.add(path, 1, "ENV008", INFO, "libcst could not parse this module (Python can): migrated from Python's own "
+               "parse of it, so its comments and formatting were not kept (the original is NAME.bak)")
+    return report
 
 
 def _unmigrated(path: Path, source: str, reason: str) -> Report:
