@@ -446,6 +446,9 @@ class _Migration:
         used = set(TASK_ATTRS)
         for i, (fn, w, metric) in enumerate(self._rubric_items(rubric_call, rubric_var)):
             self._plan_func(i, fn, w, metric, used)
+        if not self.plan.funcs:
+            self.plan.manual.append((self.line(rubric_call), "the rubric has no reward functions: the migrated task "
+                                     "has no rewards"))
 
     @staticmethod
     def _class_rubric(cls: cst.ClassDef):
