@@ -113,9 +113,13 @@ LOADABLE = [n for n in ENVS if n not in FLAGGED and n not in ("self_reward", "vf
 def test_migrated_env_loads_on_local_data(migrated, local_data, name):
     if name in NEEDS_MATH_VERIFY:
         pytest.importorskip("math_verify")
+    from vf.validate import validate_taskset
+
     loaded = _load(migrated[0], name)
     rows = list(loaded.taskset.take(2))
     assert rows and all(t.messages() for t in rows)
+    report = asyncio.run(validate_taskset(_load(migrated[0], name), 2))  # what vf-validate runs
+    assert not report.failures, report.failures
 
 
 def _completion(task, case):
@@ -160,9 +164,11 @@ def test_rewards_match_v0(migrated, local_data, name, i):
 
 # ---- end to end: vf-eval on the embedded model -------------------------------------------------
 
-E2E = ["reverse_text", "gsm8k", "doublecheck", "tool_test"]
+# single-turn with a hub dataset read from VF_DATA_DIR; multi-turn with env_response + MathRubric; tools
+E2E = ["reverse_text", "doublecheck", "tool_test"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", E2E)
 def test_migrated_env_runs_under_vf_eval(migrated, tmp_path, name):
     env = {**os.environ, "NO_COLOR": "1", "VF_DATA_DIR": str(V0 / "data")}
@@ -191,9 +197,14 @@ def test_golden_rewards_are_v0s_own():
     r = subprocess.run([py, str(V0 / "v0_reference.py")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     live = json.loads(r.stdout)
-    for name, want in GOLDEN.items():
-        if isinstance(want, list):
-            assert [c["reward"] for c in live[name]] == pytest.approx([c["reward"] for c in want]), name
+    compared = 0
+    for name, want in GOLDEN.items():  # the envs this v0 release can run, against the golden of the same release
+        got = live.get(name)
+        if isinstance(want, list) and isinstance(got, list) and got[0]["verifiers"] == want[0]["verifiers"]:
+            assert [c["reward"] for c in got] == pytest.approx([c["reward"] for c in want]), name
+            assert [s for c in got for s in c["scores"]] == pytest.approx([s for c in want for s in c["scores"]]), name
+            compared += 1
+    assert compared, "this v0 python produced none of the golden releases (0.1.14, 0.1.3)"
 
 
 # ---- prime-rl configs and CI scripts ----------------------------------------------------------
