@@ -43,7 +43,10 @@ RULES: list[Rule] = [
       "Each rubric function becomes a `@vf.reward(weight=w)` method (weight 0 / `add_metric` → "
       "`@vf.metric`) that calls the original function unchanged with the v0 arguments it names "
       "(`completion`, `prompt`, `answer`, `info`, `state`, `parser`), built from the v1 trace by "
-      "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`.",
+      "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`. A function that raises "
+      "scores 0, as in v0. `MathRubric` adds `correct_answer` (weight 1.0); a `RubricGroup` contributes its "
+      "members' functions in order (each with its own parser); `ToolRubric`'s tool-call counts (weight-0 "
+      "metrics) are left to the trace, which records every tool call.",
       "rubric = vf.Rubric(funcs=[correct, parser.get_format_reward_func()], weights=[1.0, 0.2])",
       "@vf.reward(weight=1.0)\ndef correct(self, task, trace, state):\n"
       "    return _v0_env().score(0, task, trace, state)\n\n@vf.reward(weight=0.2)\n"
@@ -106,13 +109,14 @@ RULES: list[Rule] = [
       "async def finalize(self, task, episode):\n"
       "    await compat.group_score(_v0_env(), 0, 'relative', 1.0, task, episode)"),
     R("ENV900", "environment", "not translatable: kept and flagged",
-      "Anything without a mechanical v1 form (RubricGroup, EnvGroup, non-literal weights, tools defined "
-      "inside load_environment, unknown env classes or constructor options) is kept and marked "
-      "`# TODO(vf-migrate): ...`; a module the codemod cannot handle at all is kept unchanged under a "
-      "`# TODO(vf-migrate)` header. The output always compiles.",
-      "rubric = vf.RubricGroup(rubrics=[a, b])",
-      "# TODO(vf-migrate): verifiers RubricGroup has no vf equivalent; port it\n"
-      "rubric = compat.RubricGroup(rubrics=[a, b])"),
+      "Anything without a mechanical v1 form (non-literal weights, tools defined inside load_environment, "
+      "unknown env classes or constructor options) is kept and marked `# TODO(vf-migrate): ...` naming the "
+      "line; a module the codemod cannot handle at all (EnvGroup, TextArenaEnv: no v1 counterpart) is kept "
+      "unchanged under a `# TODO(vf-migrate)` header that names the line and the decision to make. The "
+      "output always compiles.",
+      "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
+      "# TODO(vf-migrate): vf-migrate could not migrate this module: line 54: vf.EnvGroup serves several v0 "
+      "environments as one; a v1 module is one taskset. Decide: ..."),
     # ---- scripts and CI files ------------------------------------------------------------------
     R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
       "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "
