@@ -176,9 +176,14 @@ RULES: list[Rule] = [
       "taskset:\n  id: gsm8k\nmodel: m\nengine:\n  base_url: http://x/v1"),
     R("CFG004", "config", "trainer configs → vf-train YAML with an explicit loss",
       "In-tree v0 `vf-train` TOML (`model`, `[env]`, `[trainer.args]`) and prime-rl-style `[trainer]` "
-      "configs become a vf-train YAML. The old trainers defaulted to other losses (GRPO-style clipping); "
-      "the migrated config states `loss` explicitly (`ipo`, `eps: 0.3`, vf's default) and the report "
-      "says so: check it is the loss you want.",
+      "configs (`rl.toml`: `[model]`, `[orchestrator]`, `[[orchestrator.train.env]]`, `[orchestrator.eval]`, "
+      "`[trainer.optim]`, `[trainer.loss]`, `max_steps`, `seq_len`) become a vf-train YAML with the same "
+      "meaning. `[trainer.loss]`: `type = \"ipo\"` / `ipo_threshold` → `ipo` with that `eps`; `type = "
+      "\"icepop\"` → `icepop` with the same ratio band; DPPO (`dppo_mask_*`) and `custom` have no vf loss and "
+      "are flagged. A config that relied on the old default loss states `loss` explicitly (`ipo`, `eps: 0.3`, "
+      "vf's default) and the report says so. A second training env, a second eval env, and every key "
+      "vf-train does not use (wandb, deployment, inference, ...) are listed in the report, never dropped "
+      "silently.",
       "model = \"Qwen/Qwen3-0.6B\"\n[env]\nid = \"my-env\"\n[trainer.args]\nlearning_rate = 1e-6\nmax_steps = 100",
       "model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: 0.3\n"
       "optim:\n  lr: 1.0e-06\nsteps: 100"),
