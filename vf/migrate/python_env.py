@@ -233,7 +233,7 @@ def _migrate_reparsed(path: Path, source: str) -> Report:
     for c in report.changes:
         if c.path == path:
             c.old = source
-    report.add(path, 1, "ENV008", INFO, "libcst could not parse this module (Python can): migrated from Python's own "
+    report.add(path, 1, "ENV001", INFO, "libcst could not parse this module (Python can): migrated from Python's own "
                "parse of it, so its comments and formatting were not kept (the original is NAME.bak)")
     return report
 
