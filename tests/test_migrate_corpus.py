@@ -145,6 +145,9 @@ def _score(loaded, case):
     return trace
 
 
+# MathRubric's function is `correct_answer` in 0.1.14 (the name vf-migrate gives it), earlier releases
+# called it `correct_answer_reward_func`
+RENAMED = {"correct_answer": "correct_answer_reward_func"}
 PARITY = [(n, i) for n in ENVS if isinstance(GOLDEN.get(n), list) for i in range(len(GOLDEN[n]))]
 
 
@@ -156,7 +159,9 @@ def test_rewards_match_v0(migrated, local_data, name, i):
     trace = _score(_load(migrated[0], name), CASES[name]["cases"][i])
     v0 = dict(zip(want["names"], zip(want["scores"], want["weights"])))
     for fn, value in trace.rewards.items():  # each v0 function: same score, same weight
-        assert (value.score, value.weight) == pytest.approx(v0[fn], abs=1e-9), (name, i, fn)
+        v0_fn = fn if fn in v0 else RENAMED.get(fn, fn)
+        assert (value.score, value.weight) == pytest.approx(v0[v0_fn], abs=1e-9), (name, i, fn)
+        v0[fn] = v0.pop(v0_fn)
     # v0 0.1.14 adds its own zero-weight monitor metrics (num_turns, ...) the v0 env did not define
     assert all(w == 0 for fn, (_, w) in v0.items() if fn not in trace.rewards), (name, i)
     assert trace.reward == pytest.approx(want["reward"], abs=1e-9), (name, i)
@@ -204,7 +209,7 @@ def test_golden_rewards_are_v0s_own():
             assert [c["reward"] for c in got] == pytest.approx([c["reward"] for c in want]), name
             assert [s for c in got for s in c["scores"]] == pytest.approx([s for c in want for s in c["scores"]]), name
             compared += 1
-    assert compared, "this v0 python produced none of the golden releases (0.1.14, 0.1.3)"
+    assert compared, "this v0 python produced none of the golden releases (0.1.14, 0.1.5)"
 
 
 # ---- prime-rl configs and CI scripts ----------------------------------------------------------
