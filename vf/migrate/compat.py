@@ -205,7 +205,7 @@ class Rubric:
         self.parser = parser if parser is not None else Parser()
         self.class_objects: dict[str, Any] = {}
 
-    def entries(self) -> list[tuple[Callable, float, "Rubric"]]:
+    def entries(self) -> list[tuple[Callable, float, Rubric]]:
         """(function, weight, owning rubric) in v0's scoring order."""
         return [(f, w, self) for f, w in zip(self.funcs, self.weights)]
 
@@ -357,7 +357,7 @@ class Environment:
 def _scored(fn: Callable, kwargs: dict[str, Any]) -> Any:
     """`fn(**kwargs)` as a float, 0.0 when it raises: v0 logged a failing reward function and scored
     it 0 (a coroutine for an async function, which the hook runner awaits)."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    if inspect.iscoroutinefunction(fn):
         async def run() -> float:
             try:
                 return float(await fn(**kwargs))
@@ -405,7 +405,7 @@ class MultiTurnEnv(Environment):
 
     DEFAULT_MAX_TURNS = -1
 
-    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> "_Verdict":
+    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> _Verdict:
         """v0: done once `max_turns` (> 0) model turns ran. Usable as v0 0.1.x code calls it from an
         override: `super().is_completed(...)` plain (sync) or awaited (async)."""
         return _Verdict(self.max_turns > 0 and state.get("turn", 0) >= self.max_turns)

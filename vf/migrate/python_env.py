@@ -451,9 +451,9 @@ class _Migration:
                                      "has no rewards"))
 
     @staticmethod
-    def _class_rubric(cls: cst.ClassDef):
+    def _class_rubric(node: cst.ClassDef):
         """`self.rubric = SomeRubric(...)` in the v0 env class's __init__ (None: there is none)."""
-        init = next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+        init = next((f for f in node.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
         for s in init.body.body if init is not None else []:
             if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
                     _code(s.body[0].targets[0].target) == "self.rubric" and isinstance(s.body[0].value, cst.Call):

@@ -22,8 +22,9 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 THINK_BOXED_SYSTEM_PROMPT = "Think step-by-step inside <think>...</think> tags. \
     Then, give your final answer inside \\boxed{}."
@@ -229,7 +230,7 @@ def python(code: str) -> str:
         The output of the code (truncated to 1000 chars) or an error message
     """
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10, check=False)
     except subprocess.TimeoutExpired:
         return "Error: Code execution timed out after 10 seconds"
     if out.stderr:

@@ -36,8 +36,8 @@ def _local(path, name=None, *args, split=None, **kwargs):
 
 
 datasets.load_dataset = _local
-import verifiers  # noqa: E402 - after the patch: some releases bind load_dataset at import
-import verifiers.utils.data_utils as _data_utils  # noqa: E402
+import verifiers
+import verifiers.utils.data_utils as _data_utils
 
 _data_utils.load_dataset = _local
 
