@@ -29,6 +29,17 @@ from types import SimpleNamespace
 from typing import Any
 
 from vf.env import Env
+from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated imports name them here
+    BOXED_SYSTEM_PROMPT,
+    THINK_BOXED_SYSTEM_PROMPT,
+    extract_boxed_answer,
+    extract_hash_answer,
+    load_dataset,
+    load_example_dataset,
+    math_answers_equal,
+    python,
+    strip_non_numeric,
+)
 from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
@@ -54,6 +65,15 @@ class Parser:
 
     def get_assistant_messages(self, completion: Messages) -> Messages:
         return [m for m in completion if m.get("role") == "assistant"]
+
+    def get_user_messages(self, completion: Messages) -> Messages:
+        return [m for m in completion if m.get("role") == "user"]
+
+    def get_system_messages(self, completion: Messages) -> Messages:
+        return [m for m in completion if m.get("role") == "system"]
+
+    def get_tool_messages(self, completion: Messages) -> Messages:
+        return [m for m in completion if m.get("role") == "tool"]
 
     def parse_answer(self, completion: str | Messages) -> Any:
         if isinstance(completion, str):
@@ -91,6 +111,14 @@ class ThinkParser(Parser):
         return format_reward_func
 
 
+class MaybeThinkParser(Parser):
+    """v0 `MaybeThinkParser`: the answer is the text after the last `</think>` (the whole text
+    when there is none); format reward as `Parser` (always 1.0)."""
+
+    def parse(self, text: str) -> Any:
+        return self.extract_fn(text.split("</think>")[-1].strip())
+
+
 class XMLParser(Parser):
     """v0 `XMLParser(fields, answer_field)`; a field is a tag or a tuple of alternative tags."""
 
@@ -121,6 +149,14 @@ class XMLParser(Parser):
 
     def get_fields(self) -> list[str]:
         return [c for c, _ in self._fields]
+
+    def get_format_str(self) -> str:
+        """v0's format description: `<tag>\\n...\\n</tag>` per field (`<[ a | b ]>` for alternatives)."""
+        parts = []
+        for canonical, alts in self._fields:
+            tag = f"[ {' | '.join(alts)} ]" if len(alts) > 1 else canonical
+            parts.append(f"<{tag}>\n...\n</{tag}>")
+        return "\n".join(parts)
 
     def get_format_reward_func(self) -> Callable:
         def format_reward_func(completion, **kwargs) -> float:
@@ -158,14 +194,20 @@ _text = content_text  # v0 parsers read message content the same way traces do
 
 
 class Rubric:
-    """v0 `Rubric(funcs, weights, parser)`: records the functions in order (rewards and metrics)."""
+    """v0 `Rubric(funcs, weights, parser)`: records the functions in order (rewards and metrics).
+    As in v0, a rubric without a parser has a plain `Parser()`: that is what its functions'
+    `parser` argument gets (not the environment's parser)."""
 
     def __init__(self, funcs: list[Callable] | None = None, weights: list[float] | None = None,
                  parser: Parser | None = None, **kwargs: Any):
         self.funcs = list(funcs or [])
         self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
-        self.parser = parser
+        self.parser = parser if parser is not None else Parser()
         self.class_objects: dict[str, Any] = {}
+
+    def entries(self) -> list[tuple[Callable, float, Rubric]]:
+        """(function, weight, owning rubric) in v0's scoring order."""
+        return [(f, w, self) for f, w in zip(self.funcs, self.weights)]
 
     def add_reward_func(self, func: Callable, weight: float = 1.0) -> None:
         self.funcs.append(func)
@@ -176,6 +218,60 @@ class Rubric:
 
     def add_class_object(self, name: str, obj: Any) -> None:
         self.class_objects[name] = obj
+
+
+class MathRubric(Rubric):
+    """v0 `MathRubric`: the given functions, then `correct_answer` (weight 1.0): the parsed answer
+    (by default: after `</think>`, inside the last `\\boxed{}`) checked by `math_answers_equal`."""
+
+    def __init__(self, funcs: list[Callable] | None = None, weights: list[float] | None = None,
+                 parser: Parser | None = None, timeout_seconds: float = 5, max_verify_chars: int = 50_000,
+                 **kwargs: Any):
+        parser = parser if parser is not None else MaybeThinkParser(
+            extract_fn=functools.partial(extract_boxed_answer, strict=True))
+        super().__init__(funcs=funcs, weights=weights, parser=parser)
+        self.timeout_seconds, self.max_verify_chars = timeout_seconds, max_verify_chars
+        self.add_reward_func(self.correct_answer)
+
+    def correct_answer(self, parser: Parser, completion: Messages, answer: str, **kwargs: Any) -> float:
+        response = parser.parse_answer(completion) or ""
+        if len(response) > self.max_verify_chars:
+            return 0.0
+        return math_answers_equal(response, answer, int(self.timeout_seconds))
+
+
+class ToolRubric(Rubric):
+    """v0 `ToolRubric(tools=...)`: counts of tool calls (`total_tool_calls`, `<tool>_calls`) are
+    metrics of weight 0 kept apart (`metric_funcs`), so `funcs` holds only what was added with
+    `add_reward_func` and the total reward is v0's."""
+
+    def __init__(self, tools: list[Callable] | None = None, parser: Parser | None = None, **kwargs: Any):
+        super().__init__(funcs=kwargs.get("funcs"), weights=kwargs.get("weights"), parser=parser)
+        self.tool_names = [getattr(t, "__name__", str(t)) for t in tools or []]
+        self.metric_funcs = [self.total_tool_calls]
+
+    @staticmethod
+    def _calls(completion: Messages) -> list[str]:
+        names = []
+        for m in completion:
+            for call in (m.get("tool_calls") or []) if m.get("role") == "assistant" else []:
+                fn = call.get("function", {}) if isinstance(call, dict) else getattr(call, "function", None)
+                names.append(fn.get("name") if isinstance(fn, dict) else getattr(fn, "name", ""))
+        return names
+
+    def total_tool_calls(self, completion: Messages, **kwargs: Any) -> float:
+        return float(len(self._calls(completion)))
+
+
+class RubricGroup(Rubric):
+    """v0 `RubricGroup(rubrics)`: every member's functions in order, each with its own parser."""
+
+    def __init__(self, rubrics: list[Rubric], **kwargs: Any):
+        super().__init__(parser=kwargs.get("parser"))
+        self.rubrics = list(rubrics)
+
+    def entries(self) -> list[tuple[Callable, float, Rubric]]:
+        return [e for r in self.rubrics for e in r.entries()] + super().entries()
 
 
 JUDGE_PROMPT = """Given a ground truth answer \
@@ -225,8 +321,8 @@ class JudgeCall:
         else:
             response = completion if isinstance(completion, str) else next(
                 (content_text(m.get("content")) for m in reversed(completion or []) if m.get("role") == "assistant"), "")
-        result = await self.judge.evaluate(trace=self.trace, question=question, answer=answer, response=response)
-        return result.text
+        messages = self.judge.build_messages(question=question, answer=answer, response=response)
+        return (await self.judge.complete(messages, trace=self.trace)).text
 
 
 class Environment:
@@ -245,10 +341,10 @@ class Environment:
 
     def score(self, index: int, task: Any, trace: Any, state: Any, **extra: Any) -> Any:
         """Call the rubric's `index`-th function the v0 way (async functions return a coroutine,
-        which the v1 hook runner awaits). `extra` adds arguments (e.g. a JudgeRubric's `judge`)."""
-        fn = self.rubric.funcs[index]
-        parser = self.rubric.parser if self.rubric.parser is not None else self.parser
-        return fn(**pick(fn, v0_args(task, trace, state, parser=parser, **self.rubric.class_objects, **extra)))
+        which the v1 hook runner awaits), with its own rubric's parser as `parser`. `extra` adds
+        arguments (e.g. a JudgeRubric's `judge`)."""
+        fn, _, owner = self.rubric.entries()[index]
+        return _scored(fn, pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
 
     async def setup_state(self, state: dict, **kwargs: Any) -> dict:
         return state
@@ -258,8 +354,49 @@ class Environment:
         return tool_args
 
 
+def _scored(fn: Callable, kwargs: dict[str, Any]) -> Any:
+    """`fn(**kwargs)` as a float, 0.0 when it raises: v0 logged a failing reward function and scored
+    it 0 (a coroutine for an async function, which the hook runner awaits)."""
+    if inspect.iscoroutinefunction(fn):
+        async def run() -> float:
+            try:
+                return float(await fn(**kwargs))
+            except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
+                return 0.0
+        return run()
+    try:
+        out = fn(**kwargs)
+    except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
+        return 0.0
+    if inspect.isawaitable(out):
+        async def wait() -> float:
+            try:
+                return float(await out)
+            except Exception:  # noqa: BLE001
+                return 0.0
+        return wait()
+    try:
+        return float(out)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 class SingleTurnEnv(Environment):
     DEFAULT_MAX_TURNS = 1
+
+
+class _Verdict:
+    """A bool that can also be awaited (v0 changed is_completed from sync to async)."""
+
+    def __init__(self, value: bool):
+        self.value = bool(value)
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __await__(self):
+        yield from ()
+        return self.value
 
 
 class MultiTurnEnv(Environment):
@@ -268,8 +405,10 @@ class MultiTurnEnv(Environment):
 
     DEFAULT_MAX_TURNS = -1
 
-    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
-        return False
+    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> _Verdict:
+        """v0: done once `max_turns` (> 0) model turns ran. Usable as v0 0.1.x code calls it from an
+        override: `super().is_completed(...)` plain (sync) or awaited (async)."""
+        return _Verdict(self.max_turns > 0 and state.get("turn", 0) >= self.max_turns)
 
     def env_response(self, messages: Messages, state: dict, **kwargs: Any):
         raise NotImplementedError
@@ -322,9 +461,8 @@ async def group_score(env: Environment, index: int, name: str, weight: float, ta
     plural = {"prompts": [a["prompt"] for a in singles], "completions": [a["completion"] for a in singles],
               "answers": [a["answer"] for a in singles], "infos": [a["info"] for a in singles],
               "states": [a["state"] for a in singles], "tasks": [a["task"] for a in singles]}
-    fn = env.rubric.funcs[index]
-    parser = env.rubric.parser if env.rubric.parser is not None else env.parser
-    scores = fn(**pick(fn, {**plural, "parser": parser, **env.rubric.class_objects}))
+    fn, _, owner = env.rubric.entries()[index]
+    scores = fn(**pick(fn, {**plural, "parser": owner.parser, **owner.class_objects}))
     if inspect.isawaitable(scores):
         scores = await scores
     for trace, score in zip(traces, scores):
@@ -348,6 +486,25 @@ def split_messages(trace: Any) -> tuple[Messages, Messages]:
     return [dict(n.message) for n in branch[:first]], [dict(n.message) for n in branch[first:]]
 
 
+class AttrDict(dict):
+    """A dict whose keys also read as attributes: v0 reward functions read a tool call the way the
+    openai client returned it (`call.function.name`), v1 traces store it as JSON."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _attrs(value: Any) -> Any:
+    if isinstance(value, dict):
+        return AttrDict({k: _attrs(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_attrs(v) for v in value]
+    return value
+
+
 def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
     """The v0 `state` dict for this episode: kept on the v1 State so env_response's writes persist."""
     saved = getattr(state, "v0_state", None) if state is not None else None
@@ -359,10 +516,11 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
             except (AttributeError, ValueError):
                 pass
     prompt, completion = split_messages(trace)
+    completion = [{**m, "tool_calls": _attrs(m["tool_calls"])} if m.get("tool_calls") else m for m in completion]
     saved.update(prompt=prompt, completion=completion, answer=getattr(task, "answer", ""),
                  info=getattr(task, "info", {}) or {}, example_id=getattr(task, "idx", 0),
                  task=getattr(task, "name", None) or "default", turn=trace.num_turns)
-    saved.setdefault("responses", [])
+    saved["responses"] = [m for m in completion if m.get("role") == "assistant"]  # one per model reply
     return saved
 
 
@@ -388,6 +546,8 @@ def rows(dataset: Iterable[dict[str, Any]] | None, data_class: type, system_prom
          few_shot: Messages | None = None) -> Iterable[Any]:
     """v0 dataset rows → TaskData: `question` (str) or `prompt` (messages), `answer`, `info`
     (dict or JSON string). Other columns are ignored, as v0 did."""
+    if callable(dataset) and not hasattr(dataset, "__iter__"):
+        dataset = dataset()  # v0 accepted a dataset builder (a function returning the dataset)
     if dataset is None:
         return
     fields = getattr(data_class, "model_fields", {})
@@ -472,7 +632,11 @@ ChatMessage = dict[str, Any]
 State = dict[str, Any]
 Info = dict[str, Any]
 SamplingArgs = dict[str, Any]
+RewardFunc = Callable[..., Any]
 
-SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "Rubric", "JudgeRubric", "Environment", "SingleTurnEnv",
-             "MultiTurnEnv", "ToolEnv", "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs"}
+SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric", "JudgeRubric", "MathRubric",
+             "ToolRubric", "RubricGroup", "Environment", "SingleTurnEnv", "MultiTurnEnv", "ToolEnv",
+             "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
+             "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
+             "strip_non_numeric", "load_example_dataset", "python"}
 """The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

@@ -24,6 +24,15 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool"}
+NO_V1_ENV = {
+    "EnvGroup": "vf.EnvGroup serves several v0 environments as one; a v1 module is one taskset. Decide: move each "
+                "member env into its own module with a load_environment() and migrate each, then list them as "
+                "[[env]] entries of one vf-train config (or eval them one by one)",
+    "TextArenaEnv": "TextArenaEnv plays a game of the textarena package, which vf does not wrap. Decide: for Wordle-v0 "
+                    "use vf's built-in `wordle` taskset (same <guess> tags, G/Y/X feedback, rewards from the trace; "
+                    "its reward names differ), or write a vf.Env whose respond() steps the textarena game",
+}
+"""v0 env classes with no v1 counterpart: the module is kept, flagged with the decision to make."""
 DATA_ARGS = ("dataset", "eval_dataset", "system_prompt", "few_shot")
 TASK_ATTRS = {"setup", "finalize", "validate", "messages", "hooks", "data", "config", "toolsets"}
 PLURAL = {"completions", "prompts", "answers", "infos", "states", "tasks"}
@@ -32,6 +41,13 @@ TODO = "TODO(vf-migrate)"
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
+
+
+def _inline(node: cst.CSTNode) -> str:
+    """`node`'s code for a one-line context (a class field, an assignment): an expression that
+    spans lines inside the original brackets (`str\n    | None`) gets brackets of its own."""
+    code = _code(node)
+    return f"({code})" if "\n" in code else code
 
 
 def _camel(stem: str) -> str:
@@ -124,6 +140,13 @@ class _Rename(cst.CSTTransformer):
         self.aliases = aliases
         self.unknown: set[str] = set()
 
+    def leave_ImportFrom(self, original, updated):
+        """`from verifiers[.sub] import X` inside a function → `from vf.migrate.compat import X`."""
+        if not _is_verifiers_from(updated):
+            return updated
+        self.unknown |= set(_missing_names(updated))
+        return _to_compat(updated)
+
     def leave_Attribute(self, original, updated):
         if isinstance(updated.value, cst.Name) and updated.value.value in self.aliases:
             if updated.attr.value not in SUPPORTED:
@@ -182,7 +205,10 @@ def migrate_environment(path: Path, source: str) -> Report:
         report.add(path, 1, "ENV900", MANUAL, "marked earlier as not migratable; port it by hand")
         return report
     try:
-        report = _migrate_environment(path, source)
+        try:
+            report = _migrate_environment(path, source)
+        except cst.ParserSyntaxError:
+            report = _migrate_reparsed(path, source)  # SyntaxError here: Python cannot parse it either
         new = report.changes[-1].new if report.changes else None
         if new is not None:
             compile(new, str(path), "exec")
@@ -194,6 +220,22 @@ def migrate_environment(path: Path, source: str) -> Report:
     except Exception as e:  # noqa: BLE001 - any codemod failure: keep the module, flag it
         reason = f"the codemod failed ({type(e).__name__}: {e})"
     return _unmigrated(path, source, reason)
+
+
+def _migrate_reparsed(path: Path, source: str) -> Report:
+    """Migrate a module libcst cannot parse but Python can: from Python's own parse of it
+    (`ast.unparse`), so the same code is migrated; comments and layout are not kept, and the
+    report says so (the original stays as .bak)."""
+    import ast
+
+    normalised = ast.unparse(ast.parse(source)) + "\n"
+    report = _migrate_environment(path, normalised)
+    for c in report.changes:
+        if c.path == path:
+            c.old = source
+    report.add(path, 1, "ENV001", INFO, "libcst could not parse this module (Python can): migrated from Python's own "
+               "parse of it, so its comments and formatting were not kept (the original is NAME.bak)")
+    return report
 
 
 def _unmigrated(path: Path, source: str, reason: str) -> Report:
@@ -269,6 +311,8 @@ class _Migration:
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, cst.ClassDef] = {}
         self.load_env: cst.FunctionDef | None = None
+        self.module_lists: dict[str, cst.List] = {}  # NAME = [...] at module level
+        self.v0_imported: set[str] = set()  # names imported from verifiers.* modules
         for stmt in self.mod.body:
             self.module_names |= defined_names(stmt)
             if isinstance(stmt, cst.FunctionDef):
@@ -280,6 +324,11 @@ class _Migration:
                 self.classes[stmt.name.value] = stmt
             elif isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
+                    if isinstance(small, cst.Assign) and isinstance(small.value, cst.List) and \
+                            len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                        self.module_lists[small.targets[0].target.value] = small.value
+                    if _is_verifiers_from(small) and not isinstance(small.names, cst.ImportStar):
+                        self.v0_imported |= {(a.asname.name if a.asname else a.name).value for a in small.names}
                     if isinstance(small, cst.Import):
                         for a in small.names:
                             if _code(a.name) == "verifiers":
@@ -303,8 +352,16 @@ class _Migration:
         if env_call is None:
             raise MigrationError(f"{self.path}: load_environment() must end with `return <Env>(...)` "
                                  "(or return a variable assigned from one); migrate it by hand")
+        self.env_var, self.post_env = None, []
         if env_stmt is not None:
+            # statements after the env is built that use it (`vf_env.rubric = ...`) shape the env:
+            # they run in _v0_env(), not in load()
+            self.env_var = value.value
+            after = body[body.index(env_stmt) + 1:]
+            self.post_env = [s for s in after if self.env_var in used_names(s)]
             body.remove(env_stmt)
+            for s in self.post_env:
+                body.remove(s)
         self.body = body
         return env_call
 
@@ -321,6 +378,8 @@ class _Migration:
         """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
         plan, func = self.plan, env_call.func
         env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if env_name in NO_V1_ENV:
+            raise MigrationError(f"{self.path}: line {self.line(env_call)}: {NO_V1_ENV[env_name]}")
         kind, self.v0_class = ENV_KINDS.get(env_name), None
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
@@ -373,26 +432,85 @@ class _Migration:
                 rubric_call = rubric_arg.value
             elif isinstance(rubric_arg.value, cst.Name):
                 rubric_var = rubric_arg.value.value
-                for s in self.body:  # the last call assigned to the name, as v0 ran it
-                    if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
-                            rubric_var in defined_names(s) and isinstance(s.body[0].value, cst.Call):
-                        rubric_call = s.body[0].value
+                rubric_call = self._rubric_assigned(rubric_var)
+        for s in self.post_env:  # `vf_env.rubric = X(...)` after the env was built replaces its rubric
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    _code(s.body[0].targets[0].target) == f"{self.env_var}.rubric" and isinstance(s.body[0].value, cst.Call):
+                self.env_rubric = (rubric_call, rubric_var)
+                rubric_call, rubric_var = s.body[0].value, None
+        if rubric_call is None and rubric_arg is None and self.v0_class is not None:
+            rubric_call = self._class_rubric(self.classes[self.v0_class])
         if rubric_call is None:
             self.plan.manual.append((self.line(self.load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
             return
-        self._rubric_class(rubric_call)
-        items = self._rubric_funcs(rubric_call) + (self._added_funcs(rubric_var) if rubric_var else [])
         used = set(TASK_ATTRS)
-        for i, (fn, w, metric) in enumerate(items):
+        for i, (fn, w, metric) in enumerate(self._rubric_items(rubric_call, rubric_var)):
             self._plan_func(i, fn, w, metric, used)
+        if not self.plan.funcs:
+            self.plan.manual.append((self.line(rubric_call), "the rubric has no reward functions: the migrated task "
+                                     "has no rewards"))
 
-    def _rubric_class(self, rubric_call: cst.Call) -> None:
+    @staticmethod
+    def _class_rubric(node: cst.ClassDef):
+        """`self.rubric = SomeRubric(...)` in the v0 env class's __init__ (None: there is none)."""
+        init = next((f for f in node.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+        for s in init.body.body if init is not None else []:
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    _code(s.body[0].targets[0].target) == "self.rubric" and isinstance(s.body[0].value, cst.Call):
+                return s.body[0].value
+        return None
+
+    def _rubric_assigned(self, name: str):
+        """The last call assigned to `name` in load_environment, as v0 ran it (None: there is none)."""
+        found = None
+        for s in self.body:
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign) and \
+                    name in defined_names(s) and isinstance(s.body[0].value, cst.Call):
+                found = s.body[0].value
+        return found
+
+    def _rubric_items(self, rubric_call: cst.Call, rubric_var: str | None) -> list:
+        """(function, weight, is_metric) in v0's scoring order: a RubricGroup's members one after
+        the other, a MathRubric's `correct_answer` after its funcs, then `add_reward_func` calls."""
         rname = rubric_call.func.attr.value if isinstance(rubric_call.func, cst.Attribute) else _code(rubric_call.func)
+        if rname == "RubricGroup":
+            members = next((a.value for a in rubric_call.args if (a.keyword is None and not a.star)
+                            or (a.keyword is not None and a.keyword.value == "rubrics")), None)
+            if not isinstance(members, (cst.List, cst.Tuple)):
+                self.plan.manual.append((self.line(rubric_call), "RubricGroup(rubrics=...) is not a literal list: add "
+                                         "one @vf.reward per member function by hand"))
+                return []
+            items = []
+            for el in members.elements:
+                if self.env_var and _code(el.value) == f"{self.env_var}.rubric" and getattr(self, "env_rubric", None):
+                    items += self._rubric_items(*self.env_rubric)  # the rubric the env was built with
+                    continue
+                call = el.value if isinstance(el.value, cst.Call) else \
+                    self._rubric_assigned(el.value.value) if isinstance(el.value, cst.Name) else None
+                if call is None:
+                    self.plan.manual.append((self.line(el), f"RubricGroup member {_code(el.value)} is not a rubric "
+                                             "built in load_environment: add its rewards by hand"))
+                    continue
+                items += self._rubric_items(call, el.value.value if isinstance(el.value, cst.Name) else None)
+            self.add(rubric_call, "ENV003", MIGRATED, "RubricGroup → its members' functions, in order")
+            return items + (self._added_funcs(rubric_var) if rubric_var else [])
+        self._rubric_class(rubric_call, rname)
+        items = self._rubric_funcs(rubric_call)
+        if rname == "MathRubric":
+            items.append((cst.Name("correct_answer"), "1.0", False))
+            self.add(rubric_call, "ENV003", MIGRATED, "MathRubric → compat.MathRubric: correct_answer (weight 1.0), "
+                     "math_verify when installed, else normalised/numeric equality")
+        elif rname == "ToolRubric":
+            self.add(rubric_call, "ENV003", INFO, "ToolRubric's tool-call counts were metrics (weight 0): not "
+                     "migrated as rewards (v1 traces record every tool call)")
+        return items + (self._added_funcs(rubric_var) if rubric_var else [])
+
+    def _rubric_class(self, rubric_call: cst.Call, rname: str) -> None:
         if rname == "JudgeRubric":
             self.plan.judge = _judge_settings(rubric_call, self.load_env)
             self.add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config; "
                      "check its prompt placeholders and how the rewards read the verdict")
-        elif rname != "Rubric":
+        elif rname not in ("Rubric", "MathRubric", "ToolRubric"):
             self.plan.manual.append((self.line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
                                      "methods (a judge call inside a reward, or vf's math helpers)"))
 
@@ -469,7 +587,7 @@ class _Migration:
         self.env_expr = env_expr
         self.params = [*self.load_env.params.params, *self.load_env.params.kwonly_params]
         names = [p.name.value for p in self.params]
-        needed = used_names(env_expr)
+        needed = used_names(env_expr) | {n for p in self.post_env for n in used_names(p)}
         self.slice_stmts = []
         for s in reversed(self.body):
             if defined_names(s) & needed:
@@ -480,9 +598,16 @@ class _Migration:
     def plan_tools(self, tools_arg) -> None:
         if tools_arg is None:
             return
-        if isinstance(tools_arg.value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in self.functions
-                                                        for e in tools_arg.value.elements):
-            self.tool_names += [e.value.value for e in tools_arg.value.elements if e.value.value not in self.tool_names]
+        value = tools_arg.value
+        if isinstance(value, cst.Name) and value.value in self.module_lists:  # tools=tool_list, a module-level list
+            value = self.module_lists[value.value]
+        for e in value.elements if isinstance(value, cst.List) else []:
+            # a v0 library tool (`from verifiers.utils.tools import python`): its compat twin, wrapped the same way
+            if isinstance(e.value, cst.Name) and e.value.value not in self.functions and e.value.value in self.v0_imported:
+                self.functions[e.value.value] = _library_tool(e.value.value)
+        if isinstance(value, cst.List) and all(isinstance(e.value, cst.Name) and e.value.value in self.functions
+                                               for e in value.elements):
+            self.tool_names += [e.value.value for e in value.elements if e.value.value not in self.tool_names]
             self.add(tools_arg, "ENV007", MIGRATED, f"tools {', '.join(self.tool_names)} → @vf.tool methods of {self.base}Tools")
         else:
             self.plan.manual.append((self.line(tools_arg), "tools are not a list of module-level functions: write a "
@@ -500,6 +625,11 @@ class _Migration:
             if marker in ("__VF_LOAD_BODY__", "__VF_PARTS_BODY__"):
                 load = marker == "__VF_LOAD_BODY__"
                 out += [self.renamed(x, report=load) for x in (self.body if load else self.slice_stmts)]
+            elif marker == "__VF_ENV_EXPR__" and self.post_env:
+                out.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(self.env_var))],
+                                                               self.ren(self.env_expr))]))
+                out += [self.renamed(x, report=False) for x in self.post_env]
+                out.append(cst.SimpleStatementLine([cst.Return(cst.Name(self.env_var))]))
             elif marker == "__VF_ENV_EXPR__":
                 out.append(cst.SimpleStatementLine([cst.Return(self.ren(self.env_expr))]))
             elif marker and marker.startswith("__VF_TOOL_"):
@@ -563,10 +693,9 @@ class _Migration:
         self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
         return [f"# {TODO}: JudgeRubric → {self.judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
                 "# {response}) and how the rewards read the verdict",
-                f"class {self.judge_cls}(vf.Judge[str]):",
+                f"class {self.judge_cls}(vf.Judge):",
                 '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
-                f"    prompt = {self.plan.judge['prompt']}", "",
-                "    def parse(self, response) -> str:", "        return response.text", "", "",
+                f"    prompt = {self.plan.judge['prompt']}", "", "",
                 f"class {self.task_config}(vf.TaskConfig):",
                 f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']})", "", ""]
 
@@ -576,8 +705,11 @@ class _Migration:
         L = [f"class {self.N['Config']}(vf.TasksetConfig):", '    """The keyword arguments of the v0 load_environment()."""', ""]
         fields = []
         for p in params:
-            default = f" = {_code(p.default)}" if p.default is not None else ""
-            fields.append(f"    {p.name.value}: {_field_type(p)}{default}")
+            default = f" = {_inline(p.default)}" if p.default is not None else ""
+            fields.append(f"    {_field(p.name.value)}: {_field_type(p)}{default}")
+            if _field(p.name.value) != p.name.value:
+                self.add(load_env, "ENV001", INFO, f"parameter {p.name.value} is config field {_field(p.name.value)} "
+                         f"(vf.TasksetConfig.{p.name.value} means something else): --taskset.{_field(p.name.value)}")
         self.split_field = None
         if "eval_dataset" in kwargs and "dataset" in kwargs:
             self.split_field = "split" if "split" not in {p.name.value for p in params} else "dataset_split"
@@ -599,7 +731,7 @@ class _Migration:
              '    and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""']
         for name in self.bound:
             p = next(p for p in self.params if p.name.value == name)
-            default = _code(p.default) if p.default is not None else "None"
+            default = _inline(p.default) if p.default is not None else "None"
             L.append(f"    {name} = {default}  # default of load_environment({name}=...)")
             self.add(self.load_env, "ENV001", INFO, f"the parser/rubric are rebuilt with load_environment's default "
                      f"{name}={default}; a different --taskset.{name} does not reach them")
@@ -686,7 +818,7 @@ class _Migration:
         if self.env_cls:
             L += [f"    ENV = {self.env_cls}", ""]
         L += ["    def load(self):"]
-        L += [f"        {p.name.value} = self.config.{p.name.value}" for p in self.params]
+        L += [f"        {p.name.value} = self.config.{_field(p.name.value)}" for p in self.params]
         L.append("        __VF_LOAD_BODY__()")
         ds = self.code(kwargs["dataset"].value) if "dataset" in kwargs else None
         eds = self.code(kwargs["eval_dataset"].value) if "eval_dataset" in kwargs else None
@@ -705,6 +837,20 @@ class MigrationError(ValueError):
     """A file that looks like a v0 environment but has no shape the codemod knows."""
 
 
+def _is_verifiers_from(node) -> bool:
+    return isinstance(node, cst.ImportFrom) and node.module is not None and \
+        (_code(node.module) == "verifiers" or _code(node.module).startswith("verifiers."))
+
+
+def _missing_names(node: cst.ImportFrom) -> list[str]:
+    names = [] if isinstance(node.names, cst.ImportStar) else [a.name.value for a in node.names]
+    return [n for n in names if n not in SUPPORTED]
+
+
+def _to_compat(node: cst.ImportFrom) -> cst.ImportFrom:
+    return node.with_changes(module=cst.parse_expression("vf.migrate.compat"), relative=[])
+
+
 def _rewrite_imports(stmt, add, line, imported_vf):
     out = []
     for small in stmt.body:
@@ -719,10 +865,23 @@ def _rewrite_imports(stmt, add, line, imported_vf):
                 out.append(cst.parse_statement("from vf.migrate import compat\n"))
                 imported_vf[1] = True
             add(stmt, "ENV008", MIGRATED, "import verifiers → import vf + vf.migrate.compat")
-        elif isinstance(small, cst.ImportFrom) and small.module is not None and _code(small.module) == "verifiers":
-            names = [] if isinstance(small.names, cst.ImportStar) else [a.name.value for a in small.names]
-            new = cst.SimpleStatementLine([small.with_changes(module=cst.parse_expression("vf.migrate.compat"))])
-            missing = [n for n in names if n not in SUPPORTED]
+        elif isinstance(small, cst.ImportFrom) and small.module is not None and _code(small.module) == "datasets" \
+                and not isinstance(small.names, cst.ImportStar) and any(a.name.value == "load_dataset" for a in small.names):
+            # load_dataset goes through compat, which reads $VF_DATA_DIR's local files when set
+            rest = [a for a in small.names if a.name.value != "load_dataset"]
+            if rest:
+                out.append(cst.SimpleStatementLine([small.with_changes(
+                    names=[*rest[:-1], rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)],
+                    lpar=None, rpar=None, semicolon=cst.MaybeSentinel.DEFAULT)]))
+            alias = next(a for a in small.names if a.name.value == "load_dataset")
+            out.append(cst.SimpleStatementLine([cst.ImportFrom(
+                module=cst.parse_expression("vf.migrate.compat"),
+                names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT)])]))
+            add(stmt, "ENV008", MIGRATED, "datasets.load_dataset → compat.load_dataset (the hub as before; local "
+                "JSON-lines files under $VF_DATA_DIR when set)")
+        elif _is_verifiers_from(small):
+            new = cst.SimpleStatementLine([_to_compat(small).with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+            missing = _missing_names(small)
             if missing:
                 new = _flag(new, f"verifiers {', '.join(missing)} has no vf equivalent; port it")
                 add(stmt, "ENV900", MANUAL, f"imports verifiers {', '.join(missing)}")
@@ -733,12 +892,22 @@ def _rewrite_imports(stmt, add, line, imported_vf):
                 out.append(cst.parse_statement("from vf.migrate import compat\n"))
                 imported_vf[1] = True
             out.append(new)
-            add(stmt, "ENV008", MIGRATED, "from verifiers import ... → from vf.migrate.compat import ...")
+            add(stmt, "ENV008", MIGRATED, f"from {_code(small.module)} import ... → from vf.migrate.compat import ...")
         else:
             out.append(cst.SimpleStatementLine([small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]))
     if out:
         out[0] = out[0].with_changes(leading_lines=[*stmt.leading_lines, *out[0].leading_lines])
     return out
+
+
+def _library_tool(name: str) -> cst.FunctionDef:
+    """A stand-in definition of compat's `name` tool (signature and docstring), for `_tool_method`."""
+    import inspect
+
+    from vf.migrate import compat
+
+    fn = getattr(compat, name)
+    return cst.parse_statement(f"def {name}{inspect.signature(fn)}:\n    {inspect.getdoc(fn)!r}\n")
 
 
 def _tool_method(fn: cst.FunctionDef, skip=(), stateful: bool = False) -> cst.FunctionDef:
@@ -787,27 +956,40 @@ def _calls(node: cst.CSTNode, method: str) -> list[cst.Call]:
     return found
 
 
+RESERVED_FIELDS = {"id", "system_prompt", "task"}
+"""vf.TasksetConfig's own fields (system_prompt there is a file that overrides the prompt)."""
+
+
+def _field(param: str) -> str:
+    """The config field for a load_environment parameter: its name, unless vf.TasksetConfig has it."""
+    return f"v0_{param}" if param in RESERVED_FIELDS else param
+
+
 def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]:
     """The judge model and prompt as class-level expressions: literals and module names stay,
     a load_environment parameter becomes its default."""
     defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
     out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
     for a in call.args:
-        if a.keyword is None or a.keyword.value not in ("judge_model", "judge_prompt"):
+        if a.keyword is None or a.keyword.value not in ("judge_model", "model", "judge_prompt"):
             continue
         value = a.value
         if isinstance(value, cst.Name) and value.value in defaults:
             value = defaults[value.value]
+        elif isinstance(value, cst.Name):  # a local of load_environment: its literal value, if it has one
+            value = next((s.body[0].value for s in load_env.body.body if isinstance(s, cst.SimpleStatementLine)
+                          and isinstance(s.body[0], cst.Assign) and _code(s.body[0].targets[0].target) == value.value
+                          and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString))), None)
         if value is None:
             continue
         if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.Name, cst.Attribute)):
-            out["model" if a.keyword.value == "judge_model" else "prompt"] = _code(value)
+            out["prompt" if a.keyword.value == "judge_prompt" else "model"] = _code(value)
     return out
 
 
 def _field_type(p: cst.Param) -> str:
     if p.annotation is not None:
-        return _code(p.annotation.annotation)
+        return _inline(p.annotation.annotation)
     d = p.default
     if isinstance(d, cst.Integer):
         return "int"

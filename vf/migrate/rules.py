@@ -43,7 +43,10 @@ RULES: list[Rule] = [
       "Each rubric function becomes a `@vf.reward(weight=w)` method (weight 0 / `add_metric` → "
       "`@vf.metric`) that calls the original function unchanged with the v0 arguments it names "
       "(`completion`, `prompt`, `answer`, `info`, `state`, `parser`), built from the v1 trace by "
-      "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`.",
+      "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`. A function that raises "
+      "scores 0, as in v0. `MathRubric` adds `correct_answer` (weight 1.0); a `RubricGroup` contributes its "
+      "members' functions in order (each with its own parser); `ToolRubric`'s tool-call counts (weight-0 "
+      "metrics) are left to the trace, which records every tool call.",
       "rubric = vf.Rubric(funcs=[correct, parser.get_format_reward_func()], weights=[1.0, 0.2])",
       "@vf.reward(weight=1.0)\ndef correct(self, task, trace, state):\n"
       "    return _v0_env().score(0, task, trace, state)\n\n@vf.reward(weight=0.2)\n"
@@ -71,7 +74,10 @@ RULES: list[Rule] = [
       "        '''Add two integers.'''\n        return add(a=a, b=b)"),
     R("ENV008", "environment", "imports",
       "`import verifiers as vf` becomes `import vf` plus `from vf.migrate import compat`; "
-      "`from verifiers import X` becomes `from vf.migrate.compat import X`.",
+      "`from verifiers import X` and `from verifiers.<module> import X` (data_utils, types, parsers, "
+      "rubrics, utils.tools) become `from vf.migrate.compat import X`, also inside functions. "
+      "`from datasets import load_dataset` becomes `from vf.migrate.compat import load_dataset`: the hub "
+      "as before, or local JSON-lines files when `VF_DATA_DIR` is set (`<org>__<name>[.<config>][.<split>].jsonl`).",
       "import verifiers as vf", "import vf\nfrom vf.migrate import compat"),
     R("ENV009", "environment", "setup_state → Task.setup",
       "A v0 env class's `setup_state(state)` runs from the generated `Task.setup` on the rollout's v0 "
@@ -80,12 +86,12 @@ RULES: list[Rule] = [
       "async def setup_state(self, state, **kwargs):\n    state['secret'] = 7\n    return state",
       "async def setup(self, trace, state):\n    await compat.setup_state(_v0_env(), self.data, trace, state)"),
     R("ENV010", "environment", "JudgeRubric → vf.Judge",
-      "A `JudgeRubric` becomes a generated `vf.Judge[str]` (the v0 `judge_prompt`, default v0's prompt) "
+      "A `JudgeRubric` becomes a generated `vf.Judge` (the v0 `judge_prompt`, default v0's prompt) "
       "and a TaskConfig field `judge: vf.JudgeConfig(model=...)`; reward functions that name `judge` get "
       "a v0-style `judge(prompt, completion, answer, state)` that calls it (recorded in "
       "`trace.info[\"judge_calls\"]`). Flagged for review: check the prompt placeholders and verdicts.",
       "rubric = vf.JudgeRubric(judge_model='gpt-4.1-mini')",
-      "class MyEnvJudge(vf.Judge[str]):\n    prompt = compat.JUDGE_PROMPT\n\n"
+      "class MyEnvJudge(vf.Judge):\n    prompt = compat.JUDGE_PROMPT\n\n"
       "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini')"),
     R("ENV011", "environment", "StatefulToolEnv → Toolset with typed state",
       "The tools of a `StatefulToolEnv` (from `tools=` and `self.add_tool(fn, args_to_skip=[...])`) become "
@@ -103,13 +109,14 @@ RULES: list[Rule] = [
       "async def finalize(self, task, episode):\n"
       "    await compat.group_score(_v0_env(), 0, 'relative', 1.0, task, episode)"),
     R("ENV900", "environment", "not translatable: kept and flagged",
-      "Anything without a mechanical v1 form (RubricGroup, EnvGroup, non-literal weights, tools defined "
-      "inside load_environment, unknown env classes or constructor options) is kept and marked "
-      "`# TODO(vf-migrate): ...`; a module the codemod cannot handle at all is kept unchanged under a "
-      "`# TODO(vf-migrate)` header. The output always compiles.",
-      "rubric = vf.RubricGroup(rubrics=[a, b])",
-      "# TODO(vf-migrate): verifiers RubricGroup has no vf equivalent; port it\n"
-      "rubric = compat.RubricGroup(rubrics=[a, b])"),
+      "Anything without a mechanical v1 form (non-literal weights, tools defined inside load_environment, "
+      "unknown env classes or constructor options) is kept and marked `# TODO(vf-migrate): ...` naming the "
+      "line; a module the codemod cannot handle at all (EnvGroup, TextArenaEnv: no v1 counterpart) is kept "
+      "unchanged under a `# TODO(vf-migrate)` header that names the line and the decision to make. The "
+      "output always compiles.",
+      "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
+      "# TODO(vf-migrate): vf-migrate could not migrate this module: line 54: vf.EnvGroup serves several v0 "
+      "environments as one; a v1 module is one taskset. Decide: ..."),
     # ---- scripts and CI files ------------------------------------------------------------------
     R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
       "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "
@@ -169,9 +176,14 @@ RULES: list[Rule] = [
       "taskset:\n  id: gsm8k\nmodel: m\nengine:\n  base_url: http://x/v1"),
     R("CFG004", "config", "trainer configs → vf-train YAML with an explicit loss",
       "In-tree v0 `vf-train` TOML (`model`, `[env]`, `[trainer.args]`) and prime-rl-style `[trainer]` "
-      "configs become a vf-train YAML. The old trainers defaulted to other losses (GRPO-style clipping); "
-      "the migrated config states `loss` explicitly (`ipo`, `eps: 0.3`, vf's default) and the report "
-      "says so: check it is the loss you want.",
+      "configs (`rl.toml`: `[model]`, `[orchestrator]`, `[[orchestrator.train.env]]`, `[orchestrator.eval]`, "
+      "`[trainer.optim]`, `[trainer.loss]`, `max_steps`, `seq_len`) become a vf-train YAML with the same "
+      "meaning. `[trainer.loss]`: `type = \"ipo\"` / `ipo_threshold` → `ipo` with that `eps`; `type = "
+      "\"icepop\"` → `icepop` with the same ratio band; DPPO (`dppo_mask_*`) and `custom` have no vf loss and "
+      "are flagged. A config that relied on the old default loss states `loss` explicitly (`ipo`, `eps: 0.3`, "
+      "vf's default) and the report says so. A second training env, a second eval env, and every key "
+      "vf-train does not use (wandb, deployment, inference, ...) are listed in the report, never dropped "
+      "silently.",
       "model = \"Qwen/Qwen3-0.6B\"\n[env]\nid = \"my-env\"\n[trainer.args]\nlearning_rate = 1e-6\nmax_steps = 100",
       "model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: 0.3\n"
       "optim:\n  lr: 1.0e-06\nsteps: 100"),

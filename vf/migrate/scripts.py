@@ -27,6 +27,8 @@ REMOVED = {
     "vf-gepa": "vf-gepa has no vf equivalent",
     "vf-debug": "vf-debug has no vf equivalent; vf-eval -n 1 -o DIR and read traces.jsonl",
     "serve": "`serve` (verifiers 0.2 env server) is gone; vf runs envs in-process",
+    "uv run sft": "prime-rl SFT → vf-train --loss sft --data RUN_DIR (a run dir of traces to imitate); its "
+                  "dataset config has no automatic conversion",
 }
 # v0 flags → (our flag or None to drop, takes a value, note)
 V0_FLAGS = {
@@ -37,11 +39,25 @@ V0_FLAGS = {
     "--num-examples": ("-n", True), "--rollouts-per-example": ("-r", True),
     "--max-concurrent": ("-c", True), "--timeout": ("--episode-timeout", True),
     "--shuffle-seed": ("--select.seed", True),
-    "-s": (None, False), "--save-results": (None, False), "-f": (None, True), "--save-every": (None, True),
+    "-s": (None, False), "--save-results": (None, False), "--save-dataset": (None, False),
+    "-f": (None, True), "--save-every": (None, True),
     "-d": (None, False), "--disable-tui": (None, False), "-A": (None, False), "--abbreviated-summary": (None, False),
     "-v": (None, False), "--verbose": (None, False), "--fullscreen": (None, False),
     "-i": (None, False), "--independent-scoring": (None, False), "-N": (None, False),
     "--no-interleave-scoring": (None, False), "--disable-env-server": (None, False),
+}
+# what replaces a v0 flag vf has no spelling for (said in the report, never dropped silently)
+V0_REPLACED = {
+    "-s": "vf-eval always saves the run: -o DIR holds traces.jsonl (every rollout) and summary.json",
+    "--save-results": "vf-eval always saves the run: -o DIR holds traces.jsonl (every rollout) and summary.json",
+    "--save-dataset": "vf-eval always saves the run: -o DIR holds traces.jsonl (every rollout, the dataset rows in "
+                      "each episode's task) and summary.json",
+    "-f": "vf-eval writes every episode as it finishes (traces.jsonl); --resume DIR continues",
+    "--save-every": "vf-eval writes every episode as it finishes (traces.jsonl); --resume DIR continues",
+    "-H": "no hub upload: push RUN_DIR/traces.jsonl yourself (e.g. `huggingface-cli upload`)",
+    "--save-to-hf-hub": "no hub upload: push RUN_DIR/traces.jsonl yourself (e.g. `huggingface-cli upload`)",
+    "-D": "no hub upload: push RUN_DIR/traces.jsonl yourself (e.g. `huggingface-cli upload`)",
+    "--hf-hub-dataset-name": "no hub upload: push RUN_DIR/traces.jsonl yourself (e.g. `huggingface-cli upload`)",
 }
 V0_MANUAL = {"-p": True, "--provider": True, "-e": True, "--endpoints-path": True, "-C": True,
              "--state-columns": True, "-H": False, "--save-to-hf-hub": False, "-D": True,
@@ -60,7 +76,7 @@ V1_DROP = {"--no-push": False, "--push": False, "--no-rich": False, "-v": False,
 OURS = {"-m", "--model", "--base-url", "--api-key-var", "-n", "--num-tasks", "-r", "--rollouts", "-c", "--concurrency",
         "--max-turns", "-o", "--output", "--config", "--resume", "--score", "--json", "--min-reward", "-h", "--help"}
 SEPARATORS = {";", "&&", "||", "|", "&"}
-CMD_RE = re.compile(r"(?:(?<=^)|(?<=[\s;&|(`'\"]))(uv run eval|vf-eval|vf-vllm|vf-rl|vf-train|prime-rl|vf-replay|eval|"
+CMD_RE = re.compile(r"(?:(?<=^)|(?<=[\s;&|(`'\"]))(uv run eval|uv run rl|vf-eval|vf-vllm|vf-rl|vf-train|prime-rl|vf-replay|eval|"
                     + "|".join(re.escape(k) for k in REMOVED) + r")(?=\s|$|['\"])")
 
 
@@ -97,7 +113,7 @@ def rewrite_argv(argv: list[str], notes: list[tuple[str, str, str]]) -> list[str
         if dropped:
             notes.append(("SCR003", MANUAL, f"vLLM options dropped: {' '.join(dropped)}; set them on vf-serve if it has them"))
         return out
-    if cmd in ("vf-rl", "prime-rl") or (cmd == "vf-train" and "@" in argv):
+    if cmd in ("vf-rl", "prime-rl", "uv run rl") or (cmd == "vf-train" and "@" in argv):
         configs = [a for a in argv[1:] if a.endswith(".toml")]
         out = ["vf-train", *[c[:-5] + ".yaml" for c in configs]]
         notes.append(("SCR004", MIGRATED, f"{cmd} → vf-train (config migrated by CFG004; the default loss is now "
@@ -171,10 +187,13 @@ def _rewrite_v0(argv, notes):
             new, takes = V0_FLAGS[flag]
             if new:
                 out += [new, nxt()]
+            elif flag in V0_REPLACED:
+                notes.append(("SCR001", INFO, f"{flag} dropped: {V0_REPLACED[flag]}"))
             i += (step if takes else 1)
             continue
         if flag in V0_MANUAL:
-            notes.append(("SCR001", MANUAL, f"v0 flag {flag} has no vf equivalent (dropped)"))
+            hint = f": {V0_REPLACED[flag]}" if flag in V0_REPLACED else ""
+            notes.append(("SCR001", MANUAL, f"v0 flag {flag} has no vf equivalent (dropped){hint}"))
             i += (step if V0_MANUAL[flag] else 1)
             continue
         if flag == "-o" or flag == "--output-dir":

@@ -18,13 +18,10 @@ class JudgedData(vf.TaskData):
 
 # TODO(vf-migrate): JudgeRubric → JudgedJudge: check the prompt's placeholders ({question}, {answer},
 # {response}) and how the rewards read the verdict
-class JudgedJudge(vf.Judge[str]):
+class JudgedJudge(vf.Judge):
     """The v0 JudgeRubric's judge: its reply text is what v0's `judge(...)` returned."""
 
     prompt = compat.JUDGE_PROMPT
-
-    def parse(self, response) -> str:
-        return response.text
 
 
 class JudgedTaskConfig(vf.TaskConfig):

@@ -7,7 +7,7 @@ from helpers import build_env
 # ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 # TODO(vf-migrate): unknown environment class 'build_env': migrated as a multi-turn env; check it (line 7 of the v0 module)
-# TODO(vf-migrate): no Rubric(...) found for rubric=: the migrated task has no rewards (line 6 of the v0 module)
+# TODO(vf-migrate): the rubric has no reward functions: the migrated task has no rewards (line 8 of the v0 module)
 # TODO(vf-migrate): a multi-turn env without a subclass: it has no env_response; check the Env
 # TODO(vf-migrate): no dataset= in the environment constructor: load() yields nothing
 
@@ -28,7 +28,9 @@ class UnmigratableConfig(vf.TasksetConfig):
 def _v0_env():
     """The v0 environment without its dataset: the parser, rubric, tools and max_turns the rewards
     and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""
-    return build_env()
+    env = build_env()
+    env.rubric = compat.RubricGroup(rubrics=[])
+    return env
 
 
 class UnmigratableEnv(compat.MultiTurnAdapter):
@@ -49,8 +51,6 @@ class UnmigratableTaskset(vf.Taskset[UnmigratableTask, UnmigratableConfig]):
     ENV = UnmigratableEnv
 
     def load(self):
-        # TODO(vf-migrate): verifiers RubricGroup has no vf equivalent; port it
-        env.rubric = compat.RubricGroup(rubrics=[])
         yield from compat.rows(None, UnmigratableData)
 
 

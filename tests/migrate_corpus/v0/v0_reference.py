@@ -1,0 +1,117 @@
+"""The v0 reference: each corpus environment's own reward functions, run by verifiers 0.1.x itself.
+
+Run with the python of a venv that has `verifiers` (0.1.x, with math-verify) installed — never
+vf's: `VF_V0_PYTHON=/path/to/v0/bin/python tests/...` (see tests/test_migrate_corpus.py). Prints
+JSON: {env: [{"row": i, "names": [...], "scores": [...], "weights": [...], "reward": Σ w·s}, ...]} for the
+cases of cases.json, on the local data files of data/ (standing in for the hub).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import datasets
+
+HERE = Path(__file__).parent
+_hub_load = datasets.load_dataset
+
+
+def _local(path, name=None, *args, split=None, **kwargs):
+    """The same lookup as vf.migrate.compat.load_dataset with VF_DATA_DIR=data/."""
+    stem = path.replace("/", "__")
+    names = [f"{stem}.{name}.{split}", f"{stem}.{name}"] if name else []
+    names += [f"{stem}.{split}", stem] if split else [stem]
+    for n in names:
+        f = HERE / "data" / f"{n}.jsonl"
+        if f.is_file():
+            ds = datasets.Dataset.from_json(str(f))
+            return ds if split else datasets.DatasetDict({s: ds for s in ("train", "test", "validation", "dev")})
+    return _hub_load(path, name, *args, split=split, **kwargs)
+
+
+datasets.load_dataset = _local
+import verifiers
+import verifiers.utils.data_utils as _data_utils
+
+_data_utils.load_dataset = _local
+
+
+def _objects(messages):
+    """Tool calls as the openai client returned them to v0 (attribute access)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [SimpleNamespace(id=c["id"], type=c["type"], function=SimpleNamespace(**c["function"]))
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _members(rubric):
+    return [r for sub in rubric.rubrics for r in _members(sub)] if hasattr(rubric, "rubrics") else [rubric]
+
+
+async def _score(env, row, completion):
+    state = {"prompt": row["prompt"], "completion": completion, "answer": row.get("answer", ""),
+             "info": row.get("info") or {}, "task": row.get("task", "default"), "example_id": 0,
+             "turn": sum(m["role"] == "assistant" for m in completion),
+             "responses": [m for m in completion if m["role"] == "assistant"]}
+    names, scores, weights = [], [], []
+    for rubric in _members(env.rubric):
+        if hasattr(rubric, "funcs"):  # 0.1.14
+            pairs = zip(rubric.funcs, rubric.weights)
+        else:  # 0.1.3
+            pairs = zip(rubric.reward_funcs, rubric.reward_weights)
+        for fn, w in pairs:
+            names.append(getattr(fn, "__name__", repr(fn)))
+            if hasattr(rubric, "_call_individual_reward_func"):
+                scores.append(await rubric._call_individual_reward_func(fn, state))
+            else:
+                scores.append(await rubric.call_reward_func(fn, state["prompt"], completion, state["answer"], state,
+                                                            task=state["task"], info=state["info"]))
+            weights.append(w)
+    return names, scores, weights
+
+
+def main() -> None:
+    cases = json.loads((HERE / "cases.json").read_text())
+    out = {}
+    only = set(sys.argv[1:])  # optional: just these envs
+    for name, spec in cases.items():
+        if "cases" not in spec or (only and name not in only):
+            continue
+        random.seed(spec.get("seed", 0))
+        modspec = importlib.util.spec_from_file_location(f"v0_{name}", HERE / "envs" / f"{name}.py")
+        mod = importlib.util.module_from_spec(modspec)
+        try:
+            modspec.loader.exec_module(mod)
+            env = mod.load_environment(**spec.get("kwargs", {}))
+        except (ImportError, AttributeError) as e:  # written for another v0 release than this one
+            out[name] = {"unavailable": f"{type(e).__name__}: {e}"}
+            continue
+        ds = env.get_eval_dataset() if env.eval_dataset is not None or hasattr(env, "build_eval_dataset") \
+            else env.get_dataset()
+        results = []
+        for case in spec["cases"]:
+            row = ds[case["row"]]
+            completion = case.get("completion")
+            if completion is None:  # the ideal replies, from the row's own info
+                completion = [{"role": "assistant", "content": a} for a in row["info"][case["replies_from_info"]]]
+                completion = [m for a in completion for m in (a, {"role": "user", "content": "next"})][:-1]
+            names, scores, weights = asyncio.run(_score(env, row, _objects(completion)))
+            results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
+                            "reward": sum(s * w for s, w in zip(scores, weights))})
+        out[name] = results
+    json.dump(out, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
