@@ -149,10 +149,11 @@ class LocalEngine:
         return render_prompt(self.tokenizer, messages, tools)
 
     async def encode_request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
-        """(prompt ids, image inputs or None). A VL model reads the image parts (decoded off the
-        event loop); a text-only one refuses them (`chat.normalize_messages`)."""
+        """(prompt ids, image inputs or None), rendered and tokenized off the event loop (a prompt
+        of megabytes takes seconds, and the loop serves every other request meanwhile). A VL model
+        reads the image parts; a text-only one refuses them (`chat.normalize_messages`)."""
         if not self.multimodal:
-            return self.encode_chat(messages, tools), None
+            return await asyncio.to_thread(self.encode_chat, messages, tools), None
         return await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, messages, tools, self.image_roots)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
@@ -273,13 +274,15 @@ class LocalEngine:
             self.policy_version = int(version) if version is not None else self.policy_version + 1
         return self.policy_version
 
-    def load_checkpoint(self, path: str | os.PathLike, version: int | None = None) -> int:
-        """Load an HF checkpoint dir (same architecture) and swap its weights in; returns the version."""
+    def load_checkpoint(self, path: str | os.PathLike, version: int | None = None,
+                        root: str | os.PathLike | None = None) -> int:
+        """Load an HF checkpoint dir (same architecture) and swap its weights in; returns the version.
+        With `root`, every file read must resolve under it (vf-serve's --weights-root)."""
         from vf.models import ModelLoadError, load_model
 
         p = next(self.model.parameters())
         try:
-            new = load_model(Path(path), dtype=p.dtype, device=p.device)
+            new = load_model(Path(path), dtype=p.dtype, device=p.device, root=root)
         except ModelLoadError as e:
             raise UsageError(f"cannot load checkpoint {path}: {e.message}", hint=e.hint) from None
         return self.update_weights(new, version)
