@@ -114,12 +114,20 @@ class LocalEngine:
         self.model_name = model_name or "local"
         self.path = path
         self.max_len = int(max_len or model.config.max_position_embeddings)
+        self._max_chars: int | None = None  # see _check_text_size
         self.policy_version = 0
         self._call_ids = itertools.count()
         self.eos_ids = _eos_ids(path, model, tokenizer)
-        self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
-                                   decode_tail=self._decode_tail, version=lambda: self.policy_version,
-                                   fast_decode=fast_decode, router_replay=router_replay, threads=threads)
+        try:
+            self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
+                                       decode_tail=self._decode_tail, version=lambda: self.policy_version,
+                                       fast_decode=fast_decode, router_replay=router_replay, threads=threads)
+        except (RuntimeError, MemoryError) as e:  # torch's OutOfMemoryError is a RuntimeError
+            if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e):
+                raise
+            raise UsageError(f"the context of {self.max_len} tokens ({model_name or 'the model'}) cannot be "
+                             f"allocated here: {str(e).splitlines()[0][:300]}",
+                             hint="serve a model whose config.json has a smaller max_position_embeddings") from None
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
@@ -152,9 +160,26 @@ class LocalEngine:
         """(prompt ids, image inputs or None), rendered and tokenized off the event loop (a prompt
         of megabytes takes seconds, and the loop serves every other request meanwhile). A VL model
         reads the image parts; a text-only one refuses them (`chat.normalize_messages`)."""
+        self._check_text_size(messages)
         if not self.multimodal:
             return await asyncio.to_thread(self.encode_chat, messages, tools), None
         return await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, messages, tools, self.image_roots)
+
+    def _check_text_size(self, messages: list[dict[str, Any]]) -> None:
+        """Refuse, without tokenizing it, a prompt whose text cannot fit the context: no token
+        spells more than the longest vocabulary entry, so text over 4 x context x that many
+        characters is too long whatever it says (4: slack for normalizers that drop characters)."""
+        if self._max_chars is None:
+            self._max_chars = 4 * self.max_len * max(map(len, self.tokenizer.get_vocab()), default=1)
+        chars = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+            chars += sum(len(p) if isinstance(p, str) else len(p.get("text") or "") if isinstance(p, dict)
+                         and isinstance(p.get("text"), str) else 0 for p in parts)
+        if chars > self._max_chars:
+            raise EngineError(f"prompt has {chars} characters, more than the model's context of {self.max_len} "
+                              "tokens can hold", type="PromptTooLong", status_code=400)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
