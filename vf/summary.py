@@ -74,6 +74,7 @@ def summarize(episodes: list[Episode], num_rollouts: int = 1, wall_time: float |
     failed = next((e for e in episodes if not e.ok), None)
     if failed is not None:  # why, not just how many (e.g. the server is not reachable at the URL)
         error = next((x for x in [*failed.errors, *(x for t in failed.traces for x in t.errors)]), None)
-        summary["first_error"] = f"{error.type}: {error.message}" if error is not None else "unknown"
+        text = "unknown" if error is None else error.message or error.type
+        summary["first_error"] = text if error is None or text.startswith(error.type) else f"{error.type}: {text}"
     summary.update(extra)
     return summary
