@@ -139,7 +139,7 @@ class ServeApp:
         # dir's name), as clients pass what they started the server with
         path = getattr(engine, "path", None)
         self.model_names = {served_model_name, getattr(engine, "model_name", served_model_name),
-                            *((str(path), Path(path).name) if path else ())}
+                            *((str(path), str(Path(path).resolve()), Path(path).name) if path else ())}
         self.api_key = api_key
         self.weights_roots = [Path(r).resolve() for r in weights_roots]
         self.max_messages = max_messages
