@@ -18,11 +18,17 @@ per MoE layer, the k expert ids of the forward that sampled it (`docs/router-rep
 answered with empty lists (only the sampled token's log-prob is computed).
 
 Admin routes (`/v1/load_weights` and its aliases: everything that changes server state) need the
-API key and are off when the server has none; a weight path must resolve (symlinks followed) to a
-directory under one of `weights_roots` (none = weight loading off). Request limits, checked before
-any work: body size (413, see vf.serve.http), `messages`, `tools`, `n`, and `max_tokens` larger
-than the model's context (400); a `max_tokens` that fits the context but not next to the prompt is
-clamped to the room left, as before.
+API key (compared in constant time) and are off when the server has none; a weight path must
+resolve (symlinks followed) to a directory under one of `weights_roots` (none = weight loading
+off), and so must every file the load reads (a shard index naming a file elsewhere is refused,
+400, saying nothing about whether that file exists). A `version` below the served one is refused
+(409) unless the body says `"rollback": true` (a trainer resumed from an earlier checkpoint).
+Request limits, checked before any work: body size (413, see vf.serve.http); strict JSON nested at
+most 64 levels, no NaN/Infinity or lone surrogates (vf.bounded; bodies over 64 KiB are parsed on a
+worker thread, and prompts are tokenized there, so a big request never stalls the loop); finite
+sampling values; `messages`, `tools`, `n`, and `max_tokens` larger than the model's context (400);
+a `model` that is neither a served name nor a checkpoint path under a weights root (404). A
+`max_tokens` that fits the context but not next to the prompt is clamped to the room left.
 
 Admission: at most `max_queue` generation requests in flight (running + waiting); one more gets
 HTTP 503 at once so clients back off instead of piling up. Concurrent requests share the
@@ -252,10 +258,19 @@ class ServeApp:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", param="model")
-        if model and model not in self.model_names:  # a client that means another model must hear so
+        if model and model not in self.model_names and not self._checkpoint_name(model):
+            # a client that means another model must hear so, not get this one's replies
             raise ApiError(404, f"model {model[:200]!r} is not served here; this server serves "
                                 f"{self.model_name!r}", type="NotFoundError", param="model")
         return model or self.model_name
+
+    def _checkpoint_name(self, model: str) -> bool:
+        """A path under a weights root names a checkpoint of the served model (a trainer names the
+        weights it evaluates by their directory)."""
+        if not self.weights_roots or "/" not in model or "\x00" in model or len(model) > 4096:
+            return False
+        real = Path(model).resolve()
+        return any(real.is_relative_to(root) for root in self.weights_roots)
 
     def _token_str(self, tok: int, as_ids: bool) -> str:
         return f"token_id:{tok}" if as_ids else self.engine.tokenizer.decode([tok])
