@@ -79,6 +79,13 @@ def test_deeply_nested_config_exits_2(tmp_path, kind):
     assert code == 2 and "nested" in err and "Traceback" not in err, (code, err[-800:])
 
 
+def test_deeply_nested_traces_line_exits_2(tmp_path, cli):
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text('{"traces": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    r = cli("vf-eval", "reverse-text", "--score", str(traces))
+    assert r.returncode == 2 and f"{traces}:1: JSON nested too deeply" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
 def test_bounded_yaml_keeps_ordinary_aliases_and_refuses_recursive_ones():
     from vf.bounded import BoundsError, load_yaml
 
