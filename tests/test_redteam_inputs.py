@@ -86,6 +86,13 @@ def test_deeply_nested_traces_line_exits_2(tmp_path, cli):
     assert r.returncode == 2 and f"{traces}:1: JSON nested too deeply" in r.stderr, (r.returncode, r.stderr[-500:])
 
 
+@pytest.mark.parametrize("value", [".inf", "nan"])
+def test_non_finite_sampling_value_exits_2(tmp_path, cli, value):
+    r = cli("vf-eval", "reverse-text", "-n", "1", "--sampling.temperature", value, "-o", str(tmp_path / "r"))
+    assert r.returncode == 2 and "sampling.temperature" in r.stderr, (r.returncode, r.stderr[-500:])
+    assert not (tmp_path / "r").exists()
+
+
 def test_bounded_yaml_keeps_ordinary_aliases_and_refuses_recursive_ones():
     from vf.bounded import BoundsError, load_yaml
 

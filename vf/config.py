@@ -23,7 +23,8 @@ from vf.errors import ConfigError, UsageError
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no NaN/inf anywhere: NaN passes every range check, and inf is never a meaningful setting
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SamplingConfig(_Config):

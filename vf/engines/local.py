@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -201,6 +202,10 @@ class LocalEngine:
         from vf.engines.scheduler import Seq
 
         self._check_prompt(prompt_ids)
+        values = (sampling.temperature, sampling.top_p, sampling.min_p or 0.0)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise EngineError(f"sampling values must be finite numbers, got temperature {sampling.temperature}, "
+                              f"top_p {sampling.top_p}, min_p {sampling.min_p}", type="BadRequest", status_code=400)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
