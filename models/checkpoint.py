@@ -112,8 +112,8 @@ def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
         raise ModelLoadError(f"unknown model implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
     cfg_file = Path(path) / "config.json"
     try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        model_type = load_json(cfg_file.read_bytes()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # unreadable, not UTF-8, not JSON (BoundsError), not an object
         return "native"  # read_config reports what is wrong with the directory
     if impl == "hf" or model_type in ARCHITECTURES:
         return impl if impl != "auto" else "native"

@@ -104,6 +104,17 @@ def test_bounded_yaml_keeps_ordinary_aliases_and_refuses_recursive_ones():
         load_yaml(chain)
 
 
+def test_deeply_nested_model_config_exits_2(tmp_path, cli):
+    from vf.models.tiny import ensure_tiny_model
+
+    model = tmp_path / "deep-model"
+    shutil.copytree(ensure_tiny_model(), model)
+    cfg = (model / "config.json").read_text().rstrip().removesuffix("}")
+    (model / "config.json").write_text(cfg + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    r = cli("vf-eval", "reverse-text", "-m", str(model), "-n", "1", "-o", str(tmp_path / "r"))
+    assert r.returncode == 2 and "nested deeper" in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
 def test_unallocatable_context_exits_2(tmp_path):
     from vf.models.tiny import ensure_tiny_model
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import load_json
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
 from vf.engines.chat import parse_tool_calls, render_multimodal, render_prompt
 from vf.errors import EngineError, UsageError
@@ -85,8 +85,8 @@ def _eos_ids(path: Path | None, model, tokenizer) -> set[int]:
     add(getattr(tokenizer, "eos_token_id", None))
     if path is not None and (path / "generation_config.json").is_file():
         try:
-            add(json.loads((path / "generation_config.json").read_text()).get("eos_token_id"))
-        except (json.JSONDecodeError, OSError):
+            add(load_json((path / "generation_config.json").read_bytes()).get("eos_token_id"))
+        except (ValueError, OSError, AttributeError):  # not JSON (BoundsError), unreadable, not an object
             pass
     return ids
 
