@@ -175,6 +175,8 @@ def test_hostile_http_inputs_answer_4xx(engine):
         "NaN temperature": (post("/v1/chat/completions", (CHAT % ('"hi"', ', "temperature": NaN')).encode()), 400),
         "inf temperature": (post("/v1/chat/completions", (CHAT % ('"hi"', ', "temperature": 1e999')).encode()), 400),
         "inf top_p": (post("/v1/chat/completions", (CHAT % ('"hi"', ', "top_p": -Infinity')).encode()), 400),
+        "huge seed": (post("/v1/chat/completions", (CHAT % ('"hi"', ', "seed": ' + "9" * 30)).encode()), 400),
+        "huge top_k": (post("/v1/chat/completions", (CHAT % ('"hi"', ', "top_k": ' + "9" * 30)).encode()), 400),
         "unknown model": (post("/v1/chat/completions", (CHAT % ('"hi"', "")).replace('"tiny"', '"gpt-9"').encode()), 404),
         "nul in weight path": (post("/v1/load_weights", b'{"path": "/tmp/a\\u0000b"}'), 400),
     }

@@ -128,7 +128,7 @@ class LocalEngine:
                 raise
             raise UsageError(f"the context of {self.max_len} tokens ({model_name or 'the model'}) cannot be "
                              f"allocated here: {str(e).splitlines()[0][:300]}",
-                             hint="serve a model whose config.json has a smaller max_position_embeddings") from None
+                             hint="use a model whose config.json has a smaller max_position_embeddings") from None
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",

@@ -66,6 +66,10 @@ def error_response(e: ApiError) -> Response:
 
 # -- request parsing -------------------------------------------------------------------------
 
+INT_MAX = 2**63 - 1 - 2**20
+"""Largest integer a request may give (the engine keeps them as int64, and adds to seeds)."""
+
+
 def _num(body: dict, key: str, default, lo=None, hi=None, integer=False, lo_open=False):
     v = body.get(key, default)
     if v is None:
@@ -74,6 +78,7 @@ def _num(body: dict, key: str, default, lo=None, hi=None, integer=False, lo_open
     if isinstance(v, bool) or not ok_type or not math.isfinite(v):  # NaN passes every range check
         raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a finite number'}, got {v!r}",
                        param=key)
+    hi = min(hi, INT_MAX) if integer and hi is not None else INT_MAX if integer else hi  # the engine's int64
     if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
         rng = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
         raise ApiError(400, f"'{key}' must be in {rng}, got {v!r}", param=key)
@@ -90,8 +95,8 @@ def parse_sampling(body: dict, default_max_tokens: int) -> tuple[Sampling, dict[
         raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
     top_k = _num(body, "top_k", 0, lo=-1, integer=True)
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, f"'seed' must be an integer, got {seed!r}", param="seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -INT_MAX <= seed <= INT_MAX):
+        raise ApiError(400, f"'seed' must be an integer in [{-INT_MAX}, {INT_MAX}], got {seed!r}", param="seed")
     sampling = Sampling(
         temperature=float(_num(body, "temperature", 1.0, lo=0, hi=100)),
         top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1, lo_open=True)),
