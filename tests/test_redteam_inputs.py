@@ -291,6 +291,31 @@ def test_api_key_is_compared_in_constant_time(engine, monkeypatch):
     assert wrong[0] == 401 and right[0] == 200 and len(calls) == 2
 
 
+def test_hostile_server_reply_nested_100k_deep_is_an_engine_error():
+    """The client side: a provider answering 100k nested brackets is a recorded provider error,
+    not a RecursionError escaping the engine."""
+    from vf.engines.base import GenerateRequest, Sampling
+    from vf.engines.openai_client import OpenAIEngine
+    from vf.errors import EngineError
+    from vf.serve.http import Response, serve
+
+    async def hostile(_req):
+        return Response(200, b'{"choices": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+
+    async def go():
+        server = await serve(hostile, "127.0.0.1", 0)
+        engine = OpenAIEngine(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", model="m", max_retries=0)
+        try:
+            with pytest.raises(EngineError, match="malformed response"):
+                await engine.generate(GenerateRequest(messages=[{"role": "user", "content": "hi"}],
+                                                      sampling=Sampling(max_tokens=2)))
+        finally:
+            await engine.close()
+            server.close()
+
+    asyncio.run(go())
+
+
 # -- vf-serve, a subprocess: its event loop must keep answering -----------------------------------
 
 def test_huge_body_does_not_stall_health(tmp_path):
