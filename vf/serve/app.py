@@ -78,7 +78,8 @@ def _num(body: dict, key: str, default, lo=None, hi=None, integer=False, lo_open
     if isinstance(v, bool) or not ok_type or not math.isfinite(v):  # NaN passes every range check
         raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a finite number'}, got {v!r}",
                        param=key)
-    hi = min(hi, INT_MAX) if integer and hi is not None else INT_MAX if integer else hi  # the engine's int64
+    if integer:  # the engine keeps integers as int64
+        hi = INT_MAX if hi is None else min(hi, INT_MAX)
     if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
         rng = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
         raise ApiError(400, f"'{key}' must be in {rng}, got {v!r}", param=key)
@@ -471,6 +472,7 @@ class ServeApp:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, str):  # off the loop: a long prompt takes seconds
+            self.engine._check_text_size([{"content": prompt}])
             prompt_ids = list(await asyncio.to_thread(self.engine.tokenizer.encode, prompt, add_special_tokens=False))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             prompt_ids = list(prompt)
