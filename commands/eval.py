@@ -43,6 +43,8 @@ def print_table(summary: dict) -> None:
     for k, v in summary["pass_at_k"].items():
         t.add_row(f"pass@{k}", fmt(v))
     t.add_row("episodes", f"{summary['num_episodes']} ({summary['num_errors']} errors)")
+    if summary.get("first_error"):
+        t.add_row("first error", summary["first_error"])
     t.add_row("tokens in / out", f"{summary['input_tokens']} / {summary['output_tokens']}")
     if summary.get("wall_time") is not None:
         t.add_row("time", f"{summary['wall_time']:.1f}s")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from vf.bounded import BoundsError, load_json
 from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError
@@ -33,11 +34,11 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
             f"{cfg_file} is missing", hint="an HF model directory needs config.json + safetensors"
         )
     try:
-        d = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_file}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{cfg_file} cannot be read as text: {e}") from None
+        d = load_json(cfg_file.read_bytes())
+    except BoundsError as e:
+        raise ModelLoadError(f"{cfg_file}: {e}") from None
+    except OSError as e:
+        raise ModelLoadError(f"{cfg_file} cannot be read: {e}") from None
     if not isinstance(d, dict):
         raise ModelLoadError(f"{cfg_file} must hold a JSON object")
     return ModelConfig.from_hf_dict(d, source=str(cfg_file))
@@ -48,14 +49,35 @@ def _damaged(f: Path, e: Exception) -> ModelLoadError:
                           hint="re-download or re-save the checkpoint")
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
-    """HF tensor name -> file holding it."""
+def _under(f: Path, root: Path | None) -> Path:
+    """`f` itself, when no root confines reads or `f` resolves (links followed) under `root`. The
+    check never looks at whether `f` exists, so a refusal says nothing about the host's files."""
+    if root is not None and not f.resolve().is_relative_to(root):
+        raise ModelLoadError(f"{f} resolves outside the weights root {root}",
+                             hint="a checkpoint under --weights-root may only read files under it")
+    return f
+
+
+def _shard(path: Path, name: object, root: Path | None) -> Path:
+    """The shard file an index names: a relative path inside the model directory (HF writes bare
+    file names), never absolute or through `..`; a symlink may point elsewhere only when no
+    weights root confines the load (the HF hub cache links shards to its blobs directory)."""
+    rel = Path(name) if isinstance(name, str) and name and "\x00" not in name else None
+    if rel is None or rel.is_absolute() or ".." in rel.parts:
+        raise ModelLoadError(f"{path / INDEX} names shard {str(name)[:200]!r} outside the model directory",
+                             hint="an index names shard files inside the model directory")
+    return _under(path / rel, root)
+
+
+def _weight_files(path: Path, root: Path | None = None) -> dict[str, Path]:
+    """HF tensor name -> file holding it (every file under `root`, when given)."""
     if (path / INDEX).is_file():
         try:
-            weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
-            files = {f: path / f for f in set(weight_map.values())}
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            weight_map = load_json(_under(path / INDEX, root).read_bytes())["weight_map"]
+            names = set(weight_map.values())
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"{path / INDEX} is not a valid shard index ({type(e).__name__}: {e})") from None
+        files = {f: _shard(path, f, root) for f in names}
         absent = sorted(f for f, p in files.items() if not p.is_file())
         if absent:
             raise ModelLoadError(
@@ -64,6 +86,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
             )
         return {k: files[f] for k, f in weight_map.items()}
     if (path / SINGLE).is_file():
+        _under(path / SINGLE, root)
         try:
             with safe_open(path / SINGLE, "pt") as f:
                 return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
@@ -89,8 +112,8 @@ def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
         raise ModelLoadError(f"unknown model implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
     cfg_file = Path(path) / "config.json"
     try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        model_type = load_json(cfg_file.read_bytes()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # unreadable, not UTF-8, not JSON (BoundsError), not an object
         return "native"  # read_config reports what is wrong with the directory
     if impl == "hf" or model_type in ARCHITECTURES:
         return impl if impl != "auto" else "native"
@@ -109,11 +132,19 @@ def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
 
 def load_model(
     path: str | os.PathLike, dtype: torch.dtype = torch.float32, device="cpu", moe_impl: str | None = None,
-    impl: str = "auto",
+    impl: str = "auto", root: str | os.PathLike | None = None,
 ) -> NativeModel:
     """HF directory -> NativeModel (eval mode) with q/k/v and gate/up fused and experts stacked; or,
-    for a family we have no native model of (`impl` auto/hf, see `resolve_impl`), an `HFModel`."""
+    for a family we have no native model of (`impl` auto/hf, see `resolve_impl`), an `HFModel`.
+
+    `root` (vf-serve's --weights-root): every file the load reads must resolve under it; a file
+    of the directory (or a shard its index names) that leads elsewhere is refused, exit 2 / 4xx."""
     path = Path(path)
+    if root is not None:
+        root = Path(root).resolve()
+        _under(path, root)
+        for entry in sorted(path.iterdir()) if path.is_dir() else []:
+            _under(entry, root)  # config, tokenizer and processor files too, whoever reads them
     if resolve_impl(path, impl) == "hf":
         from vf.models.hf_fallback import HFModel
 
@@ -121,7 +152,7 @@ def load_model(
     config = read_config(path)
     if moe_impl:
         config.set_moe_impl(moe_impl)
-    where = _weight_files(path)
+    where = _weight_files(path, root)
     with torch.device("meta"):
         model = model_class(config)(config)
     handles: dict[Path, object] = {}

@@ -257,7 +257,8 @@ def test_vf_serve_router_replay_returns_routed_experts_to_the_openai_engine(moe_
         finally:
             await engine.close()
 
-    proc, base = start_server(str(moe_dir), "--router-replay", "--threads", "1", timeout=180)
+    proc, base = start_server(str(moe_dir), "--router-replay", "--threads", "1", "--served-model-name", "moe",
+                              timeout=180)
     try:
         result = asyncio.run(ask(base))
     finally:

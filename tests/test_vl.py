@@ -296,7 +296,7 @@ def test_vf_serve_reads_image_url_parts_and_vf_eval_keeps_references(tiny_vl, cl
     import httpx
     from test_serve import start_server
 
-    proc, base = start_server(str(tiny_vl), "--threads", "1")
+    proc, base = start_server(str(tiny_vl), "--threads", "1", "--served-model-name", "tiny-vl")
     try:
         out = tmp_path / "run"
         r = cli("vf-eval", "image-colors", "-n", "3", "-r", "1", "--base-url", base + "/v1", "-m", "tiny-vl",

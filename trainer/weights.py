@@ -212,7 +212,9 @@ class HttpPush(Pusher):
         import httpx
 
         try:
-            r = httpx.post(self.url, json={"path": str(staged.path), "version": staged.version},
+            # a (re)started trainer's first push sets the server's version, even back (`--resume`)
+            r = httpx.post(self.url, json={"path": str(staged.path), "version": staged.version,
+                                           "rollback": self.loaded is None},
                            headers=self.headers, timeout=self.timeout)
         except httpx.HTTPError as e:
             raise EngineError(f"weight reload at {self.url} failed: {e}", type="WeightReload") from None

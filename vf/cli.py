@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from vf.errors import VfError
 
@@ -28,9 +29,10 @@ def fancy() -> bool:
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", markup=True)
+    # escaped: a message quoting input or a library ("[enforce fail at ...]") is not markup
+    console.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     if hint:
-        console.print(f"  [dim]hint:[/] {hint}", markup=True)
+        console.print(f"  [dim]hint:[/] {escape(hint)}", markup=True)
     raise SystemExit(code)
 
 

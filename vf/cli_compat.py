@@ -89,13 +89,28 @@ def load_toml(path: str) -> dict[str, Any]:
     """An `@` file: TOML (verifiers' eval.toml), or JSON (a run dir's configs/resolved/eval.json)."""
     import tomllib
 
+    from vf.bounded import BoundsError, check_tree, load_json
+    from vf.config import MAX_CONFIG_BYTES
+
     try:
         with open(path, "rb") as f:
-            return json.load(f) if path.endswith(".json") else tomllib.load(f)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB; configs are a few KB")
+        if path.endswith(".json"):
+            return load_json(raw)
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise BoundsError("nested too deeply") from None
+        check_tree(data)
+        return data
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist", hint="pass an existing file after @") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON: {e}", hint="pass a TOML or JSON config after @") from None
+    except BoundsError as e:
+        raise UsageError(f"{path} is refused: {e}", hint="pass a TOML or JSON config after @") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 text: {e}", hint="pass a TOML or JSON config after @") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path} is not valid TOML: {e}", hint="fix the file (verifiers' eval.toml format)") from None
 

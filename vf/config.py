@@ -18,11 +18,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
+from vf import bounded
 from vf.errors import ConfigError, UsageError
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no NaN/inf anywhere: NaN passes every range check, and inf is never a meaningful setting
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SamplingConfig(_Config):
@@ -249,9 +251,11 @@ def parse_value(text: str) -> Any:
     surprises: `yes`/`no`/`on`/`off` stay strings (a model named `yes`), and so do `1:3`-style
     slices (sexagesimal ints in YAML 1.1)."""
     try:
-        value = yaml.safe_load(text)
+        value = bounded.load_yaml(text)
     except yaml.YAMLError:
         return text
+    except bounded.BoundsError as e:
+        raise UsageError(f"value {text[:40]!r}: {e}") from None
     if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
         return text
     if isinstance(value, (int, float)) and not isinstance(value, bool) and ":" in text:
@@ -297,11 +301,22 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file read (configs are a few KB; this keeps a hostile one cheap to refuse)."""
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML mapping from `path`; anything else (missing, unreadable, binary, not YAML, not a
-    mapping) is a UsageError naming `path:line` where YAML can say the line."""
+    mapping, over MAX_CONFIG_BYTES, nested too deep, an alias bomb: vf.bounded) is a UsageError
+    naming `path:line` where YAML can say the line."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UsageError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB; configs are a few KB")
+        data = bounded.load_yaml(raw.decode("utf-8")) or {}
+    except bounded.BoundsError as e:
+        raise UsageError(f"config file {path} is refused: {e}") from None
     except FileNotFoundError:
         raise UsageError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -71,5 +71,10 @@ def summarize(episodes: list[Episode], num_rollouts: int = 1, wall_time: float |
         "wall_time": wall_time,
         "tokens_per_second": (output_tokens / wall_time) if wall_time else None,
     }
+    failed = next((e for e in episodes if not e.ok), None)
+    if failed is not None:  # why, not just how many (e.g. the server is not reachable at the URL)
+        error = next((x for x in [*failed.errors, *(x for t in failed.traces for x in t.errors)]), None)
+        text = "unknown" if error is None else error.message or error.type
+        summary["first_error"] = text if error is None or text.startswith(error.type) else f"{error.type}: {text}"
     summary.update(extra)
     return summary

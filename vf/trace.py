@@ -326,6 +326,8 @@ def parse_episode(line: str, path: str | os.PathLike = "<string>", lineno: int =
         raw = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceFormatError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:  # a crafted line of 100k nested brackets
+        raise TraceFormatError(path, lineno, "JSON nested too deeply") from None
     if not isinstance(raw, dict):
         raise TraceFormatError(path, lineno, "a line must hold one JSON object (an episode)")
     if "traces" not in raw:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import load_json
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
 from vf.engines.chat import parse_tool_calls, render_multimodal, render_prompt
 from vf.errors import EngineError, UsageError
@@ -84,8 +85,8 @@ def _eos_ids(path: Path | None, model, tokenizer) -> set[int]:
     add(getattr(tokenizer, "eos_token_id", None))
     if path is not None and (path / "generation_config.json").is_file():
         try:
-            add(json.loads((path / "generation_config.json").read_text()).get("eos_token_id"))
-        except (json.JSONDecodeError, OSError):
+            add(load_json((path / "generation_config.json").read_bytes()).get("eos_token_id"))
+        except (ValueError, OSError, AttributeError):  # not JSON (BoundsError), unreadable, not an object
             pass
     return ids
 
@@ -114,12 +115,20 @@ class LocalEngine:
         self.model_name = model_name or "local"
         self.path = path
         self.max_len = int(max_len or model.config.max_position_embeddings)
+        self._max_chars: int | None = None  # see _check_text_size
         self.policy_version = 0
         self._call_ids = itertools.count()
         self.eos_ids = _eos_ids(path, model, tokenizer)
-        self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
-                                   decode_tail=self._decode_tail, version=lambda: self.policy_version,
-                                   fast_decode=fast_decode, router_replay=router_replay, threads=threads)
+        try:
+            self.scheduler = Scheduler(model, max_batch=max_batch, max_len=self.max_len, eos_ids=self.eos_ids,
+                                       decode_tail=self._decode_tail, version=lambda: self.policy_version,
+                                       fast_decode=fast_decode, router_replay=router_replay, threads=threads)
+        except (RuntimeError, MemoryError) as e:  # torch's OutOfMemoryError is a RuntimeError
+            if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e):
+                raise
+            raise UsageError(f"the context of {self.max_len} tokens ({model_name or 'the model'}) cannot be "
+                             f"allocated here: {str(e).splitlines()[0][:300]}",
+                             hint="use a model whose config.json has a smaller max_position_embeddings") from None
 
     @classmethod
     def from_model(cls, model: str | os.PathLike | None = "tiny", dtype: Any = "float32", device: str = "cpu",
@@ -149,11 +158,29 @@ class LocalEngine:
         return render_prompt(self.tokenizer, messages, tools)
 
     async def encode_request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
-        """(prompt ids, image inputs or None). A VL model reads the image parts (decoded off the
-        event loop); a text-only one refuses them (`chat.normalize_messages`)."""
+        """(prompt ids, image inputs or None), rendered and tokenized off the event loop (a prompt
+        of megabytes takes seconds, and the loop serves every other request meanwhile). A VL model
+        reads the image parts; a text-only one refuses them (`chat.normalize_messages`)."""
+        self._check_text_size(messages)
         if not self.multimodal:
-            return self.encode_chat(messages, tools), None
+            return await asyncio.to_thread(self.encode_chat, messages, tools), None
         return await asyncio.to_thread(render_multimodal, self.tokenizer, self.model, messages, tools, self.image_roots)
+
+    def _check_text_size(self, messages: list[dict[str, Any]]) -> None:
+        """Refuse, without tokenizing it, a prompt whose text cannot fit the context: no token
+        spells more than the longest vocabulary entry, so text over 4 x context x that many
+        characters is too long whatever it says (4: slack for normalizers that drop characters)."""
+        if self._max_chars is None:
+            self._max_chars = 4 * self.max_len * max(map(len, self.tokenizer.get_vocab()), default=1)
+        chars = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+            chars += sum(len(p) if isinstance(p, str) else len(p.get("text") or "") if isinstance(p, dict)
+                         and isinstance(p.get("text"), str) else 0 for p in parts)
+        if chars > self._max_chars:
+            raise EngineError(f"prompt has {chars} characters, more than the model's context of {self.max_len} "
+                              "tokens can hold", type="PromptTooLong", status_code=400)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_len:
@@ -175,6 +202,10 @@ class LocalEngine:
         from vf.engines.scheduler import Seq
 
         self._check_prompt(prompt_ids)
+        values = (sampling.temperature, sampling.top_p, sampling.min_p or 0.0)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise EngineError(f"sampling values must be finite numbers, got temperature {sampling.temperature}, "
+                              f"top_p {sampling.top_p}, min_p {sampling.min_p}", type="BadRequest", status_code=400)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
@@ -273,13 +304,15 @@ class LocalEngine:
             self.policy_version = int(version) if version is not None else self.policy_version + 1
         return self.policy_version
 
-    def load_checkpoint(self, path: str | os.PathLike, version: int | None = None) -> int:
-        """Load an HF checkpoint dir (same architecture) and swap its weights in; returns the version."""
+    def load_checkpoint(self, path: str | os.PathLike, version: int | None = None,
+                        root: str | os.PathLike | None = None) -> int:
+        """Load an HF checkpoint dir (same architecture) and swap its weights in; returns the version.
+        With `root`, every file read must resolve under it (vf-serve's --weights-root)."""
         from vf.models import ModelLoadError, load_model
 
         p = next(self.model.parameters())
         try:
-            new = load_model(Path(path), dtype=p.dtype, device=p.device)
+            new = load_model(Path(path), dtype=p.dtype, device=p.device, root=root)
         except ModelLoadError as e:
             raise UsageError(f"cannot load checkpoint {path}: {e.message}", hint=e.hint) from None
         return self.update_weights(new, version)

@@ -93,7 +93,12 @@ class OpenAIEngine:
                 retry_after = None
             else:
                 if resp.status_code == 200:
-                    result = self._parse(resp.json())
+                    try:
+                        data = resp.json()
+                    except (ValueError, RecursionError) as e:  # not JSON, or a hostile server's deep nesting
+                        raise EngineError(f"malformed response from {self.base_url}: {type(e).__name__}: "
+                                          f"{str(e)[:200]}", type="ProviderError") from None
+                    result = self._parse(data)
                     result.attempts = attempt  # type: ignore[attr-defined]
                     return result
                 text = resp.text[:500]

@@ -18,11 +18,17 @@ per MoE layer, the k expert ids of the forward that sampled it (`docs/router-rep
 answered with empty lists (only the sampled token's log-prob is computed).
 
 Admin routes (`/v1/load_weights` and its aliases: everything that changes server state) need the
-API key and are off when the server has none; a weight path must resolve (symlinks followed) to a
-directory under one of `weights_roots` (none = weight loading off). Request limits, checked before
-any work: body size (413, see vf.serve.http), `messages`, `tools`, `n`, and `max_tokens` larger
-than the model's context (400); a `max_tokens` that fits the context but not next to the prompt is
-clamped to the room left, as before.
+API key (compared in constant time) and are off when the server has none; a weight path must
+resolve (symlinks followed) to a directory under one of `weights_roots` (none = weight loading
+off), and so must every file the load reads (a shard index naming a file elsewhere is refused,
+400, saying nothing about whether that file exists). A `version` below the served one is refused
+(409) unless the body says `"rollback": true` (a trainer resumed from an earlier checkpoint).
+Request limits, checked before any work: body size (413, see vf.serve.http); strict JSON nested at
+most 64 levels, no NaN/Infinity or lone surrogates (vf.bounded; bodies over 64 KiB are parsed on a
+worker thread, and prompts are tokenized there, so a big request never stalls the loop); finite
+sampling values; `messages`, `tools`, `n`, and `max_tokens` larger than the model's context (400);
+a `model` that is neither a served name nor a checkpoint path under a weights root (404). A
+`max_tokens` that fits the context but not next to the prompt is clamped to the room left.
 
 Admission: at most `max_queue` generation requests in flight (running + waiting); one more gets
 HTTP 503 at once so clients back off instead of piling up. Concurrent requests share the
@@ -32,13 +38,16 @@ engine's continuous batch.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import BoundsError, load_json
 from vf.engines.base import Sampling
 from vf.errors import EngineError, VfError
 from vf.serve.http import Request, Response, json_response
@@ -57,13 +66,20 @@ def error_response(e: ApiError) -> Response:
 
 # -- request parsing -------------------------------------------------------------------------
 
+INT_MAX = 2**63 - 1 - 2**20
+"""Largest integer a request may give (the engine keeps them as int64, and adds to seeds)."""
+
+
 def _num(body: dict, key: str, default, lo=None, hi=None, integer=False, lo_open=False):
     v = body.get(key, default)
     if v is None:
         return default
     ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok_type:
-        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}", param=key)
+    if isinstance(v, bool) or not ok_type or not math.isfinite(v):  # NaN passes every range check
+        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a finite number'}, got {v!r}",
+                       param=key)
+    if integer:  # the engine keeps integers as int64
+        hi = INT_MAX if hi is None else min(hi, INT_MAX)
     if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
         rng = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
         raise ApiError(400, f"'{key}' must be in {rng}, got {v!r}", param=key)
@@ -80,8 +96,8 @@ def parse_sampling(body: dict, default_max_tokens: int) -> tuple[Sampling, dict[
         raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
     top_k = _num(body, "top_k", 0, lo=-1, integer=True)
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, f"'seed' must be an integer, got {seed!r}", param="seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -INT_MAX <= seed <= INT_MAX):
+        raise ApiError(400, f"'seed' must be an integer in [{-INT_MAX}, {INT_MAX}], got {seed!r}", param="seed")
     sampling = Sampling(
         temperature=float(_num(body, "temperature", 1.0, lo=0, hi=100)),
         top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1, lo_open=True)),
@@ -110,6 +126,19 @@ def _flag(body: dict, key: str) -> bool:
 
 
 ADMIN_ROUTES = ("/v1/load_weights", "/v1/update_weights", "/load_weights", "/update_weights")
+INLINE_BODY = 64 * 1024
+"""Bodies up to this size are parsed on the event loop; bigger ones on a worker thread, so one
+large request cannot stall every other connection (and /health)."""
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = load_json(raw or b"null")
+    except BoundsError as e:
+        raise ApiError(400, f"request body is refused: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
 
 
 class ServeApp:
@@ -118,6 +147,11 @@ class ServeApp:
                  max_messages: int = 1024, max_tools: int = 256):
         self.engine = engine
         self.model_name = served_model_name
+        # names a request may use: the served name, and the engine's own (its model dir and that
+        # dir's name), as clients pass what they started the server with
+        path = getattr(engine, "path", None)
+        self.model_names = {served_model_name, getattr(engine, "model_name", served_model_name),
+                            *((str(path), str(Path(path).resolve()), Path(path).name) if path else ())}
         self.api_key = api_key
         self.weights_roots = [Path(r).resolve() for r in weights_roots]
         self.max_messages = max_messages
@@ -151,8 +185,9 @@ class ServeApp:
             return json_response({"status": "ok", "policy_version": self.engine.policy_version,
                                   "in_flight": self.in_flight, "running": len(sch.rows), "peak_batch": sch.peak_rows})
         if self.api_key is not None:
-            auth = req.headers.get("authorization", "")
-            if auth != f"Bearer {self.api_key}":
+            # constant time: how much of a guess matched must not show in the answer's timing
+            auth = req.headers.get("authorization", "").encode("latin-1")  # the header's own bytes
+            if not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
                 raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
                                type="AuthenticationError")
         routes = {
@@ -173,12 +208,8 @@ class ServeApp:
             raise ApiError(404, f"no route {req.method} {path}", type="NotFoundError")
         body = None
         if req.method == "POST":
-            try:
-                body = json.loads(req.body or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"request body is not valid JSON: {e}") from None
-            if not isinstance(body, dict):
-                raise ApiError(400, "request body must be a JSON object")
+            big = len(req.body) > INLINE_BODY
+            body = await asyncio.to_thread(parse_body, req.body) if big else parse_body(req.body)
         return await fn(body)
 
     async def models(self, _body) -> Response:
@@ -193,15 +224,25 @@ class ServeApp:
         path = body.get("path") or body.get("model_path")
         if not isinstance(path, str) or not path:
             raise ApiError(400, "'path' (a checkpoint directory) is required", param="path")
+        if "\x00" in path or len(path) > 4096:
+            raise ApiError(400, "'path' must be a directory path (no NUL byte, at most 4096 characters)", param="path")
         version = body.get("version")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise ApiError(400, f"'version' must be an integer, got {version!r}", param="version")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+            raise ApiError(400, f"'version' must be a non-negative integer, got {version!r}", param="version")
+        rollback = _flag(body, "rollback")
+        current = self.engine.policy_version
+        if version is not None and version < current and not rollback:
+            # traces label rollouts by version: reusing an older number would make two policies one
+            raise ApiError(409, f"'version' {version} is older than the served policy's {current}; versions "
+                                "only go forward (send \"rollback\": true to load an older policy on purpose, "
+                                "e.g. a trainer resumed from an earlier checkpoint)", type="Conflict", param="version")
         real = Path(path).resolve()
-        if not any(real.is_relative_to(root) for root in self.weights_roots):
+        root = next((r for r in self.weights_roots if real.is_relative_to(r)), None)
+        if root is None:
             where = ", ".join(map(str, self.weights_roots)) or "none: start vf-serve with --weights-root DIR"
             raise ApiError(403, f"weight path {path} is not under an allowed weights root ({where})",
                            type="PermissionDenied", param="path")
-        v = await asyncio.to_thread(self.engine.load_checkpoint, path, version)
+        v = await asyncio.to_thread(self.engine.load_checkpoint, real, version, root=root)
         return json_response({"status": "ok", "policy_version": v, "path": path})
 
     # -- generation --------------------------------------------------------------------------
@@ -223,7 +264,19 @@ class ServeApp:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", param="model")
+        if model and model not in self.model_names and not self._checkpoint_name(model):
+            # a client that means another model must hear so, not get this one's replies
+            raise ApiError(404, f"model {model[:200]!r} is not served here; this server serves "
+                                f"{self.model_name!r}", type="NotFoundError", param="model")
         return model or self.model_name
+
+    def _checkpoint_name(self, model: str) -> bool:
+        """A path under a weights root names a checkpoint of the served model (a trainer names the
+        weights it evaluates by their directory)."""
+        if not self.weights_roots or "/" not in model or "\x00" in model or len(model) > 4096:
+            return False
+        real = Path(model).resolve()
+        return any(real.is_relative_to(root) for root in self.weights_roots)
 
     def _token_str(self, tok: int, as_ids: bool) -> str:
         return f"token_id:{tok}" if as_ids else self.engine.tokenizer.decode([tok])
@@ -418,8 +471,9 @@ class ServeApp:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        if isinstance(prompt, str):
-            prompt_ids = list(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
+        if isinstance(prompt, str):  # off the loop: a long prompt takes seconds
+            self.engine._check_text_size([{"content": prompt}])
+            prompt_ids = list(await asyncio.to_thread(self.engine.tokenizer.encode, prompt, add_special_tokens=False))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             prompt_ids = list(prompt)
         else:

@@ -112,10 +112,13 @@ async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_body: int) -
         total = 0
         while True:
             size_line = await _read_line(reader)
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
+            size_text = size_line.split(b";")[0].strip()
+            try:  # hex digits only: int() would also take "-5", "+5" and "0x5"
+                size = int(size_text, 16) if size_text and all(c in b"0123456789abcdefABCDEF" for c in size_text) else -1
             except ValueError:
-                raise BadHTTP("malformed chunk size") from None
+                size = -1
+            if size < 0:
+                raise BadHTTP(f"malformed chunk size {size_text[:20]!r}")
             if size == 0:
                 while (await _read_line(reader)) not in (b"\r\n", b"\n"):
                     pass
@@ -136,6 +139,8 @@ async def _read_rest(reader: asyncio.StreamReader, line: bytes, max_body: int) -
         if n > max_body:
             raise BadHTTP(f"request body over {max_body} bytes", 413)
         body = await reader.readexactly(n)
+    if any(c < " " or c == "\x7f" for c in target):  # NUL and other controls never reach a handler
+        raise BadHTTP(f"control character in request target {target[:80]!r}")
     url = urlsplit(target)
     return Request(method.upper(), url.path, parse_qs(url.query), headers, body)
 
