@@ -80,7 +80,8 @@ class RunFiles:
         self.log, self.traces = MetricsLog(run_dir), RunDir(run_dir)
         moved = {**keep_metrics_before(self.log.path, start), **self.traces.keep_before(start)}
         if moved:
-            say(f"kept every line of the steps before {start}; set aside (not deleted): "
+            say(f"resuming at step {start}: the lines of steps ≥ {start} (trained again) and any torn ones are "
+                "set aside, not deleted: "
                 + ", ".join(f"{n} line(s) in {name}" for name, n in moved.items()))
 
     def write(self, row: dict[str, Any], batch: Batch) -> None:
