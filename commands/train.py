@@ -149,9 +149,12 @@ def command(
     if resume is not None:
         if output is not None:
             raise UsageError("--resume continues in its own dir; drop -o")
+        from vf.trainer.checkpoint import resume_point
+
         run = RunDir(resume)
         config = resolve(over, base=run.load_config())  # saved by the loop once the resumed run is set up
         run_dir = Path(resume)
+        resume_point(run_dir, from_scratch)  # refused before anything loads
     else:
         config = resolve(over)
         run_dir = Path(output) if output else default_run_dir(config)

@@ -57,32 +57,30 @@ def copy(trained: Path, tmp_path: Path) -> Path:
 
 def test_training_resume_keeps_every_trained_on_line(trained, tmp_path):
     run = copy(trained, tmp_path)
-    before = lines(run / "traces.jsonl")
-    assert len(before) == 4 * 8
-    # extending the run by one step keeps every trained-on rollout (main: 32 lines → 16)
+    before, metrics = lines(run / "traces.jsonl"), lines(run / "metrics.jsonl")
+    assert len(before) == 4 * 8 and len(metrics) == 6
+    # killed after step 5 trained, before checkpoint 6 landed; resumed with one more step
+    # (main: the (task, rollout) de-duplication of evaluations kept 1 line of 8 per step)
+    shutil.rmtree(run / "checkpoints" / "step_6")
     proc = train("--resume", str(run), "--steps", "5")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    extended = lines(run / "traces.jsonl")
-    assert extended[:len(before)] == before and len(extended) == len(before) + 8
-    # a kill after step 6 trained but before its checkpoint: resume from step 6 sets step 6 aside
-    shutil.rmtree(run / "checkpoints" / "step_7")
-    metrics = lines(run / "metrics.jsonl")
-    proc = train("--resume", str(run), "--steps", "5")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "traces.after-step-6.jsonl" in proc.stderr and "metrics.after-step-6.jsonl" in proc.stderr
-    kept, aside = lines(run / "traces.jsonl"), lines(run / "traces.after-step-6.jsonl")
-    assert kept[:len(before)] == before  # every line the checkpoint covers, byte for byte
-    assert aside == [x for x in extended if step_of(x) >= 6] and len(aside) == 8
-    assert len(kept) == len(extended)  # step 6 trained again
-    assert lines(run / "metrics.after-step-6.jsonl") == [x for x in metrics if step_of(x) >= 6]
+    assert "traces.after-step-3.jsonl" in proc.stderr and "metrics.after-step-3.jsonl" in proc.stderr
+    kept, aside = lines(run / "traces.jsonl"), lines(run / "traces.after-step-3.jsonl")
+    covered = [x for x in before if step_of(x) < 3]
+    assert len(covered) == 8 and kept[:8] == covered  # every line the checkpoint covers, byte for byte
+    assert aside == [x for x in before if step_of(x) >= 3]  # the rest, byte for byte, in file order
+    assert len(covered) + len(aside) == len(before)  # no line lost
+    assert sorted(step_of(x) for x in kept) == sorted(s for s in range(2, 7) for _ in range(8))
+    assert lines(run / "metrics.after-step-3.jsonl") == metrics[3:]
+    assert lines(run / "metrics.jsonl")[:3] == metrics[:3]
     assert [step_of(x) for x in lines(run / "metrics.jsonl")] == list(range(7))
     # a second resume from the same checkpoint appends to the set-aside file, never overwrites it
     from vf.trainer.run_state import RunFiles
 
-    second = [x for x in lines(run / "traces.jsonl") if step_of(x) >= 6]
-    RunFiles(run, 6)
-    assert lines(run / "traces.after-step-6.jsonl") == aside + second
-    assert lines(run / "traces.jsonl") == before
+    second = [x for x in kept if step_of(x) >= 3]
+    RunFiles(run, 3)
+    assert lines(run / "traces.after-step-3.jsonl") == aside + second
+    assert lines(run / "traces.jsonl") == covered
 
 
 def test_kill_9_with_the_default_config_resumes_from_the_last_checkpoint(tmp_path):
@@ -165,7 +163,7 @@ def test_failed_commands_leave_no_run_dir_and_keep_the_config(trained, tmp_path,
     cases = [
         ("vf-eval", "no-such-taskset", "-n", "1", "-o", str(tmp_path / "a")),
         ("vf-rollout", "reverse-text", "-m", str(tmp_path / "no-model"), "-n", "1", "-o", str(tmp_path / "b" / "c")),
-        ("vf-eval", "reverse-text", "-m", str(tmp_path / "no-model"), "-n", "1", "-o", str(tmp_path / "empty")),
+        ("vf-eval", "no-such-taskset", "-n", "1", "-o", str(tmp_path / "empty")),
     ]
     (tmp_path / "empty").mkdir()
     for args in cases:

@@ -40,11 +40,10 @@ from vf.trainer.batches import BatchSource, Rollouts, gold_warmup, load_tasks, s
 from vf.trainer.config import TrainConfig
 from vf.trainer.evaluation import Evaluations
 from vf.trainer.learner import Learner
-from vf.trainer.metrics import MetricsLog, plot
+from vf.trainer.metrics import plot
 from vf.trainer.orchestrator import off_policy_histogram
 from vf.trainer.run_state import RunFiles, RunState
 
-from vf.errors import UsageError
 from vf.rundir import RunDir
 
 SUMMARY_FILE = "summary.json"
@@ -145,20 +144,10 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
 
 
 def resume_from(run_dir: Path, say, from_scratch: bool = False) -> dict[str, Any] | None:
-    """The last checkpoint's contents (None: none yet, start from step 0). A run with results but
-    no checkpoint is not restarted over them unless `from_scratch` (its results are then set
-    aside, see `RunFiles`); `from_scratch` never discards a checkpoint."""
-    ck = checkpoint.latest(run_dir)
-    if ck is not None and from_scratch:
-        raise UsageError(f"{run_dir} has a checkpoint ({ck.name}): --from-scratch would abandon it",
-                         hint=f"continue from it with --resume {run_dir}, or start a new run with -o DIR")
+    """The last checkpoint's contents (None: none yet, start from step 0; see `checkpoint.resume_point`
+    for when that is refused)."""
+    ck = checkpoint.resume_point(run_dir, from_scratch)
     if ck is None:
-        done = len(MetricsLog(run_dir).read())
-        if (done or RunDir(run_dir).has_results()) and not from_scratch:
-            raise UsageError(f"{run_dir} holds results ({done} step(s) in metrics.jsonl) but no checkpoint yet: "
-                             "resuming would train again from step 0",
-                             hint=f"vf-train --resume {run_dir} --from-scratch starts over and sets the old results "
-                                  "aside (metrics.after-step-0.jsonl, traces.after-step-0.jsonl); or start a new run with -o DIR")
         say("no checkpoint yet: starting from step 0")
         return None
     saved = checkpoint.load(ck)
