@@ -159,22 +159,24 @@ def test_score_and_resume_count_duplicates_alike(tmp_path, stub, cli):
     assert lines(out / "traces.duplicate.jsonl") == [original[0], original[3]]
 
 
-def test_failed_commands_leave_no_run_dir_and_keep_the_config(trained, tmp_path, cli):
-    cases = [
-        ("vf-eval", "no-such-taskset", "-n", "1", "-o", str(tmp_path / "a")),
-        ("vf-rollout", "reverse-text", "-m", str(tmp_path / "no-model"), "-n", "1", "-o", str(tmp_path / "b" / "c")),
-        ("vf-eval", "no-such-taskset", "-n", "1", "-o", str(tmp_path / "empty")),
-    ]
-    (tmp_path / "empty").mkdir()
-    for args in cases:
-        proc = cli(*args)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-    assert list((tmp_path / "empty").iterdir()) == []  # given empty, left empty
-    proc = train("-o", str(tmp_path / "t"), "-m", str(tmp_path / "no-model"), "--steps", "1")
-    assert proc.returncode == 2 and not (tmp_path / "t").exists(), proc.stderr[-2000:]
+def test_failed_commands_leave_no_run_dir_and_keep_the_config(trained, tmp_path):
     run = copy(trained, tmp_path)
     files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    proc = train("--resume", str(run), "-m", str(tmp_path / "no-model"), "--steps", "9")
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    (tmp_path / "empty").mkdir()
+    bad_model = str(tmp_path / "no-model")
+    bin_dir = Path(PY).parent
+    cases = [  # all at once: each is mostly start-up
+        [bin_dir / "vf-eval", "no-such-taskset", "-n", "1", "-o", tmp_path / "a"],
+        [bin_dir / "vf-eval", "no-such-taskset", "-n", "1", "-o", tmp_path / "empty"],
+        [bin_dir / "vf-rollout", "reverse-text", "-m", bad_model, "-n", "1", "-o", tmp_path / "b" / "c"],
+        [PY, "-m", "vf.commands.train", "-o", tmp_path / "t", "-m", bad_model, "--steps", "1"],
+        [PY, "-m", "vf.commands.train", "--resume", run, "-m", bad_model, "--steps", "9"],
+    ]
+    procs = [subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=ENV) for args in cases]
+    for args, proc in zip(cases, procs):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in err, (args, err[-2000:])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "t").exists()
+    assert list((tmp_path / "empty").iterdir()) == []  # given empty, left empty
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files  # config.yaml too
