@@ -95,8 +95,8 @@ def command(
     seed: int | None = typer.Option(None, "--seed", help="Seed (a CPU run with the same seed repeats exactly)."),
     resume: options.Resume = None,
     from_scratch: bool = typer.Option(False, "--from-scratch", help="With --resume, on a run with results but no "
-                                      "checkpoint yet: start again from step 0, setting the old results aside "
-                                      "(metrics.after-step-0.jsonl, traces.after-step-0.jsonl)."),
+                                      "checkpoint yet: start again from step 0, setting the old metrics and "
+                                      "traces aside (not deleting them)."),
     data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
     num_eval: int | None = typer.Option(None, "-n", "--num-tasks", "--eval-tasks",
                                         help="Number of tasks per evaluation (eval.select.limit)."),
