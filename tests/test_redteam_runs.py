@@ -180,3 +180,19 @@ def test_failed_commands_leave_no_run_dir_and_keep_the_config(trained, tmp_path)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "t").exists()
     assert list((tmp_path / "empty").iterdir()) == []  # given empty, left empty
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files  # config.yaml too
+
+
+def test_setting_aside_never_follows_a_planted_symlink(tmp_path):
+    from vf.errors import UsageError
+    from vf.rundir import RunDir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (run / "traces.jsonl").write_bytes(b"not json\n")
+    (run / "traces.corrupt.jsonl").symlink_to(victim)  # main appended the corrupt line to the victim
+    rd = RunDir(run)
+    with pytest.raises(UsageError):
+        rd.rewrite(rd.read().kept)
+    assert victim.read_text() == "keep me\n" and (run / "traces.jsonl").read_bytes() == b"not json\n"

@@ -30,6 +30,7 @@ stall every rollout in flight.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -93,9 +94,13 @@ def set_aside(path: Path, reasons: dict[int, str]) -> dict[str, int]:
         return {}
     counts = Counter(reasons.values())
     tmp = path.with_name(path.name + ".tmp")
-    outs = {r: open(aside_path(path, r), "ab") for r in counts}
+    outs: dict[str, Any] = {}
     try:
-        with open(tmp, "wb") as keep:
+        for r in counts:  # a planted symlink is refused, never followed (O_NOFOLLOW, O_EXCL)
+            outs[r] = os.fdopen(os.open(aside_path(path, r), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                                        0o644), "ab")
+        tmp.unlink(missing_ok=True)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as keep:
             for n, raw in numbered_lines(path):
                 if not raw.endswith(b"\n"):  # a torn or unterminated last line: the next append must not join it
                     raw += b"\n"
@@ -106,8 +111,11 @@ def set_aside(path: Path, reasons: dict[int, str]) -> dict[str, int]:
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise VfError(f"could not set lines of {path} aside: {e.strerror or e}",
-                      hint="nothing was removed from it; fix the problem (e.g. free disk space) and resume again") from None
+        error = UsageError if e.errno in (errno.ELOOP, errno.EEXIST) else VfError
+        raise error(f"could not set lines of {path} aside: {e.strerror or e}"
+                    + (f" ({e.filename})" if e.filename else ""),
+                    hint="nothing was removed from it; fix the problem (e.g. free disk space, remove a symlink) "
+                         "and resume again") from None
     finally:
         for f in outs.values():
             f.close()
