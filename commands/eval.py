@@ -94,10 +94,7 @@ def command(
             raise UsageError("--resume continues in its own dir; drop -o")
         config = None if resume else resolve_config({"command": "eval"}, over)
         output = place_run(config, output, output_dir)
-        config, run, kept, dropped = open_run(config, over, output, resume)
-        if resume and any(dropped.values()):
-            console.print(f"resume: dropped {dropped['errored']} errored, {dropped['corrupt']} torn/corrupt, "
-                          f"{dropped['duplicate']} duplicate line(s)")
+        config, run, kept, _ = open_run(config, over, output, resume)
         summary = execute(config, run, kept, label="eval")
         if resume and summary["num_owed"] == 0:
             console.print(f"nothing to resume: all {summary['num_episodes']} episodes are complete")

@@ -88,12 +88,15 @@ def command(
     max_inflight: int | None = typer.Option(None, "--max-inflight", help="Rollouts in flight, not yet trained on (default --batch-size)."),
     max_off_policy_steps: int | None = typer.Option(
         None, "--max-off-policy-steps", help="Cancel or drop groups started more than K policy versions back (default 8)."),
-    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps (always at the end)."),
+    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps (default 10; always at the end)."),
     output: options.Output = None,
     config_opt: options.ConfigFile = None,
     as_json: options.Json = False,
     seed: int | None = typer.Option(None, "--seed", help="Seed (a CPU run with the same seed repeats exactly)."),
     resume: options.Resume = None,
+    from_scratch: bool = typer.Option(False, "--from-scratch", help="With --resume, on a run with results but no "
+                                      "checkpoint yet: start again from step 0, setting the old metrics and "
+                                      "traces aside (not deleting them)."),
     data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
     num_eval: int | None = typer.Option(None, "-n", "--num-tasks", "--eval-tasks",
                                         help="Number of tasks per evaluation (eval.select.limit)."),
@@ -140,27 +143,36 @@ def command(
     if role == "orchestrator":
         serve(over, output, resume)
         return
+    if from_scratch and resume is None:
+        raise UsageError("--from-scratch restarts a run given with --resume RUN", hint="a new run: -o DIR")
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes the run dir
     if resume is not None:
         if output is not None:
             raise UsageError("--resume continues in its own dir; drop -o")
+        from vf.trainer.checkpoint import resume_point
+
         run = RunDir(resume)
-        config = resolve(over, base=run.load_config())
+        config = resolve(over, base=run.load_config())  # saved by the loop once the resumed run is set up
         run_dir = Path(resume)
+        resume_point(run_dir, from_scratch)  # refused before anything loads
     else:
         config = resolve(over)
         run_dir = Path(output) if output else default_run_dir(config)
         run = RunDir(run_dir)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 writes the run dir
+        if main_rank:
             run.create()
-    if os.environ.get("RANK", "0") == "0":
-        run.save_config(config.model_dump(mode="json"))
+            run.save_config(config.model_dump(mode="json"))
 
     from vf.trainer.loop import run as train
 
     printer = StepPrinter(config.total_steps)
     try:
-        summary = train(config, run_dir, resume=resume is not None, on_step=printer.step, on_event=printer.event,
-                        role=role)
+        summary = train(config, run_dir, resume=resume is not None, from_scratch=from_scratch, on_step=printer.step,
+                        on_event=printer.event, role=role)
+    except BaseException:
+        if main_rank and run.discard():  # failed before any result: leave no run dir behind
+            printer.event(f"removed {run_dir}: the run failed before writing any result")
+        raise
     finally:
         printer.close()
     if not summary:  # a non-zero rank under torchrun

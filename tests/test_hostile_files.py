@@ -90,7 +90,7 @@ def test_resume_moves_unparsable_lines_aside_instead_of_deleting_them(eval_run, 
         rd.rewrite(state.kept)
         kept = len(read_episodes(run / "traces.jsonl"))
         aside = (run / CORRUPT_FILE).read_bytes().splitlines() if (run / CORRUPT_FILE).exists() else []
-        assert kept + len(aside) == len(lines) - (1 if not lines[k].strip() else 0) - state.dropped_errored
+        assert kept + len(aside) == len(lines) - (1 if not lines[k].strip() else 0) - state.count("errored")
         assert all(a + b"\n" in lines or a == lines[k].rstrip(b"\n") for a in aside)
 
 

@@ -67,6 +67,30 @@ def latest(run_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def resume_point(run_dir: Path, from_scratch: bool = False) -> Path | None:
+    """The checkpoint `--resume` continues from; None: start from step 0. A run that holds results
+    but no checkpoint yet (killed before its first) is not trained again over them unless
+    `from_scratch` (its results are then set aside, `run_state.RunFiles`); `from_scratch` never
+    abandons a checkpoint. Needs no torch: the command calls it before anything is loaded."""
+    from vf.trainer.metrics import MetricsLog
+
+    from vf.rundir import RunDir
+
+    ck = latest(run_dir)
+    if ck is not None and from_scratch:
+        raise UsageError(f"{run_dir} has a checkpoint ({ck.name}): --from-scratch would abandon it",
+                         hint=f"continue from it with --resume {run_dir}, or start a new run with -o DIR")
+    if ck is None and not from_scratch:
+        done = len(MetricsLog(run_dir).read())
+        if done or RunDir(run_dir).has_results():
+            raise UsageError(f"{run_dir} holds results ({done} step(s) in metrics.jsonl) but no checkpoint yet: "
+                             "resuming would train again from step 0",
+                             hint=f"vf-train --resume {run_dir} --from-scratch starts over and sets the old results "
+                                  "aside (metrics.after-step-0.jsonl, traces.after-step-0.jsonl); or start a new run "
+                                  "with -o DIR")
+    return ck
+
+
 def rng_state() -> dict[str, Any]:
     import torch
 

@@ -23,7 +23,7 @@ from vf.trainer.orchestrator import derive_seed
 
 from vf.config import EvalConfig, SamplingConfig
 from vf.loading import load_taskset
-from vf.rundir import RunDir
+from vf.rundir import RunDir, move_dir_aside
 from vf.runner import make_plan, make_spec, run_plan
 from vf.summary import summarize
 
@@ -40,10 +40,8 @@ def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, 
              label: str | None = None) -> dict[str, Any]:
     """Evaluate with `engine` (already holding the weights to evaluate); returns the summary."""
     out = RunDir(Path(run_dir) / "evals" / (label or f"step_{step}"))
-    if out.path.exists():  # a re-run of the same step after resume: start that eval afresh
-        import shutil
-
-        shutil.rmtree(out.path)
+    if out.path.exists():  # a re-run of the same step after resume: the earlier one is set aside, not deleted
+        move_dir_aside(out.path)
     out.create()
     model_dir = out.path / "model"
     if model is not None:

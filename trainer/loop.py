@@ -44,10 +44,12 @@ from vf.trainer.metrics import plot
 from vf.trainer.orchestrator import off_policy_histogram
 from vf.trainer.run_state import RunFiles, RunState
 
+from vf.rundir import RunDir
+
 SUMMARY_FILE = "summary.json"
 
 
-def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
+def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratch: bool = False,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_event: Callable[[str], None] | None = None, role: str = "both") -> dict[str, Any]:
     import torch
@@ -62,16 +64,19 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
     rl = not sft_data and config.steps > 0
 
     # -- setup ----------------------------------------------------------------------------------
-    saved = resume_from(run_dir, say) if resume else None
+    saved = resume_from(run_dir, say, from_scratch) if resume else None
     learner = Learner.build(config, d, saved, say)
     state = RunState.resumed(saved["progress"]) if saved else RunState()
-    files = RunFiles(run_dir, state.start) if d.is_main else None
-    state.rows = files.log.read() if files else []
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
     data = saved_data(config.data, config.orchestrator, config.seed) if sft_data else None
     gold = gold_warmup(tasks, learner.tokenizer, config, learner.model) if W and not sft_data else None
     push = server_push(config, run_dir, learner, say) if d.is_main and role == "both" else None
     evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
+    # set up: only now does a resumed run touch its files (a failed setup leaves them as they were)
+    files = RunFiles(run_dir, state.start, say) if d.is_main else None
+    state.rows = files.log.read() if files else []
+    if resume and d.is_main:
+        RunDir(run_dir).save_config(config.model_dump(mode="json"))
     if state.start == 0 and config.eval.at_start:
         state.reward_before = reward(evaluate(evals, learner, 0, "before"))
     rollouts = (learner.with_weights(lambda w: Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start,
@@ -138,9 +143,10 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False,
 # ---- the named steps' details ------------------------------------------------------------------------
 
 
-def resume_from(run_dir: Path, say) -> dict[str, Any] | None:
-    """The last checkpoint's contents (None: none yet, start from step 0)."""
-    ck = checkpoint.latest(run_dir)
+def resume_from(run_dir: Path, say, from_scratch: bool = False) -> dict[str, Any] | None:
+    """The last checkpoint's contents (None: none yet, start from step 0; see `checkpoint.resume_point`
+    for when that is refused)."""
+    ck = checkpoint.resume_point(run_dir, from_scratch)
     if ck is None:
         say("no checkpoint yet: starting from step 0")
         return None

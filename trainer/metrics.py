@@ -51,13 +51,6 @@ class MetricsLog:
                 continue  # a torn last line after kill -9
         return rows
 
-    def truncate(self, before_step: int) -> None:
-        """Keep only steps < before_step (resume from a checkpoint rewrites what came after)."""
-        rows = [r for r in self.read() if r.get("step", 0) < before_step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(self.path)
-
 
 def plot(run_dir: Path) -> Path | None:
     """metrics.png: reward (and eval reward), loss, masked fraction, mismatch KL, staleness."""

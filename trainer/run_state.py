@@ -7,6 +7,7 @@ it back, so a resumed run continues the same counters and remembers the evaluati
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,19 +70,45 @@ class RunState:
 
 
 class RunFiles:
-    """metrics.jsonl and traces.jsonl; on resume, what came after the checkpoint is dropped
-    (those steps are trained again)."""
+    """metrics.jsonl and traces.jsonl. On resume from checkpoint N every line of a step before N
+    stays, byte for byte; the lines of later steps (which the resumed run trains again) move to
+    metrics.after-step-N.jsonl and traces.after-step-N.jsonl, appended: nothing is deleted."""
 
-    def __init__(self, run_dir: Path, start: int):
+    def __init__(self, run_dir: Path, start: int, say=lambda _msg: None):
         from vf.rundir import RunDir
 
         self.log, self.traces = MetricsLog(run_dir), RunDir(run_dir)
-        self.log.truncate(start)
-        if self.traces.traces.exists():  # drop rollouts of steps the checkpoint does not cover
-            kept = [e for e in self.traces.read().kept if e.run.get("step", 0) < start]
-            self.traces.rewrite(kept)
+        moved = {**keep_metrics_before(self.log.path, start), **self.traces.keep_before(start)}
+        if moved:
+            say(f"resuming at step {start}: the lines of steps ≥ {start} (trained again) and any torn ones are "
+                "set aside, not deleted: "
+                + ", ".join(f"{n} line(s) in {name}" for name, n in moved.items()))
 
     def write(self, row: dict[str, Any], batch: Batch) -> None:
         for ep in batch.episodes:
             self.traces.append(ep)
         self.log.append(row)
+
+
+def keep_metrics_before(path: Path, step: int) -> dict[str, int]:
+    """metrics.jsonl on resume from checkpoint `step`: rows of earlier steps stay; later ones move
+    to metrics.after-step-N.jsonl, torn or foreign lines to metrics.corrupt.jsonl."""
+    from vf.rundir import after_step, numbered_lines, set_aside
+
+    if not path.exists():
+        return {}
+    reasons: dict[int, str] = {}
+    for n, raw in numbered_lines(path):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, RecursionError):  # a torn last line after kill -9
+            reasons[n] = "corrupt"
+            continue
+        s = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(s, int):
+            reasons[n] = "corrupt"
+        elif s >= step:
+            reasons[n] = after_step(step)
+    return set_aside(path, reasons)

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from vf.cli import Progress
+from vf.cli import Progress, console
 from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validate
 from vf.errors import UsageError
 from vf.loading import load_taskset
-from vf.rundir import RunDir
+from vf.rundir import RunDir, counted
 from vf.runner import make_engine, make_plan, make_spec, run_plan
 from vf.summary import summarize
 from vf.trace import Episode
@@ -53,7 +53,8 @@ def default_run_dir(config: EvalConfig) -> Path:
 
 def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str | None,
              resume: str | None) -> tuple[EvalConfig, RunDir | None, list[Episode], dict[str, int]]:
-    """Returns (config, run dir or None for stdout, kept episodes, what resume dropped)."""
+    """Returns (config, run dir or None for stdout, kept episodes, {reason: lines resume will set
+    aside}). Writes nothing into a resumed run: `execute` does, once the run is set up."""
     if resume:
         run = RunDir(resume)
         saved = run.load_config()
@@ -64,16 +65,12 @@ def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str |
                              + "\n  ".join(problems),
                              hint="drop those flags to continue the run, or start a new run with -o")
         state = run.read()
-        save_config(run, new)
-        dropped = {"errored": state.dropped_errored, "corrupt": state.dropped_corrupt,
-                   "duplicate": state.dropped_duplicate}
-        return new, run, state.kept, dropped
+        return new, run, state.kept, {r: state.count(r) for r in ("errored", "corrupt", "duplicate")}
     assert config is not None
     if output == "-":
         return config, None, [], {}
     run = RunDir(output or default_run_dir(config))
     run.create()
-    save_config(run, config)
     return config, run, [], {}
 
 
@@ -88,11 +85,39 @@ def save_config(run: RunDir, config: EvalConfig) -> None:
 
 def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None = None,
             label: str = "eval") -> dict[str, Any]:
-    """Run the owed episodes; return the summary over kept + new episodes."""
+    """Run the owed episodes; return the summary over kept + new episodes. A run dir this command
+    created and that holds no result when it fails is removed (`RunDir.discard`)."""
+    try:
+        return _execute(config, run, kept, stream, label)
+    except BaseException:
+        if run is not None:
+            run.discard()
+        raise
+
+
+def _execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None,
+             label: str) -> dict[str, Any]:
+    # everything that can be refused is checked before the run dir is written
     loaded = load_taskset(config.taskset.get("id", ""), config.taskset, config.env)
     plan = make_plan(loaded, config, kept)
-    if run is not None:
-        run.rewrite(plan.kept)  # atomic: only complete, error-free, still-selected episodes stay
+    engine = make_engine(config) if plan.owed else None
+    try:
+        if engine is not None and config.command == "rollout" and not engine.supports_tokens:
+            raise UsageError(f"engine {engine.name!r} gives no token ids/log-probs; vf-rollout needs them")
+        if run is not None:
+            save_config(run, config)
+            moved = run.rewrite(plan.kept)  # atomic; what it does not keep is set aside, not deleted
+            if moved:
+                console.print("resume: set aside (not deleted) " + ", ".join(
+                    f"{n} line(s) in {name}" for name, n in moved.items()), markup=False)
+    except BaseException:
+        if engine is not None:
+            asyncio.run(engine.close())
+        raise
+    return _run_owed(config, run, plan, engine, loaded, stream, label)
+
+
+def _run_owed(config, run, plan, engine, loaded, stream, label) -> dict[str, Any]:
     episodes: list[Episode] = list(plan.kept)
     progress = Progress(label, plan.total, done=len(plan.kept), rewards=[e.reward for e in plan.kept])
     out = stream or sys.stdout
@@ -114,15 +139,11 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
         progress.update(ep.reward if ep.ok else None, ep.num_output_tokens, error=not ep.ok)
 
     start = time.time()
-    engine = None
     try:
         if plan.owed:
-            engine = make_engine(config)
             run_info = {"type": config.command, "id": run.path.name if run else "stdout",
                         "name": run.path.name if run else "stdout"}
             spec = make_spec(engine, loaded, config, run_info)
-            if config.command == "rollout" and not engine.supports_tokens:
-                raise UsageError(f"engine {engine.name!r} gives no token ids/log-probs; vf-rollout needs them")
             asyncio.run(_run(plan, spec, config, engine, on_episode))
     finally:
         progress.close()
@@ -182,7 +203,14 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
         try:
             ep = parse_episode(line, path, lineno)
         except TraceFormatError as e:
-            raise UsageError(str(e), hint="repair or drop that line (vf-eval --resume drops torn lines)") from None
+            raise UsageError(str(e), hint="repair or drop that line (vf-eval --resume moves it to "
+                                          "traces.corrupt.jsonl)") from None
+        episodes.append(ep)
+    counts = counted(episodes)  # what --resume keeps: a later copy of a (task, rollout) is not counted twice
+    if not all(counts):
+        console.print(f"score: {counts.count(False)} line(s) not counted: later copies of a (task, rollout) "
+                      "already counted (vf-eval --resume sets them aside)", markup=False)
+    for ep in (ep for ep, c in zip(episodes, counts) if c):
         if ep.ok:
             task = task_cls(data_cls.model_validate(ep.task.data), loaded.taskset.config.task)
             for trace in ep.traces:
@@ -194,8 +222,7 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
             ok = all(t.ok for t in ep.traces)
             ep.finish()
             ep.ok = ok
-        episodes.append(ep)
-    return episodes, taskset_id
+    return [ep for ep, c in zip(episodes, counts) if c], taskset_id
 
 
 def print_summary_json(summary: dict[str, Any]) -> None:
