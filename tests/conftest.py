@@ -16,6 +16,9 @@ from openai_stub import StubServer  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
+# vendored v0 environments are test data, not tests (`tool_test.py` matches pytest's file pattern)
+collect_ignore = ["migrate_corpus"]
+
 
 @pytest.fixture(scope="session")
 def stub():
