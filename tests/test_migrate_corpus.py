@@ -17,6 +17,7 @@ separate v0 venv). Asserted here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -24,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,8 @@ def test_json_lists_every_decision(tmp_path):
 def _load(root: Path, name: str):
     import vf
 
+    if "data_repeat" in CASES[name]:  # a load_environment() that selects more rows than data/ has
+        os.environ["VF_DATA_DIR"] = str(_repeated_data(CASES[name]["data_repeat"]))
     random.seed(CASES[name].get("seed", 0))  # as v0_reference.py: row generation that draws random numbers
     return vf.load_taskset(str(root / f"{name}.py"))
 
@@ -121,6 +125,15 @@ def test_migrated_env_loads_on_local_data(migrated, local_data, name):
     assert not report.failures, report.failures
 
 
+@functools.cache
+def _repeated_data(times: int) -> Path:
+    """data/ with every file's rows repeated (as v0_reference.py's `data_repeat`)."""
+    out = Path(tempfile.mkdtemp(prefix="v0data"))
+    for f in (V0 / "data").glob("*.jsonl"):
+        (out / f.name).write_text(f.read_text() * times)
+    return out
+
+
 def _completion(task, case):
     if "completion" in case:
         return case["completion"]
@@ -133,6 +146,8 @@ def _score(loaded, case):
     from vf.harness import score
 
     task = list(loaded.taskset.take(case["row"] + 1))[case["row"]]
+    if "answer" in case:  # a generated row (wordle's secret word): the case fixes it, as in v0_reference.py
+        task.data = task.data.model_copy(update={"answer": case["answer"]})
     trace = Trace()
     for m in task.messages():
         trace.nodes.append(MessageNode(parent=len(trace.nodes) - 1 if trace.nodes else None, message=m))

@@ -33,6 +33,18 @@ NO_V1_ENV = {
                     "its reward names differ), or write a vf.Env whose respond() steps the textarena game",
 }
 """v0 env classes with no v1 counterpart: the module is kept, flagged with the decision to make."""
+RUNTIME_ENVS = {
+    "EnvGroup": "vf.EnvGroup → compat.EnvGroup run by compat.V0Taskset: one taskset of every member's rows, each "
+                "with info['env_id'] = its member, scored by that member's rubric (v0's reward)",
+    "TextArenaEnv": "TextArenaEnv → compat.TextArenaEnv run by compat.V0Taskset: Wordle-v0 is played by vf "
+                    "(vf's word list and G/Y/X rules, textarena's reply layout); other textarena games are an error",
+}
+"""v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
+
+
+def _env_name(call: cst.Call) -> str:
+    func = call.func
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
 DATA_ARGS = ("dataset", "eval_dataset", "system_prompt", "few_shot")
 TASK_ATTRS = {"setup", "finalize", "validate", "messages", "hooks", "data", "config", "toolsets"}
 PLURAL = {"completions", "prompts", "answers", "infos", "states", "tasks"}
@@ -289,6 +301,8 @@ class _Migration:
         self.N = {k: self.fresh(self.base + k) for k in ("Data", "Config", "Task", "Taskset")}
         self.renamer = _Rename(self.aliases)
         env_call = self.split_load_environment()
+        if _env_name(env_call) in RUNTIME_ENVS:
+            return self.run_at_runtime(env_call)
         self.env_kind(env_call)
         self.kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
         self.check_env_args(env_call)
@@ -373,6 +387,35 @@ class _Migration:
                     name in defined_names(s) and isinstance(s.body[0].value, cst.Call):
                 return s
         return None
+
+    def run_at_runtime(self, env_call: cst.Call) -> Report:
+        """An env whose rows and rubric only exist once it is built (EnvGroup, TextArenaEnv): keep
+        load_environment() on compat's v0 classes, and wrap it in a compat.V0Taskset that builds
+        it at load time and scores each row with its (member's) v0 rubric."""
+        name = _env_name(env_call)
+        body, imported_vf = [], [False, False]
+        for stmt in self.mod.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                body.extend(_rewrite_imports(stmt, self.add, self.line, imported_vf))
+            else:
+                body.append(self.renamed(stmt))
+        if not any(isinstance(s, cst.SimpleStatementLine) and _code(s).strip() == "from vf.migrate import compat"
+                   for s in body):
+            body.insert(0, cst.parse_statement("from vf.migrate import compat\n"))
+        multi = "\n    v0_multi_turn = True" if name == "TextArenaEnv" else ""
+        tail = cst.parse_module(
+            f"\n\n# ---- migrated by vf-migrate (see MIGRATION.md): {name} is built at load time ----\n\n"
+            f"class {self.N['Taskset']}(compat.V0Taskset):\n"
+            f'    """load_environment() on vf.migrate.compat; `--taskset.args` are its keyword arguments."""\n\n'
+            f"    v0_load = staticmethod(load_environment){multi}\n\n\n"
+            f'__all__ = ["{self.N["Taskset"]}"]\n')
+        first = tail.body[0]
+        body.append(first.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *tail.header,
+                                                      *first.leading_lines]))
+        body.extend(tail.body[1:])
+        self.add(env_call, "ENV001", MIGRATED, RUNTIME_ENVS[name])
+        self.report.change(self.path, self.source, self.mod.with_changes(body=body).code)
+        return self.report
 
     def env_kind(self, env_call: cst.Call) -> None:
         """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
