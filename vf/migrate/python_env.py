@@ -24,15 +24,6 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool"}
-NO_V1_ENV = {
-    "EnvGroup": "vf.EnvGroup serves several v0 environments as one; a v1 module is one taskset. Decide: move each "
-                "member env into its own module with a load_environment() and migrate each, then list them as "
-                "[[env]] entries of one vf-train config (or eval them one by one)",
-    "TextArenaEnv": "TextArenaEnv plays a game of the textarena package, which vf does not wrap. Decide: for Wordle-v0 "
-                    "use vf's built-in `wordle` taskset (same <guess> tags, G/Y/X feedback, rewards from the trace; "
-                    "its reward names differ), or write a vf.Env whose respond() steps the textarena game",
-}
-"""v0 env classes with no v1 counterpart: the module is kept, flagged with the decision to make."""
 RUNTIME_ENVS = {
     "EnvGroup": "vf.EnvGroup → compat.EnvGroup run by compat.V0Taskset: one taskset of every member's rows, each "
                 "with info['env_id'] = its member, scored by that member's rubric (v0's reward)",
@@ -413,7 +404,7 @@ class _Migration:
         body.append(first.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *tail.header,
                                                       *first.leading_lines]))
         body.extend(tail.body[1:])
-        self.add(env_call, "ENV001", MIGRATED, RUNTIME_ENVS[name])
+        self.add(env_call, "ENV013", MIGRATED, RUNTIME_ENVS[name])
         self.report.change(self.path, self.source, self.mod.with_changes(body=body).code)
         return self.report
 
@@ -421,8 +412,6 @@ class _Migration:
         """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
         plan, func = self.plan, env_call.func
         env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        if env_name in NO_V1_ENV:
-            raise MigrationError(f"{self.path}: line {self.line(env_call)}: {NO_V1_ENV[env_name]}")
         kind, self.v0_class = ENV_KINDS.get(env_name), None
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
@@ -551,8 +540,9 @@ class _Migration:
     def _rubric_class(self, rubric_call: cst.Call, rname: str) -> None:
         if rname == "JudgeRubric":
             self.plan.judge = _judge_settings(rubric_call, self.load_env)
-            self.add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config; "
-                     "check its prompt placeholders and how the rewards read the verdict")
+            self.add(rubric_call, "ENV010", MIGRATED, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config "
+                     "(model, base_url, API key variable of the v0 client; `--env.taskset.task.judge.*` overrides); "
+                     "the rewards' judge(...) fills v0's prompt from the judge rubric's own parser, as v0 did")
         elif rname not in ("Rubric", "MathRubric", "ToolRubric"):
             self.plan.manual.append((self.line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
                                      "methods (a judge call inside a reward, or vf's math helpers)"))
@@ -734,13 +724,12 @@ class _Migration:
         if self.plan.judge is None:
             return []
         self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
-        return [f"# {TODO}: JudgeRubric → {self.judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
-                "# {response}) and how the rewards read the verdict",
-                f"class {self.judge_cls}(vf.Judge):",
+        settings = "".join(f", {k}={self.plan.judge[k]}" for k in ("base_url", "api_key_var") if k in self.plan.judge)
+        return [f"class {self.judge_cls}(vf.Judge):",
                 '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
                 f"    prompt = {self.plan.judge['prompt']}", "", "",
                 f"class {self.task_config}(vf.TaskConfig):",
-                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']})", "", ""]
+                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']}{settings})", "", ""]
 
     def gen_config(self) -> list[str]:
         """The TasksetConfig: load_environment's keyword parameters as typed fields."""
@@ -1013,6 +1002,28 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
     a load_environment parameter becomes its default."""
     defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
     out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
+    client = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("judge_client", "client")
+                   and isinstance(a.value, cst.Call)), None)
+    if client is None:  # judge_client=NAME: NAME = OpenAI(...) in load_environment
+        name = next((_code(a.value) for a in call.args if a.keyword is not None
+                     and a.keyword.value in ("judge_client", "client") and isinstance(a.value, cst.Name)), None)
+        client = next((s.body[0].value for s in load_env.body.body if name and isinstance(s, cst.SimpleStatementLine)
+                       and isinstance(s.body[0], cst.Assign) and _code(s.body[0].targets[0].target) == name
+                       and isinstance(s.body[0].value, cst.Call)), None)
+    for a in client.args if client is not None else []:  # OpenAI(base_url=..., api_key=os.getenv(VAR, ...))
+        value = a.value
+        if isinstance(value, cst.Name) and value.value in defaults:
+            value = defaults[value.value]
+        if a.keyword is None or value is None:
+            continue
+        if a.keyword.value == "base_url" and isinstance(value, cst.SimpleString):
+            out["base_url"] = _code(value)
+        elif a.keyword.value == "api_key" and isinstance(value, cst.Call) and _code(value.func) in ("os.getenv",
+                                                                                                 "os.environ.get"):
+            var = value.args[0].value if value.args else None
+            var = defaults.get(var.value, var) if isinstance(var, cst.Name) else var
+            if isinstance(var, cst.SimpleString):
+                out["api_key_var"] = _code(var)
     for a in call.args:
         if a.keyword is None or a.keyword.value not in ("judge_model", "model", "judge_prompt"):
             continue
