@@ -314,9 +314,9 @@ class JudgeCall:
     def __init__(self, judge: Any, trace: Any, parser: Parser | None = None):
         self.judge, self.trace, self.parser = judge, trace, parser
 
-    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None, **kwargs: Any) -> str:
-        question = prompt if isinstance(prompt, str) else next(
-            (content_text(m.get("content")) for m in reversed(prompt or []) if m.get("role") == "user"), "")
+    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None) -> str:
+        # v0's signature exactly: a reward that passes more (`**kwargs`) failed in v0, and scored 0
+        question = prompt if isinstance(prompt, str) else (content_text(prompt[-1].get("content")) if prompt else "")
         if self.parser is not None:
             response = self.parser.parse_answer(completion)
         else:
@@ -345,6 +345,8 @@ class Environment:
         which the v1 hook runner awaits), with its own rubric's parser as `parser`. `extra` adds
         arguments (e.g. a JudgeRubric's `judge`)."""
         fn, _, owner = self.rubric.entries()[index]
+        if isinstance(extra.get("judge"), JudgeCall):  # v0's judge() parses with its own rubric's parser
+            extra["judge"].parser = owner.parser
         return _scored(fn, pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
 
     async def setup_state(self, state: dict, **kwargs: Any) -> dict:

@@ -9,8 +9,10 @@ cases of cases.json, on the local data files of data/ (standing in for the hub).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -116,11 +118,16 @@ def main() -> None:
         DATA[0] = repeated_data(spec["data_repeat"]) if "data_repeat" in spec else HERE / "data"
         if spec.get("v0_stub_env"):
             stub_textarena()
+        kwargs = spec.get("kwargs", {})
+        if spec.get("judge"):  # the scripted judge server the test runs (VF_JUDGE_BASE_URL)
+            url = os.environ["VF_JUDGE_BASE_URL"]
+            os.environ["OPENAI_BASE_URL"] = url
+            kwargs = {k: url if v == "$JUDGE" else v for k, v in kwargs.items()}
         modspec = importlib.util.spec_from_file_location(f"v0_{name}", HERE / "envs" / f"{name}.py")
         mod = importlib.util.module_from_spec(modspec)
         try:
             modspec.loader.exec_module(mod)
-            env = mod.load_environment(**spec.get("kwargs", {}))
+            env = mod.load_environment(**kwargs)
         except (ImportError, AttributeError) as e:  # written for another v0 release than this one
             out[name] = {"unavailable": f"{type(e).__name__}: {e}"}
             continue
@@ -128,6 +135,7 @@ def main() -> None:
             else env.get_dataset()
         group = getattr(env, "env_map", None)  # EnvGroup: a row is scored by its member's rubric
         results = []
+        loop = asyncio.new_event_loop()  # one loop per env: a judge's async client outlives a case
         for case in spec["cases"]:
             row = dict(ds[case["row"]])
             if "answer" in case:
@@ -137,9 +145,11 @@ def main() -> None:
                 completion = [{"role": "assistant", "content": a} for a in row["info"][case["replies_from_info"]]]
                 completion = [m for a in completion for m in (a, {"role": "user", "content": "next"})][:-1]
             owner = group[row["info"]["env_id"]] if group else env
-            names, scores, weights = asyncio.run(_score(owner, row, _objects(completion)))
+            with contextlib.redirect_stdout(sys.stderr):  # an env's own print()s are not the JSON
+                names, scores, weights = loop.run_until_complete(_score(owner, row, _objects(completion)))
             results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
                             "reward": sum(s * w for s, w in zip(scores, weights))})
+        loop.close()
         out[name] = results
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")
