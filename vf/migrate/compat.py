@@ -553,6 +553,8 @@ def rows(dataset: Iterable[dict[str, Any]] | None, data_class: type, system_prom
         dataset = dataset()  # v0 accepted a dataset builder (a function returning the dataset)
     if dataset is None:
         return
+    if isinstance(dataset, dict) and "train" in dataset:  # load_dataset(...) without a split: its train split
+        dataset = dataset["train"]
     fields = getattr(data_class, "model_fields", {})
     for row in dataset:
         row = dict(row)
