@@ -13,6 +13,7 @@ Whatever has no mechanical form is kept and marked `# TODO(vf-migrate): ...` (ru
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,21 @@ RUNTIME_ENVS = {
                     "(vf's word list and G/Y/X rules, textarena's reply layout); other textarena games are an error",
 }
 """v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
+
+
+class _GroupFunctions(cst.CSTTransformer):
+    """Flags v0 group reward functions (plural arguments) with a TODO; records (line, name)."""
+
+    def __init__(self, line: Callable[[cst.CSTNode], int]):
+        self.line, self.found = line, []
+
+    def leave_FunctionDef(self, original, updated):
+        params = {p.name.value for p in [*updated.params.params, *updated.params.kwonly_params]}
+        if not params & PLURAL:
+            return updated
+        self.found.append((self.line(original), updated.name.value))
+        return _flag(updated, f"{updated.name.value} is a group reward (plural arguments): compat.V0Taskset "
+                              "scores one rollout at a time; port it to Env.finalize (see ENV012)")
 
 
 def _env_name(call: cst.Call) -> str:
@@ -385,11 +401,15 @@ class _Migration:
         it at load time and scores each row with its (member's) v0 rubric."""
         name = _env_name(env_call)
         body, imported_vf = [], [False, False]
+        group_fns = _GroupFunctions(self.line)
         for stmt in self.mod.body:
             if isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
                 body.extend(_rewrite_imports(stmt, self.add, self.line, imported_vf))
             else:
-                body.append(self.renamed(stmt))
+                body.append(self.renamed(stmt.visit(group_fns)))
+        for ln, fname in group_fns.found:
+            self.add(ln, "ENV900", MANUAL, f"group reward {fname}(completions, ...) of a {name} member: "
+                     "compat.V0Taskset scores one rollout at a time (it would score 0); port it to Env.finalize")
         if not any(isinstance(s, cst.SimpleStatementLine) and _code(s).strip() == "from vf.migrate import compat"
                    for s in body):
             body.insert(0, cst.parse_statement("from vf.migrate import compat\n"))
