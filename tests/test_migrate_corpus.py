@@ -238,11 +238,13 @@ def test_migrated_env_runs_under_vf_eval(migrated, tmp_path, stub, name):
 
 
 @pytest.mark.v0ref
-def test_golden_rewards_are_v0s_own():
+def test_golden_rewards_are_v0s_own(stub):
     py = os.environ.get("VF_V0_PYTHON")
     if not py:
         pytest.skip("set VF_V0_PYTHON to the python of a venv with verifiers 0.1.x (and math-verify)")
-    r = subprocess.run([py, str(V0 / "v0_reference.py")], capture_output=True, text=True, timeout=600, check=False)
+    env = {**os.environ, "VF_JUDGE_BASE_URL": stub.url, "OPENAI_API_KEY": "unused"}  # v0's JudgeRubric → the stub
+    r = subprocess.run([py, str(V0 / "v0_reference.py")], capture_output=True, text=True, timeout=600, check=False,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     live = json.loads(r.stdout)
     compared = 0

@@ -144,7 +144,8 @@ def main() -> None:
             if completion is None:  # the ideal replies, from the row's own info
                 completion = [{"role": "assistant", "content": a} for a in row["info"][case["replies_from_info"]]]
                 completion = [m for a in completion for m in (a, {"role": "user", "content": "next"})][:-1]
-            owner = group[row["info"]["env_id"]] if group else env
+            # 0.1.14 routes by info["env_id"], earlier releases by the "task" column
+            owner = group[(row.get("info") or {}).get("env_id") or row.get("task")] if group else env
             with contextlib.redirect_stdout(sys.stderr):  # an env's own print()s are not the JSON
                 names, scores, weights = loop.run_until_complete(_score(owner, row, _objects(completion)))
             results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
