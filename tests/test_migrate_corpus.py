@@ -376,3 +376,27 @@ def test_a_module_libcst_cannot_parse_is_still_migrated(tmp_path, monkeypatch):
     compile(new, "reverse_text.py", "exec")
     assert "class ReverseTextTaskset(vf.Taskset" in new
     assert any("libcst could not parse" in e.message for e in report.entries)
+
+
+def test_textarena_wordle_replies_as_v0_rewards_read_them():
+    """compat.TextArenaEnv plays Wordle-v0: the reply after a guess is textarena's layout (the guess
+    line, then the G/Y/X marks), which wordle's partial_credit_reward_func counts; six guesses end it."""
+    from vf.errors import UsageError
+    from vf.migrate import compat
+
+    env = compat.TextArenaEnv(num_train_examples=3, seed=1, feedback_fn=lambda o: o.split("Feedback:")[-1])
+    assert len(env.dataset) == 3 and all(len(r["answer"]) == 5 for r in env.dataset) and env.eval_dataset is None
+    state = {"answer": "grape"}
+    reply = env.env_response([{"role": "assistant", "content": "<think>a</think><guess>[crane]</guess>"}], state)
+    guess, marks = reply[0]["content"].strip().split("\n")[:2]
+    assert (guess, marks) == ("C R A N E", "X G G X G") and not env.is_completed([], state)
+    for _ in range(4):
+        env.env_response([{"role": "assistant", "content": "<guess>[crane]</guess>"}], state)
+    assert not env.is_completed([], state)
+    last = env.env_response([{"role": "assistant", "content": "<guess>[crane]</guess>"}], state)
+    assert env.is_completed([], state) and "[grape]" in last[0]["content"]  # the sixth guess ends the game
+    won = {"answer": "grape"}
+    env.env_response([{"role": "assistant", "content": "<guess>[grape]</guess>"}], won)
+    assert env.is_completed([], won)
+    with pytest.raises(UsageError, match="Wordle-v0"):
+        compat.TextArenaEnv(game="Sudoku-v0")

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 from vf.env import Env
-from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward, stop
 from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated imports name them here
     BOXED_SYSTEM_PROMPT,
     THINK_BOXED_SYSTEM_PROMPT,
@@ -41,6 +42,7 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
+from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward, stop
 from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
@@ -668,7 +670,7 @@ def _listed(dataset: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in dataset] if dataset is not None else []
 
 
-def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:  # noqa: N802 - the v0 class name
+def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:
     """v0 `TextArenaEnv(game=...)`: Wordle-v0 is played by vf (vf.migrate.textarena); another
     textarena game is a clear error (vf does not wrap the textarena package)."""
     from vf.migrate.textarena import make
@@ -680,14 +682,14 @@ class V0Data(TaskData):
     """A v0 row: prompt, answer, info."""
 
     answer: str = ""
-    info: dict = {}
+    info: dict = Field(default_factory=dict)
 
 
 class V0Config(TasksetConfig):
     """`args`: keyword arguments of the v0 load_environment(); `split`: "eval" (its eval_dataset,
     the train dataset when it has none) or "train"."""
 
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = Field(default_factory=dict)
     split: str = "eval"
 
 

@@ -76,7 +76,7 @@ def stub_textarena() -> None:
     keeps what the rewards use (the v0 rubric and parser it is given) and one row per case."""
     import types
 
-    def TextArenaEnv(parser=None, rubric=None, system_prompt=None, **kwargs):  # noqa: N802
+    def TextArenaEnv(parser=None, rubric=None, system_prompt=None, **kwargs):
         row = {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": "Wordle"}],
                "answer": ""}
         return types.SimpleNamespace(rubric=rubric, parser=parser, eval_dataset=None, get_dataset=lambda: [row])
