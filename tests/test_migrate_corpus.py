@@ -5,11 +5,14 @@ hub datasets they load (data/, read through `VF_DATA_DIR`), fixed completions (c
 rewards verifiers 0.1.14 itself gave them (golden_v0_rewards.json, written by v0_reference.py in a
 separate v0 venv). Asserted here:
 
-- the whole corpus migrates: no `verifiers` import left outside the modules flagged with a decision
-  (TODO naming the line), everything compiles, and `--check` on the result finds nothing more;
+- the whole corpus migrates: no `verifiers` import left, everything compiles, and `--check` on the
+  result finds nothing more (EnvGroup and TextArenaEnv through compat.V0Taskset);
 - every migrated env loads (`vf.load_taskset`, as vf-validate does) on the local data;
 - the same rows and completions give the v0 rewards (reward total and each v0 function's score);
-- a few migrated envs run end to end under `vf-eval` on the embedded `tiny` model.
+- migrated envs run end to end under `vf-eval` on the embedded `tiny` model (a few by default, every
+  one with `-m migrate_all`; judges against the scripted judge server);
+- judge envs: v0's JudgeRubric and the migrated vf.Judge against the same scripted server give the
+  same rewards (v0_reference.py with VF_JUDGE_BASE_URL).
 
 `-m v0ref` with `VF_V0_PYTHON` set recomputes the v0 rewards live against that python.
 """
@@ -37,8 +40,7 @@ V0 = Path(__file__).parent / "migrate_corpus" / "v0"
 CASES = json.loads((V0 / "cases.json").read_text())
 GOLDEN = json.loads((V0 / "golden_v0_rewards.json").read_text())
 ENVS = sorted(p.stem for p in (V0 / "envs").glob("*.py"))
-# the decision each of these needs has no mechanical answer (EnvGroup, TextArena): kept, flagged
-FLAGGED = {name for name, spec in CASES.items() if "todo" in spec}
+NO_REWARDS = {name for name, spec in CASES.items() if spec.get("e2e_no_rewards")}
 NEEDS_MATH_VERIFY = {"vf_math500", "vf_aime2024", "vf_math_python"}  # their own rewards import math_verify
 VERIFIERS_IMPORT = re.compile(r"^\s*(import verifiers|from verifiers)", re.MULTILINE)
 
@@ -71,20 +73,15 @@ def test_whole_corpus_migrates_without_verifiers(migrated):
     for name in ENVS:
         new = (root / f"{name}.py").read_text()
         compile(new, name, "exec")
-        if name in FLAGGED:
-            assert "TODO(vf-migrate)" in new and CASES[name]["todo"] in new, name
-            assert re.search(r"line \d+", new), name  # the TODO names the line
-        else:
-            assert not VERIFIERS_IMPORT.search(new), name
-            assert "TODO(vf-migrate)" not in new or name in {"gpqa", "self_reward", "vf_self_reward",
-                                                             "continuation_quality"}, name  # judges: review
+        assert not VERIFIERS_IMPORT.search(new), name
+        # the one decision left: v0's JudgeRubric there has no reward functions (v0's reward was always 0)
+        assert "TODO(vf-migrate)" not in new or name in NO_REWARDS, name
     manual = {Path(e.file).stem for e in report.entries if e.status == "manual"}
-    assert manual <= FLAGGED | {"gpqa", "self_reward", "vf_self_reward", "continuation_quality"}, manual
-    # a second run finds nothing more to change (what is left are the flagged decisions)
+    assert manual <= NO_REWARDS, manual
+    # a second run finds nothing more to change (what is left is that decision)
     again = plan([root])
     assert not again.changes
-    assert {Path(e.file).stem for e in again.entries if e.status == "manual"} <= FLAGGED | {
-        "gpqa", "self_reward", "vf_self_reward", "continuation_quality"}
+    assert {Path(e.file).stem for e in again.entries if e.status == "manual"} <= NO_REWARDS
 
 
 def test_json_lists_every_decision(tmp_path):
@@ -109,10 +106,7 @@ def _load(root: Path, name: str, fields: dict | None = None):
     return vf.load_taskset(str(root / f"{name}.py"), fields)
 
 
-LOADABLE = [n for n in ENVS if n not in FLAGGED]
-
-
-@pytest.mark.parametrize("name", LOADABLE)
+@pytest.mark.parametrize("name", ENVS)
 def test_migrated_env_loads_on_local_data(migrated, local_data, name):
     if name in NEEDS_MATH_VERIFY:
         pytest.importorskip("math_verify")
