@@ -5,11 +5,14 @@ hub datasets they load (data/, read through `VF_DATA_DIR`), fixed completions (c
 rewards verifiers 0.1.14 itself gave them (golden_v0_rewards.json, written by v0_reference.py in a
 separate v0 venv). Asserted here:
 
-- the whole corpus migrates: no `verifiers` import left outside the modules flagged with a decision
-  (TODO naming the line), everything compiles, and `--check` on the result finds nothing more;
+- the whole corpus migrates: no `verifiers` import left, everything compiles, and `--check` on the
+  result finds nothing more (EnvGroup and TextArenaEnv through compat.V0Taskset);
 - every migrated env loads (`vf.load_taskset`, as vf-validate does) on the local data;
 - the same rows and completions give the v0 rewards (reward total and each v0 function's score);
-- a few migrated envs run end to end under `vf-eval` on the embedded `tiny` model.
+- migrated envs run end to end under `vf-eval` on the embedded `tiny` model (a few by default, every
+  one with `-m migrate_all`; judges against the scripted judge server);
+- judge envs: v0's JudgeRubric and the migrated vf.Judge against the same scripted server give the
+  same rewards (v0_reference.py with VF_JUDGE_BASE_URL).
 
 `-m v0ref` with `VF_V0_PYTHON` set recomputes the v0 rewards live against that python.
 """
@@ -17,6 +20,7 @@ separate v0 venv). Asserted here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -24,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,8 +40,7 @@ V0 = Path(__file__).parent / "migrate_corpus" / "v0"
 CASES = json.loads((V0 / "cases.json").read_text())
 GOLDEN = json.loads((V0 / "golden_v0_rewards.json").read_text())
 ENVS = sorted(p.stem for p in (V0 / "envs").glob("*.py"))
-# the decision each of these needs has no mechanical answer (EnvGroup, TextArena): kept, flagged
-FLAGGED = {name for name, spec in CASES.items() if "todo" in spec}
+NO_REWARDS = {name for name, spec in CASES.items() if spec.get("e2e_no_rewards")}
 NEEDS_MATH_VERIFY = {"vf_math500", "vf_aime2024", "vf_math_python"}  # their own rewards import math_verify
 VERIFIERS_IMPORT = re.compile(r"^\s*(import verifiers|from verifiers)", re.MULTILINE)
 
@@ -69,20 +73,15 @@ def test_whole_corpus_migrates_without_verifiers(migrated):
     for name in ENVS:
         new = (root / f"{name}.py").read_text()
         compile(new, name, "exec")
-        if name in FLAGGED:
-            assert "TODO(vf-migrate)" in new and CASES[name]["todo"] in new, name
-            assert re.search(r"line \d+", new), name  # the TODO names the line
-        else:
-            assert not VERIFIERS_IMPORT.search(new), name
-            assert "TODO(vf-migrate)" not in new or name in {"gpqa", "self_reward", "vf_self_reward",
-                                                             "continuation_quality"}, name  # judges: review
+        assert not VERIFIERS_IMPORT.search(new), name
+        # the one decision left: v0's JudgeRubric there has no reward functions (v0's reward was always 0)
+        assert "TODO(vf-migrate)" not in new or name in NO_REWARDS, name
     manual = {Path(e.file).stem for e in report.entries if e.status == "manual"}
-    assert manual <= FLAGGED | {"gpqa", "self_reward", "vf_self_reward", "continuation_quality"}, manual
-    # a second run finds nothing more to change (what is left are the flagged decisions)
+    assert manual <= NO_REWARDS, manual
+    # a second run finds nothing more to change (what is left is that decision)
     again = plan([root])
     assert not again.changes
-    assert {Path(e.file).stem for e in again.entries if e.status == "manual"} <= FLAGGED | {
-        "gpqa", "self_reward", "vf_self_reward", "continuation_quality"}
+    assert {Path(e.file).stem for e in again.entries if e.status == "manual"} <= NO_REWARDS
 
 
 def test_json_lists_every_decision(tmp_path):
@@ -94,31 +93,40 @@ def test_json_lists_every_decision(tmp_path):
     files = {Path(e["file"]).stem for e in out["entries"]}
     assert files == set(ENVS)
     for name in ENVS:  # every module says what happened to load_environment, or why it was kept
-        assert any(Path(e["file"]).stem == name and e["rule"] in ("ENV001", "ENV900") for e in out["entries"]), name
+        assert any(Path(e["file"]).stem == name and e["rule"] in ("ENV001", "ENV013", "ENV900") for e in out["entries"]), name
     assert out["summary"]["files_changed"] == len(ENVS)
 
 
-def _load(root: Path, name: str):
+def _load(root: Path, name: str, fields: dict | None = None):
     import vf
 
+    if "data_repeat" in CASES[name]:  # a load_environment() that selects more rows than data/ has
+        os.environ["VF_DATA_DIR"] = str(_repeated_data(CASES[name]["data_repeat"]))
     random.seed(CASES[name].get("seed", 0))  # as v0_reference.py: row generation that draws random numbers
-    return vf.load_taskset(str(root / f"{name}.py"))
+    return vf.load_taskset(str(root / f"{name}.py"), fields)
 
 
-LOADABLE = [n for n in ENVS if n not in FLAGGED and n not in ("self_reward", "vf_self_reward")]
-
-
-@pytest.mark.parametrize("name", LOADABLE)
+@pytest.mark.parametrize("name", ENVS)
 def test_migrated_env_loads_on_local_data(migrated, local_data, name):
     if name in NEEDS_MATH_VERIFY:
         pytest.importorskip("math_verify")
     from vf.validate import validate_taskset
 
-    loaded = _load(migrated[0], name)
+    fields = CASES[name].get("fields")  # a load_environment() with required arguments gets them
+    loaded = _load(migrated[0], name, fields)
     rows = list(loaded.taskset.take(2))
     assert rows and all(t.messages() for t in rows)
-    report = asyncio.run(validate_taskset(_load(migrated[0], name), 2))  # what vf-validate runs
+    report = asyncio.run(validate_taskset(_load(migrated[0], name, fields), 2))  # what vf-validate runs
     assert not report.failures, report.failures
+
+
+@functools.cache
+def _repeated_data(times: int) -> Path:
+    """data/ with every file's rows repeated (as v0_reference.py's `data_repeat`)."""
+    out = Path(tempfile.mkdtemp(prefix="v0data"))
+    for f in (V0 / "data").glob("*.jsonl"):
+        (out / f.name).write_text(f.read_text() * times)
+    return out
 
 
 def _completion(task, case):
@@ -133,6 +141,8 @@ def _score(loaded, case):
     from vf.harness import score
 
     task = list(loaded.taskset.take(case["row"] + 1))[case["row"]]
+    if "answer" in case:  # a generated row (wordle's secret word): the case fixes it, as in v0_reference.py
+        task.data = task.data.model_copy(update={"answer": case["answer"]})
     trace = Trace()
     for m in task.messages():
         trace.nodes.append(MessageNode(parent=len(trace.nodes) - 1 if trace.nodes else None, message=m))
@@ -150,12 +160,25 @@ RENAMED = {"correct_answer": "correct_answer_reward_func"}
 PARITY = [(n, i) for n in ENVS if isinstance(GOLDEN.get(n), list) for i in range(len(GOLDEN[n]))]
 
 
+def _judge_fields(request, name: str) -> dict | None:
+    """A judge env's judge pointed at the scripted judge server (the golden rewards are v0's
+    JudgeRubric against the same server: v0_reference.py with VF_JUDGE_BASE_URL)."""
+    if not CASES[name].get("judge"):
+        return None
+    return {"task": {"judge": {"base_url": request.getfixturevalue("stub").url}}}
+
+
+# Cases that attack v0 semantics compat must keep (each fails when the fix is reverted):
+# - gpqa-0, gpqa-2: the JudgeRubric has no parser, so v0's judge sees the whole reply (a plain Parser),
+#   not the env's ThinkParser answer ("sey" inside <think> turns the reversing judge's reply into "yes");
+# - wordle-0 (partial_credit_reward_func splits a one-line reply), continuation_quality-0 (passes **kwargs
+#   to judge()): a reward function that raises scores 0, as v0 logged and scored it.
 @pytest.mark.parametrize("name, i", PARITY)
-def test_rewards_match_v0(migrated, local_data, name, i):
+def test_rewards_match_v0(migrated, local_data, request, name, i):
     if name in NEEDS_MATH_VERIFY:
         pytest.importorskip("math_verify")
     want = GOLDEN[name][i]
-    trace = _score(_load(migrated[0], name), CASES[name]["cases"][i])
+    trace = _score(_load(migrated[0], name, _judge_fields(request, name)), CASES[name]["cases"][i])
     v0 = dict(zip(want["names"], zip(want["scores"], want["weights"])))
     for fn, value in trace.rewards.items():  # each v0 function: same score, same weight
         v0_fn = fn if fn in v0 else RENAMED.get(fn, fn)
@@ -168,37 +191,54 @@ def test_rewards_match_v0(migrated, local_data, name, i):
 
 # ---- end to end: vf-eval on the embedded model -------------------------------------------------
 
-# single-turn with a hub dataset read from VF_DATA_DIR; multi-turn with env_response + MathRubric; tools
-E2E = ["reverse_text", "doublecheck", "tool_test"]
+# every corpus env that runs on the embedded model; the default run keeps a representative few:
+# single-turn on a hub dataset from VF_DATA_DIR, multi-turn env_response + MathRubric, tools, and an
+# EnvGroup built at load time (compat.V0Taskset)
+E2E = ["reverse_text", "doublecheck", "tool_test", "math_group"]
+E2E_ALL = [pytest.param(n, marks=pytest.mark.migrate_all) for n in ENVS if n not in E2E]
+
+
+def _vf_eval(root: Path, name: str, out: Path, judge_url: str) -> subprocess.CompletedProcess:
+    data = _repeated_data(CASES[name]["data_repeat"]) if "data_repeat" in CASES[name] else V0 / "data"
+    env = {**os.environ, "NO_COLOR": "1", "VF_DATA_DIR": str(data), "OPENAI_API_KEY": "unused"}
+    args = ["-n", "2", "-r", "1", "--sampling.max-tokens", "8", "--max-turns", "2", "-o", str(out), "--json"]
+    if CASES[name].get("judge"):  # the judge's base URL setting → the scripted judge server
+        args += ["--taskset.task.judge.base-url", judge_url]
+    for key, value in CASES[name].get("fields", {}).items():  # required load_environment() arguments
+        args += [f"--taskset.{key.replace('_', '-')}", value]
+    return subprocess.run([str(Path(sys.executable).parent / "vf-eval"), str(root / f"{name}.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", E2E)
-def test_migrated_env_runs_under_vf_eval(migrated, tmp_path, name):
-    env = {**os.environ, "NO_COLOR": "1", "VF_DATA_DIR": str(V0 / "data")}
+@pytest.mark.parametrize("name", E2E + E2E_ALL)
+def test_migrated_env_runs_under_vf_eval(migrated, tmp_path, stub, name):
+    if name in NEEDS_MATH_VERIFY:
+        pytest.importorskip("math_verify")
     out = tmp_path / "run"
-    r = subprocess.run([str(Path(sys.executable).parent / "vf-eval"), str(migrated[0] / f"{name}.py"), "-n", "2",
-                        "-r", "1", "--sampling.max-tokens", "8", "--max-turns", "2", "-o", str(out), "--json"],
-                       capture_output=True, text=True, env=env, timeout=300, check=False)
+    r = _vf_eval(migrated[0], name, out, stub.url)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["num_episodes"] == 2
+    assert summary["num_episodes"] == CASES[name].get("e2e_episodes", 2)  # -n 2, or the rows its local data has
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     for ep in traces:
         assert ep["ok"], ep["errors"]
-        names = set(ep["traces"][0]["rewards"])
-        assert names, name  # the v0 reward functions scored the rollout
+        rewards = ep["traces"][0]["rewards"]
+        assert all(v is not None for v in rewards.values()), (name, rewards)  # v0's functions scored
+        assert bool(rewards) != CASES[name].get("e2e_no_rewards", False), (name, rewards)  # self_reward: none
 
 
 # ---- the live v0 reference ---------------------------------------------------------------------
 
 
 @pytest.mark.v0ref
-def test_golden_rewards_are_v0s_own():
+def test_golden_rewards_are_v0s_own(stub):
     py = os.environ.get("VF_V0_PYTHON")
     if not py:
         pytest.skip("set VF_V0_PYTHON to the python of a venv with verifiers 0.1.x (and math-verify)")
-    r = subprocess.run([py, str(V0 / "v0_reference.py")], capture_output=True, text=True, timeout=600, check=False)
+    env = {**os.environ, "VF_JUDGE_BASE_URL": stub.url, "OPENAI_API_KEY": "unused"}  # v0's JudgeRubric → the stub
+    r = subprocess.run([py, str(V0 / "v0_reference.py")], capture_output=True, text=True, timeout=600, check=False,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     live = json.loads(r.stdout)
     compared = 0
@@ -330,3 +370,27 @@ def test_a_module_libcst_cannot_parse_is_still_migrated(tmp_path, monkeypatch):
     compile(new, "reverse_text.py", "exec")
     assert "class ReverseTextTaskset(vf.Taskset" in new
     assert any("libcst could not parse" in e.message for e in report.entries)
+
+
+def test_textarena_wordle_replies_as_v0_rewards_read_them():
+    """compat.TextArenaEnv plays Wordle-v0: the reply after a guess is textarena's layout (the guess
+    line, then the G/Y/X marks), which wordle's partial_credit_reward_func counts; six guesses end it."""
+    from vf.errors import UsageError
+    from vf.migrate import compat
+
+    env = compat.TextArenaEnv(num_train_examples=3, seed=1, feedback_fn=lambda o: o.split("Feedback:")[-1])
+    assert len(env.dataset) == 3 and all(len(r["answer"]) == 5 for r in env.dataset) and env.eval_dataset is None
+    state = {"answer": "grape"}
+    reply = env.env_response([{"role": "assistant", "content": "<think>a</think><guess>[crane]</guess>"}], state)
+    guess, marks = reply[0]["content"].strip().split("\n")[:2]
+    assert (guess, marks) == ("C R A N E", "X G G X G") and not env.is_completed([], state)
+    for _ in range(4):
+        env.env_response([{"role": "assistant", "content": "<guess>[crane]</guess>"}], state)
+    assert not env.is_completed([], state)
+    last = env.env_response([{"role": "assistant", "content": "<guess>[crane]</guess>"}], state)
+    assert env.is_completed([], state) and "[grape]" in last[0]["content"]  # the sixth guess ends the game
+    won = {"answer": "grape"}
+    env.env_response([{"role": "assistant", "content": "<guess>[grape]</guess>"}], won)
+    assert env.is_completed([], won)
+    with pytest.raises(UsageError, match="Wordle-v0"):
+        compat.TextArenaEnv(game="Sudoku-v0")

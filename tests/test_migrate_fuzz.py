@@ -20,7 +20,8 @@ from vf.migrate import plan
 
 N = int(os.environ.get("VF_FUZZ_N", "80"))
 TODO = "TODO(vf-migrate)"
-UNTRANSLATABLE = ("RubricGroup", "EnvGroup", "JudgeRubric", "completions")
+# (JudgeRubric and EnvGroup are migrated: a vf.Judge with v0's judge(), compat.V0Taskset)
+UNTRANSLATABLE = ("RubricGroup", "completions")
 
 
 def _choice(rng, *options):
@@ -217,6 +218,8 @@ def _check(tmp_path: Path, name: str, source: str) -> None:
     if manual:
         assert TODO in out or TODO in source, f"{name}: manual entries {manual} but no {TODO} in the output"
     for construct in UNTRANSLATABLE:
+        if construct == "RubricGroup" and "compat.V0Taskset" in out:  # built at load time: compat.RubricGroup runs it
+            continue
         if construct in source and "def load_environment" in source and "import verifiers" in source:
             assert TODO in out, f"{name}: {construct} not flagged"
     path.write_text(out)

@@ -26,7 +26,9 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import Field
 
 from vf.env import Env
 from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated imports name them here
@@ -40,6 +42,7 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
+from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward, stop
 from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
@@ -313,9 +316,9 @@ class JudgeCall:
     def __init__(self, judge: Any, trace: Any, parser: Parser | None = None):
         self.judge, self.trace, self.parser = judge, trace, parser
 
-    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None, **kwargs: Any) -> str:
-        question = prompt if isinstance(prompt, str) else next(
-            (content_text(m.get("content")) for m in reversed(prompt or []) if m.get("role") == "user"), "")
+    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None) -> str:
+        # v0's signature exactly: a reward that passes more (`**kwargs`) failed in v0, and scored 0
+        question = prompt if isinstance(prompt, str) else (content_text(prompt[-1].get("content")) if prompt else "")
         if self.parser is not None:
             response = self.parser.parse_answer(completion)
         else:
@@ -344,6 +347,8 @@ class Environment:
         which the v1 hook runner awaits), with its own rubric's parser as `parser`. `extra` adds
         arguments (e.g. a JudgeRubric's `judge`)."""
         fn, _, owner = self.rubric.entries()[index]
+        if isinstance(extra.get("judge"), JudgeCall):  # v0's judge() parses with its own rubric's parser
+            extra["judge"].parser = owner.parser
         return _scored(fn, pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
 
     async def setup_state(self, state: dict, **kwargs: Any) -> dict:
@@ -550,6 +555,8 @@ def rows(dataset: Iterable[dict[str, Any]] | None, data_class: type, system_prom
         dataset = dataset()  # v0 accepted a dataset builder (a function returning the dataset)
     if dataset is None:
         return
+    if isinstance(dataset, dict) and "train" in dataset:  # load_dataset(...) without a split: its train split
+        dataset = dataset["train"]
     fields = getattr(data_class, "model_fields", {})
     for row in dataset:
         row = dict(row)
@@ -627,6 +634,119 @@ class MultiTurnAdapter(Env):
         return [({"role": "user", "content": m} if isinstance(m, str) else dict(m)) for m in out or []]
 
 
+# ---- EnvGroup, TextArenaEnv: run load_environment() itself ------------------------------------
+
+
+class EnvGroup(Environment):
+    """v0 `EnvGroup(envs, env_names)`: one dataset, the members' rows in order, each row's
+    `info["env_id"]` naming its member (as v0 0.1.x routed it); a row is scored by its member's
+    rubric alone, so its reward is that member's reward."""
+
+    def __init__(self, envs: list[Environment], env_names: list[str] | None = None, **kwargs: Any):
+        names = list(env_names) if env_names is not None else [f"env_{i}" for i in range(len(envs))]
+        self.env_map = dict(zip(names, envs))
+        super().__init__(**kwargs)
+        self.dataset = [self._routed(r, n) for n, e in self.env_map.items() for r in _listed(getattr(e, "dataset", None))]
+        evals = [(n, _listed(getattr(e, "eval_dataset", None))) for n, e in self.env_map.items()]
+        self.eval_dataset = [self._routed(r, n) for n, rs in evals for r in rs] or None
+
+    def _routed(self, row: dict[str, Any], name: str) -> dict[str, Any]:
+        env = self.env_map[name]
+        info = row.get("info")
+        info = json.loads(info) if isinstance(info, str) else dict(info or {})
+        out = {**row, "info": {**info, "env_id": name}}
+        if getattr(env, "system_prompt", None) and out.get("prompt") is None:  # each member's own prompt
+            out["prompt"] = [{"role": "system", "content": env.system_prompt},
+                             {"role": "user", "content": out.get("question", "")}]
+        return out
+
+    def member(self, data: Any) -> Environment:
+        return self.env_map[(getattr(data, "info", None) or {}).get("env_id")]
+
+
+def _listed(dataset: Any) -> list[dict[str, Any]]:
+    if callable(dataset) and not hasattr(dataset, "__iter__"):
+        dataset = dataset()
+    return [dict(r) for r in dataset] if dataset is not None else []
+
+
+def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:
+    """v0 `TextArenaEnv(game=...)`: Wordle-v0 is played by vf (vf.migrate.textarena); another
+    textarena game is a clear error (vf does not wrap the textarena package)."""
+    from vf.migrate.textarena import make
+
+    return make(game, **kwargs)
+
+
+class V0Data(TaskData):
+    """A v0 row: prompt, answer, info."""
+
+    answer: str = ""
+    info: dict = Field(default_factory=dict)
+
+
+class V0Config(TasksetConfig):
+    """`args`: keyword arguments of the v0 load_environment(); `split`: "eval" (its eval_dataset,
+    the train dataset when it has none) or "train"."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    split: str = "eval"
+
+
+class V0Task(Task[V0Data, State, TaskConfig]):
+    """Scores a row with the v0 rubric of the environment that owns it (an EnvGroup's member)."""
+
+    v0_env: ClassVar[Callable[[], Environment]]
+
+    def _owner(self) -> Environment:
+        env = type(self).v0_env()
+        return env.member(self.data) if isinstance(env, EnvGroup) else env
+
+    @stop
+    def v0_max_turns(self, trace) -> bool:
+        limit = self._owner().max_turns
+        return limit > 0 and trace.num_turns >= limit
+
+    @reward(name="v0_rubric")
+    async def v0_rubric(self, task, trace, state) -> dict[str, float]:
+        """Every v0 function of the owner's rubric, under its own name and weight; the hook
+        itself reports nothing (an empty mapping drops its name)."""
+        env = self._owner()
+        for i, (fn, weight, _) in enumerate(env.rubric.entries()):
+            score = env.score(i, task, trace, state)
+            if inspect.isawaitable(score):
+                score = await score
+            trace.record_reward(getattr(fn, "__name__", f"reward_{i}"), float(score), weight=weight)
+        return {}
+
+
+class V0Taskset(Taskset[V0Task, V0Config]):
+    """The v1 taskset of a v0 module whose environment vf-migrate keeps building at run time
+    (EnvGroup, TextArenaEnv): a subclass sets `v0_load = staticmethod(load_environment)`."""
+
+    v0_load: ClassVar[Callable[..., Environment]]
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if "v0_load" not in cls.__dict__:
+            return
+        built = functools.cache(lambda: cls.v0_load())  # scoring: the rubric at the default arguments
+        cls._task = type(f"{cls.__name__}Task", (V0Task,), {"v0_env": staticmethod(built)})
+        if getattr(cls, "v0_multi_turn", False):
+            cls.ENV = type(f"{cls.__name__}Env", (MultiTurnAdapter,), {"v0_env": staticmethod(built)})
+
+    @classmethod
+    def task_class(cls) -> type[Task]:
+        return getattr(cls, "_task", V0Task)
+
+    def load(self):
+        env = type(self).v0_load(**self.config.args)
+        evals = getattr(env, "eval_dataset", None)
+        dataset = evals if self.config.split == "eval" and evals is not None else getattr(env, "dataset", None)
+        yield from rows(dataset, V0Data, system_prompt=getattr(env, "system_prompt", None),
+                        few_shot=getattr(env, "few_shot", None))
+
+
 # v0 type aliases used in annotations of migrated code.
 ChatMessage = dict[str, Any]
 State = dict[str, Any]
@@ -638,5 +758,5 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "ToolRubric", "RubricGroup", "Environment", "SingleTurnEnv", "MultiTurnEnv", "ToolEnv",
              "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
-             "strip_non_numeric", "load_example_dataset", "python"}
+             "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv"}
 """The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

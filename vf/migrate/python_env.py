@@ -13,6 +13,7 @@ Whatever has no mechanical form is kept and marked `# TODO(vf-migrate): ...` (ru
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,15 +25,33 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool"}
-NO_V1_ENV = {
-    "EnvGroup": "vf.EnvGroup serves several v0 environments as one; a v1 module is one taskset. Decide: move each "
-                "member env into its own module with a load_environment() and migrate each, then list them as "
-                "[[env]] entries of one vf-train config (or eval them one by one)",
-    "TextArenaEnv": "TextArenaEnv plays a game of the textarena package, which vf does not wrap. Decide: for Wordle-v0 "
-                    "use vf's built-in `wordle` taskset (same <guess> tags, G/Y/X feedback, rewards from the trace; "
-                    "its reward names differ), or write a vf.Env whose respond() steps the textarena game",
+RUNTIME_ENVS = {
+    "EnvGroup": "vf.EnvGroup → compat.EnvGroup run by compat.V0Taskset: one taskset of every member's rows, each "
+                "with info['env_id'] = its member, scored by that member's rubric (v0's reward)",
+    "TextArenaEnv": "TextArenaEnv → compat.TextArenaEnv run by compat.V0Taskset: Wordle-v0 is played by vf "
+                    "(vf's word list and G/Y/X rules, textarena's reply layout); other textarena games are an error",
 }
-"""v0 env classes with no v1 counterpart: the module is kept, flagged with the decision to make."""
+"""v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
+
+
+class _GroupFunctions(cst.CSTTransformer):
+    """Flags v0 group reward functions (plural arguments) with a TODO; records (line, name)."""
+
+    def __init__(self, line: Callable[[cst.CSTNode], int]):
+        self.line, self.found = line, []
+
+    def leave_FunctionDef(self, original, updated):
+        params = {p.name.value for p in [*updated.params.params, *updated.params.kwonly_params]}
+        if not params & PLURAL:
+            return updated
+        self.found.append((self.line(original), updated.name.value))
+        return _flag(updated, f"{updated.name.value} is a group reward (plural arguments): compat.V0Taskset "
+                              "scores one rollout at a time; port it to Env.finalize (see ENV012)")
+
+
+def _env_name(call: cst.Call) -> str:
+    func = call.func
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
 DATA_ARGS = ("dataset", "eval_dataset", "system_prompt", "few_shot")
 TASK_ATTRS = {"setup", "finalize", "validate", "messages", "hooks", "data", "config", "toolsets"}
 PLURAL = {"completions", "prompts", "answers", "infos", "states", "tasks"}
@@ -289,6 +308,8 @@ class _Migration:
         self.N = {k: self.fresh(self.base + k) for k in ("Data", "Config", "Task", "Taskset")}
         self.renamer = _Rename(self.aliases)
         env_call = self.split_load_environment()
+        if _env_name(env_call) in RUNTIME_ENVS:
+            return self.run_at_runtime(env_call)
         self.env_kind(env_call)
         self.kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
         self.check_env_args(env_call)
@@ -374,12 +395,43 @@ class _Migration:
                 return s
         return None
 
+    def run_at_runtime(self, env_call: cst.Call) -> Report:
+        """An env whose rows and rubric only exist once it is built (EnvGroup, TextArenaEnv): keep
+        load_environment() on compat's v0 classes, and wrap it in a compat.V0Taskset that builds
+        it at load time and scores each row with its (member's) v0 rubric."""
+        name = _env_name(env_call)
+        body, imported_vf = [], [False, False]
+        group_fns = _GroupFunctions(self.line)
+        for stmt in self.mod.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                body.extend(_rewrite_imports(stmt, self.add, self.line, imported_vf))
+            else:
+                body.append(self.renamed(stmt.visit(group_fns)))
+        for ln, fname in group_fns.found:
+            self.add(ln, "ENV900", MANUAL, f"group reward {fname}(completions, ...) of a {name} member: "
+                     "compat.V0Taskset scores one rollout at a time (it would score 0); port it to Env.finalize")
+        if not any(isinstance(s, cst.SimpleStatementLine) and _code(s).strip() == "from vf.migrate import compat"
+                   for s in body):
+            body.insert(0, cst.parse_statement("from vf.migrate import compat\n"))
+        multi = "\n    v0_multi_turn = True" if name == "TextArenaEnv" else ""
+        tail = cst.parse_module(
+            f"\n\n# ---- migrated by vf-migrate (see MIGRATION.md): {name} is built at load time ----\n\n"
+            f"class {self.N['Taskset']}(compat.V0Taskset):\n"
+            f'    """load_environment() on vf.migrate.compat; `--taskset.args` are its keyword arguments."""\n\n'
+            f"    v0_load = staticmethod(load_environment){multi}\n\n\n"
+            f'__all__ = ["{self.N["Taskset"]}"]\n')
+        first = tail.body[0]
+        body.append(first.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *tail.header,
+                                                      *first.leading_lines]))
+        body.extend(tail.body[1:])
+        self.add(env_call, "ENV013", MIGRATED, RUNTIME_ENVS[name])
+        self.report.change(self.path, self.source, self.mod.with_changes(body=body).code)
+        return self.report
+
     def env_kind(self, env_call: cst.Call) -> None:
         """single / multi / tool, from the env class or the v0 subclass's bases; its setup_state and add_tool calls."""
         plan, func = self.plan, env_call.func
         env_name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        if env_name in NO_V1_ENV:
-            raise MigrationError(f"{self.path}: line {self.line(env_call)}: {NO_V1_ENV[env_name]}")
         kind, self.v0_class = ENV_KINDS.get(env_name), None
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
@@ -508,8 +560,9 @@ class _Migration:
     def _rubric_class(self, rubric_call: cst.Call, rname: str) -> None:
         if rname == "JudgeRubric":
             self.plan.judge = _judge_settings(rubric_call, self.load_env)
-            self.add(rubric_call, "ENV010", MANUAL, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config; "
-                     "check its prompt placeholders and how the rewards read the verdict")
+            self.add(rubric_call, "ENV010", MIGRATED, f"JudgeRubric → {self.base}Judge (a vf.Judge) on the task config "
+                     "(model, base_url, API key variable of the v0 client; `--env.taskset.task.judge.*` overrides); "
+                     "the rewards' judge(...) fills v0's prompt from the judge rubric's own parser, as v0 did")
         elif rname not in ("Rubric", "MathRubric", "ToolRubric"):
             self.plan.manual.append((self.line(rubric_call), f"{rname} has no compat equivalent; port it to @vf.reward "
                                      "methods (a judge call inside a reward, or vf's math helpers)"))
@@ -691,13 +744,12 @@ class _Migration:
         if self.plan.judge is None:
             return []
         self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
-        return [f"# {TODO}: JudgeRubric → {self.judge_cls}: check the prompt's placeholders ({{question}}, {{answer}},",
-                "# {response}) and how the rewards read the verdict",
-                f"class {self.judge_cls}(vf.Judge):",
+        settings = "".join(f", {k}={self.plan.judge[k]}" for k in ("base_url", "api_key_var") if k in self.plan.judge)
+        return [f"class {self.judge_cls}(vf.Judge):",
                 '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
                 f"    prompt = {self.plan.judge['prompt']}", "", "",
                 f"class {self.task_config}(vf.TaskConfig):",
-                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']})", "", ""]
+                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']}{settings})", "", ""]
 
     def gen_config(self) -> list[str]:
         """The TasksetConfig: load_environment's keyword parameters as typed fields."""
@@ -970,6 +1022,28 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
     a load_environment parameter becomes its default."""
     defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
     out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
+    client = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("judge_client", "client")
+                   and isinstance(a.value, cst.Call)), None)
+    if client is None:  # judge_client=NAME: NAME = OpenAI(...) in load_environment
+        name = next((_code(a.value) for a in call.args if a.keyword is not None
+                     and a.keyword.value in ("judge_client", "client") and isinstance(a.value, cst.Name)), None)
+        client = next((s.body[0].value for s in load_env.body.body if name and isinstance(s, cst.SimpleStatementLine)
+                       and isinstance(s.body[0], cst.Assign) and _code(s.body[0].targets[0].target) == name
+                       and isinstance(s.body[0].value, cst.Call)), None)
+    for a in client.args if client is not None else []:  # OpenAI(base_url=..., api_key=os.getenv(VAR, ...))
+        value = a.value
+        if isinstance(value, cst.Name) and value.value in defaults:
+            value = defaults[value.value]
+        if a.keyword is None or value is None:
+            continue
+        if a.keyword.value == "base_url" and isinstance(value, cst.SimpleString):
+            out["base_url"] = _code(value)
+        elif a.keyword.value == "api_key" and isinstance(value, cst.Call) and _code(value.func) in ("os.getenv",
+                                                                                                 "os.environ.get"):
+            var = value.args[0].value if value.args else None
+            var = defaults.get(var.value, var) if isinstance(var, cst.Name) else var
+            if isinstance(var, cst.SimpleString):
+                out["api_key_var"] = _code(var)
     for a in call.args:
         if a.keyword is None or a.keyword.value not in ("judge_model", "model", "judge_prompt"):
             continue

@@ -89,10 +89,14 @@ RULES: list[Rule] = [
       "A `JudgeRubric` becomes a generated `vf.Judge` (the v0 `judge_prompt`, default v0's prompt) "
       "and a TaskConfig field `judge: vf.JudgeConfig(model=...)`; reward functions that name `judge` get "
       "a v0-style `judge(prompt, completion, answer, state)` that calls it (recorded in "
-      "`trace.info[\"judge_calls\"]`). Flagged for review: check the prompt placeholders and verdicts.",
-      "rubric = vf.JudgeRubric(judge_model='gpt-4.1-mini')",
+      "`trace.info[\"judge_calls\"]`). As in v0 it fills `{question}`, `{answer}`, `{response}` with the "
+      "last prompt message, the answer and the judge rubric's own parser's answer (a plain Parser unless one "
+      "was given). The v0 client's `base_url` and `os.getenv(VAR)` API key become the JudgeConfig's "
+      "`base_url` and `api_key_var` (`--env.taskset.task.judge.base-url` points it elsewhere).",
+      "rubric = vf.JudgeRubric(judge_client=OpenAI(base_url=url), judge_model='gpt-4.1-mini')",
       "class MyEnvJudge(vf.Judge):\n    prompt = compat.JUDGE_PROMPT\n\n"
-      "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini')"),
+      "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini', "
+      "base_url='https://api.openai.com/v1')"),
     R("ENV011", "environment", "StatefulToolEnv → Toolset with typed state",
       "The tools of a `StatefulToolEnv` (from `tools=` and `self.add_tool(fn, args_to_skip=[...])`) become "
       "`@vf.tool` methods of a `vf.Toolset[vf.ToolsetConfig, MyEnvState]`; the skipped arguments leave the "
@@ -111,12 +115,21 @@ RULES: list[Rule] = [
     R("ENV900", "environment", "not translatable: kept and flagged",
       "Anything without a mechanical v1 form (non-literal weights, tools defined inside load_environment, "
       "unknown env classes or constructor options) is kept and marked `# TODO(vf-migrate): ...` naming the "
-      "line; a module the codemod cannot handle at all (EnvGroup, TextArenaEnv: no v1 counterpart) is kept "
-      "unchanged under a `# TODO(vf-migrate)` header that names the line and the decision to make. The "
-      "output always compiles.",
+      "line; a module the codemod cannot handle at all is kept unchanged under a `# TODO(vf-migrate)` header "
+      "that names the line and the decision to make. The output always compiles.",
+      "return MyCustomEnvBase(dataset=ds, rubric=rubric)",
+      "# TODO(vf-migrate): unknown environment class 'MyCustomEnvBase': migrated as a multi-turn env; check it"),
+    R("ENV013", "environment", "EnvGroup, TextArenaEnv → compat.V0Taskset",
+      "An env whose rows and rubric exist only once it is built keeps its `load_environment()` (on "
+      "`vf.migrate.compat`'s v0 classes) behind a generated `compat.V0Taskset` that builds it at load time "
+      "(`--taskset.args` are its keyword arguments). `EnvGroup(envs, env_names)`: one taskset of every "
+      "member's rows, each with `info[\"env_id\"]` naming its member, scored by that member's rubric "
+      "(each v0 function under its own name and weight: v0's reward). `TextArenaEnv(game=\"Wordle-v0\")`: "
+      "played by vf (its word list and G/Y/X rules, textarena's reply layout, six guesses); another "
+      "textarena game is an error naming what to do.",
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
-      "# TODO(vf-migrate): vf-migrate could not migrate this module: line 54: vf.EnvGroup serves several v0 "
-      "environments as one; a v1 module is one taskset. Decide: ..."),
+      "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
+      "class MathGroupTaskset(compat.V0Taskset):\n    v0_load = staticmethod(load_environment)"),
     # ---- scripts and CI files ------------------------------------------------------------------
     R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
       "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "

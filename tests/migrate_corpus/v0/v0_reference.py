@@ -9,8 +9,10 @@ cases of cases.json, on the local data files of data/ (standing in for the hub).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 import datasets
 
 HERE = Path(__file__).parent
+DATA = [HERE / "data"]  # data_repeat: a temporary copy whose rows are repeated
 _hub_load = datasets.load_dataset
 
 
@@ -28,7 +31,7 @@ def _local(path, name=None, *args, split=None, **kwargs):
     names = [f"{stem}.{name}.{split}", f"{stem}.{name}"] if name else []
     names += [f"{stem}.{split}", stem] if split else [stem]
     for n in names:
-        f = HERE / "data" / f"{n}.jsonl"
+        f = DATA[0] / f"{n}.jsonl"
         if f.is_file():
             ds = datasets.Dataset.from_json(str(f))
             return ds if split else datasets.DatasetDict({s: ds for s in ("train", "test", "validation", "dev")})
@@ -56,6 +59,30 @@ def _objects(messages):
 
 def _members(rubric):
     return [r for sub in rubric.rubrics for r in _members(sub)] if hasattr(rubric, "rubrics") else [rubric]
+
+
+def repeated_data(times: int) -> Path:
+    """data/ with every file's rows repeated `times` times (load_environment()s that select(range(1000)))."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="v0data"))
+    for f in (HERE / "data").glob("*.jsonl"):
+        (out / f.name).write_text(f.read_text() * times)
+    return out
+
+
+def stub_textarena() -> None:
+    """TextArenaEnv needs the textarena package and nltk data from the network: a stand-in that
+    keeps what the rewards use (the v0 rubric and parser it is given) and one row per case."""
+    import types
+
+    def TextArenaEnv(parser=None, rubric=None, system_prompt=None, **kwargs):
+        row = {"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": "Wordle"}],
+               "answer": ""}
+        return types.SimpleNamespace(rubric=rubric, parser=parser, eval_dataset=None, get_dataset=lambda: [row])
+
+    for name in ("verifiers.envs.textarena_env", "verifiers.envs.integrations.textarena_env"):
+        sys.modules[name] = types.SimpleNamespace(TextArenaEnv=TextArenaEnv)
 
 
 async def _score(env, row, completion):
@@ -88,26 +115,42 @@ def main() -> None:
         if "cases" not in spec or (only and name not in only):
             continue
         random.seed(spec.get("seed", 0))
+        DATA[0] = repeated_data(spec["data_repeat"]) if "data_repeat" in spec else HERE / "data"
+        if spec.get("v0_stub_env"):
+            stub_textarena()
+        kwargs = spec.get("kwargs", {})
+        if spec.get("judge"):  # the scripted judge server the test runs (VF_JUDGE_BASE_URL)
+            url = os.environ["VF_JUDGE_BASE_URL"]
+            os.environ["OPENAI_BASE_URL"] = url
+            kwargs = {k: url if v == "$JUDGE" else v for k, v in kwargs.items()}
         modspec = importlib.util.spec_from_file_location(f"v0_{name}", HERE / "envs" / f"{name}.py")
         mod = importlib.util.module_from_spec(modspec)
         try:
             modspec.loader.exec_module(mod)
-            env = mod.load_environment(**spec.get("kwargs", {}))
+            env = mod.load_environment(**kwargs)
         except (ImportError, AttributeError) as e:  # written for another v0 release than this one
             out[name] = {"unavailable": f"{type(e).__name__}: {e}"}
             continue
         ds = env.get_eval_dataset() if env.eval_dataset is not None or hasattr(env, "build_eval_dataset") \
             else env.get_dataset()
+        group = getattr(env, "env_map", None)  # EnvGroup: a row is scored by its member's rubric
         results = []
+        loop = asyncio.new_event_loop()  # one loop per env: a judge's async client outlives a case
         for case in spec["cases"]:
-            row = ds[case["row"]]
+            row = dict(ds[case["row"]])
+            if "answer" in case:
+                row["answer"] = case["answer"]
             completion = case.get("completion")
             if completion is None:  # the ideal replies, from the row's own info
                 completion = [{"role": "assistant", "content": a} for a in row["info"][case["replies_from_info"]]]
                 completion = [m for a in completion for m in (a, {"role": "user", "content": "next"})][:-1]
-            names, scores, weights = asyncio.run(_score(env, row, _objects(completion)))
+            # 0.1.14 routes by info["env_id"], earlier releases by the "task" column
+            owner = group[(row.get("info") or {}).get("env_id") or row.get("task")] if group else env
+            with contextlib.redirect_stdout(sys.stderr):  # an env's own print()s are not the JSON
+                names, scores, weights = loop.run_until_complete(_score(owner, row, _objects(completion)))
             results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
                             "reward": sum(s * w for s, w in zip(scores, weights))})
+        loop.close()
         out[name] = results
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")

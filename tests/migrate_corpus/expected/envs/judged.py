@@ -16,8 +16,6 @@ class JudgedData(vf.TaskData):
     info: dict = {}
 
 
-# TODO(vf-migrate): JudgeRubric → JudgedJudge: check the prompt's placeholders ({question}, {answer},
-# {response}) and how the rewards read the verdict
 class JudgedJudge(vf.Judge):
     """The v0 JudgeRubric's judge: its reply text is what v0's `judge(...)` returned."""
 
