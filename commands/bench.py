@@ -127,6 +127,7 @@ def command(
     compare_to: Optional[Path] = typer.Option(None, "--compare", help="Baseline results JSON; exit 3 if a ratio regressed."),
     threshold: float = typer.Option(0.10, "--threshold", help="Allowed ratio regression as a fraction (0.10 = 10%)."),
     model: str = typer.Option("tiny", "--model", help="Model for the engine and serve suites: 'tiny' or a local HF dir."),
+    model_size: Optional[str] = typer.Option(None, "--model.size", help="Engine suite: tiny | 100m | 600m, a random Qwen3 checkpoint built in the run (no download; 600m = Qwen3-0.6B's shape)."),
     results: Optional[Path] = typer.Option(None, "--results", help="Use these saved results (with --compare or --markdown) instead of running suites."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the results as Markdown tables on stdout."),
 ):
@@ -158,7 +159,14 @@ def command(
 
     plot = str(out.with_name(out.stem + "-stability.png") if out is not None
                else Path(tempfile.gettempdir()) / "vf-bench-stability.png")
-    doc = _read_results(results, "results") if results is not None else run_all(names, size, model, plot)
+    if model_size is not None:
+        from vf.bench.engine import MODEL_SIZES
+
+        if model_size not in MODEL_SIZES:
+            raise UsageError(f"unknown --model.size {model_size!r}", hint=f"choose from: {', '.join(MODEL_SIZES)}")
+        if model != "tiny":
+            raise UsageError("give --model or --model.size, not both")
+    doc = _read_results(results, "results") if results is not None else run_all(names, size, model, plot, model_size)
     code = 0
     if any(r.get("error") for r in doc["suites"].values()):
         code = 1
@@ -198,7 +206,8 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def run_all(names: list[str], size: str, model: str, plot: str | None = None) -> dict[str, Any]:
+def run_all(names: list[str], size: str, model: str, plot: str | None = None,
+            model_size: str | None = None) -> dict[str, Any]:
     """Machine facts, then each suite in turn (a failing suite is recorded, the rest still run)."""
     from vf.bench import run_suite
     from vf.bench.common import SCHEMA, ChildFailed, config_hash, machine, run_child, versions
@@ -215,7 +224,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None) ->
         console.print(f"[bold]{name}[/] …", markup=True)
         t = time.perf_counter()
         try:
-            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot)
+            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot, model_size=model_size)
         except ChildFailed as e:
             res = {"suite": name, "config": {"size": size}, "config_hash": None, "cases": [], "notes": [],
                    "skipped": None, "error": str(e), "wall_s": round(time.perf_counter() - t, 1)}

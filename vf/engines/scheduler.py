@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,6 +123,7 @@ class Scheduler:
         self._gen.seed()
         self._stopped = False
         self.steps = 0
+        self.prefill_s = 0.0  # wall seconds spent in prefill blocks (benchmarks split prefill from decode)
         self.peak_rows = 0  # most rows decoded together so far (observability, tests)
         self.threads = threads if threads else auto_threads(model)
         self._threads_set = threading.Event()
@@ -178,7 +180,9 @@ class Scheduler:
                 with self.lock, torch.inference_mode():
                     new = [s for s in new if not s.cancelled]
                     if new:
+                        t = time.perf_counter()
                         self._prefill(new)
+                        self.prefill_s += time.perf_counter() - t
                     if self.rows:
                         self._decode()
             except Exception as e:  # noqa: BLE001 (a bug or OOM: fail what is in flight, keep serving)
