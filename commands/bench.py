@@ -18,6 +18,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
 EPILOG = options.epilog(
     "Suites: trainer, loss, engine, serve, harness, stability, stability_real, or all. "
     "The stability suite also writes a PNG next to --out (else in the temp dir).",
+    "--model.size tiny|100m|600m (engine suite): a random Qwen3 checkpoint built in the run and cached, no "
+    "download (100m: hidden 1024, 8 layers of Qwen3-0.6B's layer shape; 600m: Qwen3-0.6B's shape).",
     "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold.",
     examples=[
         "vf-bench loss --quick",
@@ -127,7 +129,6 @@ def command(
     compare_to: Optional[Path] = typer.Option(None, "--compare", help="Baseline results JSON; exit 3 if a ratio regressed."),
     threshold: float = typer.Option(0.10, "--threshold", help="Allowed ratio regression as a fraction (0.10 = 10%)."),
     model: str = typer.Option("tiny", "--model", help="Model for the engine and serve suites: 'tiny' or a local HF dir."),
-    model_size: Optional[str] = typer.Option(None, "--model.size", help="Engine suite: tiny | 100m | 600m, a random Qwen3 checkpoint built in the run (no download; 600m = Qwen3-0.6B's shape)."),
     results: Optional[Path] = typer.Option(None, "--results", help="Use these saved results (with --compare or --markdown) instead of running suites."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the results as Markdown tables on stdout."),
 ):
@@ -159,6 +160,7 @@ def command(
 
     plot = str(out.with_name(out.stem + "-stability.png") if out is not None
                else Path(tempfile.gettempdir()) / "vf-bench-stability.png")
+    model_size = _model_size()
     if model_size is not None:
         from vf.bench.engine import MODEL_SIZES
 
@@ -191,6 +193,20 @@ def command(
             f"{r['suite']}/{r['case']}/{r['ratio']} {r['baseline']:.3g}→{r['value']:.3g}" for r in bad))
     if code:
         raise SystemExit(code)
+
+
+def _model_size() -> str | None:
+    """`--model.size` (the one dotted flag vf-bench takes), else None."""
+    from vf.cli import Invocation
+    from vf.config import parse_dotted_args
+    from vf.errors import UsageError
+
+    given = parse_dotted_args(list(Invocation.dotted or []))
+    model = given.pop("model", {})
+    if given or not isinstance(model, dict) or set(model) - {"size"}:
+        raise UsageError(f"unknown option(s): {' '.join(Invocation.dotted)}",
+                         hint="vf-bench takes one dotted flag: --model.size tiny|100m|600m")
+    return None if model.get("size") is None else str(model["size"])
 
 
 def _read_results(path: Path, what: str) -> dict[str, Any]:
@@ -234,7 +250,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None,
     return doc
 
 
-main = entry(app, dotted=False)
+main = entry(app)
 
 
 if __name__ == "__main__":

@@ -170,9 +170,14 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
 
     engine = LocalEngine.from_model(model, max_batch=max(batches))
     sched = engine.scheduler
-    # transformers gets the intra-op threads our engine thread uses: the same resources on both
-    # sides (with 2 threads on a busy 2-core machine its generate loses 5-10x to fork/join waits)
-    torch.set_num_threads(sched.threads_in_use)
+
+    def same_threads() -> int:
+        """transformers gets the intra-op threads our engine thread decodes with (its tuner's pick
+        for a bigger model): the same resources on both sides (with 2 threads on a busy 2-core
+        machine generate loses 5-10x to fork/join waits)."""
+        n = sched.tuner.best if sched.tuner is not None else sched.threads_in_use
+        torch.set_num_threads(n)
+        return n
     hf = AutoModelForCausalLM.from_pretrained(str(engine.path), dtype=torch.float32).eval()
     cfg = engine.model.config
     costs = model_costs(cfg)
@@ -204,8 +209,11 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
     try:
         for B in batches:
             prompts = torch.randint(10, V, (B, prompt_len), generator=gen)
-            loop.run_until_complete(run_local(prompts.tolist(), 2))  # warm-up at this batch size
+            # warm-up at this batch size (long enough for our thread tuner's first probe round)
+            loop.run_until_complete(run_local(prompts.tolist(), min(tokens, 8)))
+            threads = [same_threads()]
             run_hf(prompts, 2)
+            torch.set_num_threads(threads[-1])
             limits = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
                       "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
                       "bandwidth": measure_bandwidth()}
@@ -216,6 +224,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 seqs = loop.run_until_complete(run_local(prompts.tolist()))
                 lt.append(time.perf_counter() - t)
                 lp.append(sched.prefill_s)
+                threads.append(same_threads())
                 st = FirstToken()
                 t = time.perf_counter()
                 gen_out = run_hf(prompts, streamer=st)
@@ -234,11 +243,12 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 "limits": {"gemm_prefill_gflops": round(limits["gemm_prefill"] / 1e9, 1),
                            "gemm_decode_gflops": round(limits["gemm_decode"] / 1e9, 1),
                            "bandwidth_gbs": round(limits["bandwidth"] / 1e9, 1),
-                           "decode_step_mb": round(w["step_bytes"] / 1e6, 1)}}
+                           "decode_step_mb": round(w["step_bytes"] / 1e6, 1),
+                           "threads": "/".join(map(str, threads))}}
         loop.run_until_complete(engine.close())
     finally:
         loop.close()
-    out["threads"] = sched.threads_in_use
+    out["threads"] = "tuned per step (1 or all)" if sched.tuner is not None else sched.threads_in_use
     out["params"] = sum(p.numel() for p in engine.model.parameters())
     return out
 
@@ -336,8 +346,8 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
                  "(M = B·prompt for prefill, B for decode), measured in the same child before each batch size; "
                  "decode_bw_util: weights + KV bytes per decode step ÷ step time ÷ copy bandwidth; "
                  "decode_limit_frac: the roofline time (the slower of the two limits) ÷ the decode time")
-    notes.append(f"median of {cfg['repeats']} after a warm-up; {res['threads']} intra-op thread(s) for our engine "
-                 f"thread and for transformers; 1-min load average before/after each child "
+    notes.append(f"median of {cfg['repeats']} after a warm-up; intra-op threads of our engine thread: {res['threads']}, "
+                 f"transformers and the limits get the count it picked (`threads` per batch size); 1-min load average before/after each child "
                  f"({os.cpu_count()} CPUs): " + " → ".join(f"{x:.1f}" for x in load))
     return suite_result("engine", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))
 
