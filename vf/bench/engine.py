@@ -109,19 +109,24 @@ def work(costs: dict[str, float], B: int, P: int, T: int) -> dict[str, float]:
 
 
 def measure_limits(M: int, K: int, N: int, budget_s: float = 0.6) -> float:
-    """Best fp32 GEMM FLOP/s of x [M, K] · W [N, K]ᵀ (F.linear, the engine's layout) on this thread's
-    intra-op threads: the practical peak at this shape. Repeats until `budget_s`, at least 3 times."""
+    """Best fp32 GEMM FLOP/s of x [M, K] · W [N, K]ᵀ (the engine's layout) on this thread's intra-op
+    threads, by MKL (`F.linear`) or oneDNN, whichever is faster: the practical peak at this shape.
+    Each repeats until `budget_s`, at least 3 times."""
     import torch
     import torch.nn.functional as F
 
+    from vf.engines.fastpath import cpu_linear
+
     x, w = torch.randn(M, K), torch.randn(N, K)
-    F.linear(x, w)
-    best, spent, n = float("inf"), 0.0, 0
-    while n < 3 or spent < budget_s:
-        t = time.perf_counter()
-        F.linear(x, w)
-        dt = time.perf_counter() - t
-        best, spent, n = min(best, dt), spent + dt, n + 1
+    best = float("inf")
+    for linear in {F.linear, cpu_linear(x.device, x.dtype)}:  # MKL's and oneDNN's: the better one
+        linear(x, w)
+        spent, n = 0.0, 0
+        while n < 3 or spent < budget_s:
+            t = time.perf_counter()
+            linear(x, w)
+            dt = time.perf_counter() - t
+            best, spent, n = min(best, dt), spent + dt, n + 1
     return 2.0 * M * K * N / best
 
 
@@ -213,10 +218,17 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
             loop.run_until_complete(run_local(prompts.tolist(), min(tokens, 8)))
             threads = [same_threads()]
             run_hf(prompts, 2)
-            torch.set_num_threads(threads[-1])
-            limits = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
-                      "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
-                      "bandwidth": measure_bandwidth()}
+
+            def limits_now(best: dict[str, float]) -> dict[str, float]:
+                """The limits measured now, or as measured before where that was higher (a shared
+                machine: the best moment is the closest to the machine's real limit)."""
+                torch.set_num_threads(threads[-1])
+                now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
+                       "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
+                       "bandwidth": measure_bandwidth()}
+                return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
+
+            limits = limits_now({})
             lt, lp, ht, hp = [], [], [], []
             for _ in range(repeats):
                 sched.prefill_s = 0.0
@@ -230,6 +242,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 gen_out = run_hf(prompts, streamer=st)
                 ht.append(time.perf_counter() - t)
                 hp.append(st.calls[1] - t)  # the prompt's put, then the first token's after the prefill
+            limits = limits_now(limits)  # before and after the timed runs: the better of the two
             assert all(len(s.token_ids) == tokens for s in seqs)
             assert gen_out.shape[1] == prompt_len + tokens
             same = sum(s.token_ids == gen_out[i, prompt_len:].tolist() for i, s in enumerate(seqs))
@@ -342,8 +355,9 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
     notes.append(f"model {cfg['model']} ({res['params'] / 1e6:.1f}M parameters); greedy, {cfg['tokens']} new "
                  f"tokens per row after a {cfg['prompt_len']}-token prompt, EOS ignored; tokens/s over the whole "
                  "batch including prefill; prefill = until every row has its first token, decode = the rest")
-    notes.append("MFU: achieved FLOP/s ÷ the best fp32 GEMM (F.linear [M, H]·[2I, H]ᵀ) at the phase's shape "
-                 "(M = B·prompt for prefill, B for decode), measured in the same child before each batch size; "
+    notes.append("MFU: achieved FLOP/s ÷ the best fp32 GEMM ([M, H]·[2I, H]ᵀ, MKL or oneDNN) at the phase's shape "
+                 "(M = B·prompt for prefill, B for decode), measured in the same child before and after each "
+                 "batch size's timed runs (the better); "
                  "decode_bw_util: weights + KV bytes per decode step ÷ step time ÷ copy bandwidth; "
                  "decode_limit_frac: the roofline time (the slower of the two limits) ÷ the decode time")
     notes.append(f"median of {cfg['repeats']} after a warm-up; intra-op threads of our engine thread: {res['threads']}, "

@@ -6,9 +6,9 @@
 Why: on CPU a decode step of a small model is dominated by per-op overhead, not FLOPs. The module
 forward issues ~70 ops per layer (separate q/k norms and ropes, casts, views); this path issues
 ~30 for the same math: fused RMSNorm (`F.rms_norm`), q and k normalised/rotated together, rope
-from a precomputed cos/sin table (the model's own `Rotary`, so the same values), residual adds fused
-into `addmm`. Results agree with `model.forward` to float rounding (tests check log-probs against
-`compute_logits` within 1e-5 and greedy tokens against `transformers`).
+from a precomputed cos/sin table (the model's own `Rotary`, so the same values), q/k/v and gate/up
+each one GEMM (the model's fused weights). Results agree with `model.forward` to float rounding
+(tests check log-probs against `compute_logits` within 1e-5 and greedy tokens against `transformers`).
 
 Weights are read through references to the live parameters, so in-place updates are seen; derived
 tensors (the per-head q/k-norm weight table) are rebuilt by `refresh()` after an update.
