@@ -210,6 +210,15 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
             return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n,
                                min_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
 
+    def limits_now(B: int, n_threads: int, best: dict[str, float]) -> dict[str, float]:
+        """The limits at batch B measured now, or as measured before where that was higher (a
+        shared machine: the best moment is the closest to the machine's real limit)."""
+        torch.set_num_threads(n_threads)
+        now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
+               "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
+               "bandwidth": measure_bandwidth()}
+        return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
+
     loop = asyncio.new_event_loop()
     try:
         for B in batches:
@@ -219,16 +228,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
             threads = [same_threads()]
             run_hf(prompts, 2)
 
-            def limits_now(best: dict[str, float]) -> dict[str, float]:
-                """The limits measured now, or as measured before where that was higher (a shared
-                machine: the best moment is the closest to the machine's real limit)."""
-                torch.set_num_threads(threads[-1])
-                now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
-                       "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
-                       "bandwidth": measure_bandwidth()}
-                return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
-
-            limits = limits_now({})
+            limits = limits_now(B, threads[-1], {})
             lt, lp, ht, hp = [], [], [], []
             for _ in range(repeats):
                 sched.prefill_s = 0.0
@@ -242,7 +242,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 gen_out = run_hf(prompts, streamer=st)
                 ht.append(time.perf_counter() - t)
                 hp.append(st.calls[1] - t)  # the prompt's put, then the first token's after the prefill
-            limits = limits_now(limits)  # before and after the timed runs: the better of the two
+            limits = limits_now(B, threads[-1], limits)  # before and after the timed runs: the better of the two
             assert all(len(s.token_ids) == tokens for s in seqs)
             assert gen_out.shape[1] == prompt_len + tokens
             same = sum(s.token_ids == gen_out[i, prompt_len:].tolist() for i, s in enumerate(seqs))
@@ -277,9 +277,9 @@ def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int, r
 
     path = str(resolve_model_path(model))
     llm = LLM(model=path, dtype="float32", enforce_eager=not torch.cuda.is_available(), max_model_len=1024)
-    from vf.models import read_config
-
     from transformers import AutoTokenizer
+
+    from vf.models import read_config
 
     V = min(read_config(path).vocab_size, len(AutoTokenizer.from_pretrained(path)))  # as `measure`
     gen = torch.Generator().manual_seed(0)
