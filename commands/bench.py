@@ -18,6 +18,8 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
 EPILOG = options.epilog(
     "Suites: trainer, loss, engine, serve, harness, stability, stability_real, or all. "
     "The stability suite also writes a PNG next to --out (else in the temp dir).",
+    "--model.size tiny|100m|600m (engine suite): a random Qwen3 checkpoint built in the run and cached, no "
+    "download (100m: hidden 1024, 8 layers of Qwen3-0.6B's layer shape; 600m: Qwen3-0.6B's shape).",
     "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold.",
     examples=[
         "vf-bench loss --quick",
@@ -158,7 +160,15 @@ def command(
 
     plot = str(out.with_name(out.stem + "-stability.png") if out is not None
                else Path(tempfile.gettempdir()) / "vf-bench-stability.png")
-    doc = _read_results(results, "results") if results is not None else run_all(names, size, model, plot)
+    model_size = _model_size()
+    if model_size is not None:
+        from vf.bench.engine import MODEL_SIZES
+
+        if model_size not in MODEL_SIZES:
+            raise UsageError(f"unknown --model.size {model_size!r}", hint=f"choose from: {', '.join(MODEL_SIZES)}")
+        if model != "tiny":
+            raise UsageError("give --model or --model.size, not both")
+    doc = _read_results(results, "results") if results is not None else run_all(names, size, model, plot, model_size)
     code = 0
     if any(r.get("error") for r in doc["suites"].values()):
         code = 1
@@ -185,6 +195,20 @@ def command(
         raise SystemExit(code)
 
 
+def _model_size() -> str | None:
+    """`--model.size` (the one dotted flag vf-bench takes), else None."""
+    from vf.cli import Invocation
+    from vf.config import parse_dotted_args
+    from vf.errors import UsageError
+
+    given = parse_dotted_args(list(Invocation.dotted or []))
+    model = given.pop("model", {})
+    if given or not isinstance(model, dict) or set(model) - {"size"}:
+        raise UsageError(f"unknown option(s): {' '.join(Invocation.dotted)}",
+                         hint="vf-bench takes one dotted flag: --model.size tiny|100m|600m")
+    return None if model.get("size") is None else str(model["size"])
+
+
 def _read_results(path: Path, what: str) -> dict[str, Any]:
     from vf.errors import UsageError
 
@@ -198,7 +222,8 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def run_all(names: list[str], size: str, model: str, plot: str | None = None) -> dict[str, Any]:
+def run_all(names: list[str], size: str, model: str, plot: str | None = None,
+            model_size: str | None = None) -> dict[str, Any]:
     """Machine facts, then each suite in turn (a failing suite is recorded, the rest still run)."""
     from vf.bench import run_suite
     from vf.bench.common import SCHEMA, ChildFailed, config_hash, machine, run_child, versions
@@ -215,7 +240,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None) ->
         console.print(f"[bold]{name}[/] …", markup=True)
         t = time.perf_counter()
         try:
-            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot)
+            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot, model_size=model_size)
         except ChildFailed as e:
             res = {"suite": name, "config": {"size": size}, "config_hash": None, "cases": [], "notes": [],
                    "skipped": None, "error": str(e), "wall_s": round(time.perf_counter() - t, 1)}
@@ -225,7 +250,7 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None) ->
     return doc
 
 
-main = entry(app, dotted=False)
+main = entry(app)
 
 
 if __name__ == "__main__":

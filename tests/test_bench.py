@@ -83,6 +83,9 @@ def test_threshold_flag(loss_run, tmp_path):
     ([], "missing SUITE"),
     (["loss", "--compare", "/nonexistent/base.json"], "cannot read the baseline file"),
     (["--results", "/nonexistent/r.json"], "--results compares or renders saved results"),
+    (["engine", "--model.size", "5b"], "unknown --model.size '5b'"),
+    (["engine", "--model.size", "100m", "--model", "/tmp"], "give --model or --model.size, not both"),
+    (["engine", "--model.layers", "3"], "vf-bench takes one dotted flag: --model.size"),
 ])
 def test_bad_usage_exits_2(args, needle):
     p = bench(*args, timeout=30)
@@ -143,3 +146,28 @@ def test_trainer_moe_flops_count_active_experts():
     attn = h * q + 2 * h * kv + q * h
     dense, moe = 3 * 1368 * h, 128 * h + 3 * (8 + 1) * 176 * h
     assert flops_per_token(glm, 256) == 6 * (2 * attn + dense + moe + 4096 * h) + 12 * 2 * q * 256
+
+
+def test_engine_costs_count_flops_and_bytes():
+    """The engine suite's FLOP and byte counts for a Qwen3-0.6B-shaped config (MFU and bandwidth
+    utilisation are these ÷ the measured time ÷ the measured limit)."""
+    from types import SimpleNamespace
+
+    from vf.bench.engine import figures, model_costs, work
+
+    cfg = SimpleNamespace(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                          intermediate_size=3072, vocab_size=151936)
+    c = model_costs(cfg)
+    layer = 1024 * 4096 + 2048 * 1024 + 3 * 1024 * 3072  # qkv, o, gate/up/down
+    assert c["matmul"] == 2 * 28 * layer and c["head"] == 2 * 1024 * 151936
+    assert c["weight_bytes"] == 4 * (28 * layer + 1024 * 151936)  # 440M + 156M fp32 weights
+    assert c["kv_bytes_per_key"] == 4 * 2 * 8 * 128 * 28
+    w = work(c, B=2, P=4, T=3)  # 2 decode steps, the queries see 5 and 6 keys
+    assert w["prefill_flops"] == 2 * 4 * c["matmul"] + 2 * c["head"] + 2 * c["attn_per_key"] * 10
+    assert w["decode_flops"] == 2 * 2 * (c["matmul"] + c["head"]) + 2 * c["attn_per_key"] * 11
+    assert w["step_bytes"] == c["weight_bytes"] + 2 * c["kv_bytes_per_key"] * 5.5
+    f = figures(2, 4, 3, total_s=3.0, prefill_s=1.0, w=w, peak_prefill=1e11, peak_decode=1e10, bandwidth=1e10)
+    assert f["tokens_per_s"] == 2.0 and f["prefill_tok_s"] == 8.0 and f["decode_tok_s"] == 2.0
+    assert f["decode_mfu"] == round(w["decode_flops"] / 2.0 / 1e10, 3)
+    assert f["decode_bw_util"] == round(w["step_bytes"] / 1.0 / 1e10, 3)
+    assert f["decode_limit_frac"] == max(f["decode_mfu"], f["decode_bw_util"])

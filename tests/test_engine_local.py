@@ -326,3 +326,57 @@ def test_engine_thread_sets_its_own_thread_count_only(tiny):
         run(explicit.close())
     finally:
         torch.set_num_threads(before)
+
+
+def test_thread_tuner_keeps_the_faster_count_and_probes_again():
+    """The tuner alternates candidates while probing, keeps the one with the lower median seconds
+    per row for `hold` steps, then probes again (the machine's load moves)."""
+    from vf.engines.scheduler import ThreadTuner
+
+    tuner = ThreadTuner([1, 2], probe=3, hold=4)
+    cost = {1: 0.10, 2: 0.40}  # a busy machine: 2 threads wait on barriers
+    seen = []
+    for _ in range(6):
+        t = tuner.next()
+        seen.append(t)
+        tuner.record(t, cost[t] * 16, 16)
+    assert sorted(seen) == [1, 1, 1, 2, 2, 2] and seen[:2] in ([1, 2], [2, 1])  # alternating
+    assert tuner.best == 1
+    for _ in range(4):
+        assert tuner.next() == 1
+        tuner.record(1, 1.0, 16)
+    cost = {1: 0.10, 2: 0.03}  # the machine went idle: the next probe round switches
+    for _ in range(6):
+        t = tuner.next()
+        tuner.record(t, cost[t] * 8, 8)
+    assert tuner.best == 2 and tuner.next() == 2
+
+
+def test_tuned_engine_decodes_the_same_tokens(tiny, monkeypatch):
+    """A bigger model's engine thread switches thread counts between decode steps: its outputs
+    stay those of a fixed-count engine, and both counts were timed."""
+    import vf.engines.scheduler as sched_mod
+
+    monkeypatch.setattr(sched_mod, "SMALL_MODEL_PARAMS", 0)  # treat tiny as big: tuner on
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = LocalEngine(tiny.model, tiny.tokenizer, max_batch=4)
+    finally:
+        torch.set_num_threads(before)
+    tuner = engine.scheduler.tuner
+    assert tuner is not None and tuner.choices == [1, 2]
+    tuner.hold = 2
+    probed = []
+    orig = tuner.record
+    monkeypatch.setattr(tuner, "record", lambda t, s, n: (probed.append(t), orig(t, s, n)))
+    s = Sampling(temperature=0.0, max_tokens=24)
+
+    async def both(e):
+        return await asyncio.gather(*[e.generate_ids(p, s, ignore_eos=True) for p in ([5, 6, 7], [9, 10, 11, 12])])
+
+    ours, ref = run(both(engine)), run(both(tiny))
+    assert [x.token_ids for x in ours] == [x.token_ids for x in ref]
+    assert max(abs(a - b) for x, y in zip(ours, ref) for a, b in zip(x.logprobs, y.logprobs)) < 1e-5
+    assert {1, 2} <= set(probed)
+    run(engine.close())

@@ -23,12 +23,18 @@ descheduled, so the barrier waits a scheduler time slice. Measured on the 2-core
 model, docs: benchmarks/RESULTS.md "Embedded engine batch decode"): one thread made a batch-16
 decode step several times faster under load. OpenMP's and MKL's thread counts are per thread, so
 `torch.set_num_threads` in the engine thread leaves the trainer's (or any caller's) count alone.
+Above SMALL_MODEL_PARAMS no fixed count is right: on the same 2-vCPU box a 126M-parameter decode
+step at batch 16 took 150 ms with 1 thread against 200–720 ms with 2 at load average 5, while an
+idle machine favours 2. So a bigger CPU model gets a `ThreadTuner`: it times decode steps with each
+candidate count in turn (alternating, so both see the same load), keeps the faster per row, and
+probes again every `hold` steps as the machine's load moves.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,11 +52,42 @@ SMALL_MODEL_PARAMS = 50_000_000
 
 
 def auto_threads(model) -> int | None:
-    """Intra-op threads for the engine thread: 1 for a small model on CPU, else torch's default (None)."""
+    """Intra-op threads for the engine thread: 1 for a small model on CPU, else None (torch's default
+    count on GPU; tuned per decode step by `ThreadTuner` on CPU)."""
     p = next(model.parameters())
     if p.device.type != "cpu":
         return None
     return 1 if sum(x.numel() for x in model.parameters()) < SMALL_MODEL_PARAMS else None
+
+
+class ThreadTuner:
+    """Picks the engine thread's intra-op thread count from timed decode steps.
+
+        t = tuner.next()            # the count for the next step
+        tuner.record(t, seconds, rows)
+    Probing: the candidates take turns step by step until each has `probe` timings; the one with the
+    lowest median seconds per row wins and runs the next `hold` steps, then it probes again."""
+
+    def __init__(self, choices: list[int], probe: int = 3, hold: int = 96):
+        self.choices, self.probe, self.hold = list(choices), probe, hold
+        self.times: dict[int, list[float]] = {c: [] for c in self.choices}
+        self.best = self.choices[-1]
+        self.left = 0  # steps before the next probe round
+
+    def next(self) -> int:
+        if self.left > 0:
+            return self.best
+        return min(self.choices, key=lambda c: len(self.times[c]))
+
+    def record(self, threads: int, seconds: float, rows: int) -> None:
+        if self.left > 0:
+            self.left -= 1
+            return
+        self.times[threads].append(seconds / max(1, rows))
+        if all(len(t) >= self.probe for t in self.times.values()):
+            self.best = min(self.choices, key=lambda c: sorted(self.times[c])[len(self.times[c]) // 2])
+            self.times = {c: [] for c in self.choices}
+            self.left = self.hold
 
 
 @dataclass
@@ -122,8 +159,13 @@ class Scheduler:
         self._gen.seed()
         self._stopped = False
         self.steps = 0
+        self.prefill_s = 0.0  # wall seconds spent in prefill blocks (benchmarks split prefill from decode)
         self.peak_rows = 0  # most rows decoded together so far (observability, tests)
         self.threads = threads if threads else auto_threads(model)
+        default = torch.get_num_threads()
+        # a bigger CPU model: 1 thread or all of them, whichever decodes faster now (see the module doc)
+        self.tuner = ThreadTuner([1, default]) if (not self.threads and self.device.type == "cpu"
+                                                   and default > 1) else None
         self._threads_set = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vf-local-engine", daemon=True)
         creator_threads = torch.get_num_threads()  # also pins the creating thread's own count
@@ -134,10 +176,18 @@ class Scheduler:
             torch.set_num_threads(creator_threads)
 
     def refresh_head(self) -> None:
-        """Pre-transpose the LM head ([H, V], contiguous) so each step is one plain matmul; rebuild
-        the fast decoder's derived weights. Called after every weight update."""
+        """Set up the LM head (`self.head(hidden) -> logits`) and rebuild the fast decoder's derived
+        weights. Called after every weight update. The fast decoder's oneDNN linear reads the [V, H]
+        weight as it is; else the head is pre-transposed ([H, V], contiguous: one plain matmul, and
+        a copy of the head's weights)."""
         with self.lock:
-            self.head_t = self.model.lm_head_weight.detach().t().contiguous()
+            w = self.model.lm_head_weight.detach()
+            if self.fast is not None and self.fast.linear is not torch.nn.functional.linear:
+                lin = self.fast.linear
+                self.head = lambda h: lin(h, w)
+            else:
+                head_t = w.t().contiguous()
+                self.head = lambda h: h @ head_t
             if self.fast is not None:
                 self.fast.refresh()
 
@@ -178,7 +228,9 @@ class Scheduler:
                 with self.lock, torch.inference_mode():
                     new = [s for s in new if not s.cancelled]
                     if new:
+                        t = time.perf_counter()
                         self._prefill(new)
+                        self.prefill_s += time.perf_counter() - t
                     if self.rows:
                         self._decode()
             except Exception as e:  # noqa: BLE001 (a bug or OOM: fail what is in flight, keep serving)
@@ -228,7 +280,7 @@ class Scheduler:
             s.mm = None  # the pixels are in the KV cache now
         self.cache.advance(T)
         last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
-        logits = last_h @ self.head_t
+        logits = self.head(last_h)
         self.rows.extend(block)
         self.peak_rows = max(self.peak_rows, len(self.rows))
         self.pos[start : start + m] = lens
@@ -236,6 +288,18 @@ class Scheduler:
         self._sample_and_update(logits, start, block)
 
     def _decode(self) -> None:
+        if self.tuner is None:
+            return self._decode_step()
+        threads = self.tuner.next()
+        if threads != self.threads_in_use:
+            torch.set_num_threads(threads)
+            self.threads_in_use = threads
+        t = time.perf_counter()
+        n = len(self.rows)
+        self._decode_step()
+        self.tuner.record(threads, time.perf_counter() - t, n)
+
+    def _decode_step(self) -> None:
         n = len(self.rows)
         pos = self.pos[:n]
         rope_pos = pos + self.delta[:n] if self.multimodal else pos
@@ -247,7 +311,7 @@ class Scheduler:
             self.cache.advance(1)
         self.pos[:n] += 1
         self.steps += 1
-        self._sample_and_update(hidden @ self.head_t, 0, self.rows)
+        self._sample_and_update(self.head(hidden), 0, self.rows)
 
     def _sample_and_update(self, logits: torch.Tensor, start: int, seqs: list[Seq]) -> None:
         """Sample one token for rows start..start+len(seqs)-1, record it, free finished rows."""
