@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import BoundsError, load_json
 from vf.trainer.metrics import MetricsLog
 from vf.trainer.orchestrator import Batch
 
@@ -102,8 +103,8 @@ def keep_metrics_before(path: Path, step: int) -> dict[str, int]:
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
-        except (ValueError, RecursionError):  # a torn last line after kill -9
+            row = load_json(raw)
+        except BoundsError:  # a torn last line after kill -9 (or a crafted, 100k-deep one)
             reasons[n] = "corrupt"
             continue
         s = row.get("step") if isinstance(row, dict) else None
