@@ -125,21 +125,31 @@ def phi3_dir(tmp_path_factory):
 
 
 def test_hf_fallback_shards_must_lie_under_the_weights_root(phi3_dir, tmp_path):
-    """An index naming `../../outside.safetensors` (a real, loadable file): refused before transformers
-    reads it, whether or not it exists."""
+    """An index naming `sub/w.safetensors`, a link (in a subdirectory, which load_model's scan of the
+    directory's entries does not open) to a real, loadable file outside the root: transformers
+    loaded it. Refused now, with the same answer whether the target exists or not."""
     from safetensors import safe_open
 
     from vf.models import ModelLoadError, load_model
 
     root = tmp_path / "root"
-    shutil.copytree(phi3_dir, root / "m")
-    shutil.move(root / "m" / "model.safetensors", tmp_path / "outside.safetensors")
-    with safe_open(str(tmp_path / "outside.safetensors"), "pt") as f:
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(phi3_dir / "model.safetensors", outside)
+    with safe_open(str(outside), "pt") as f:
         names = list(f.keys())
-    (root / "m" / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {n: "../../outside.safetensors" for n in names}}))
-    with pytest.raises(ModelLoadError, match="outside the model directory"):
-        load_model(root / "m", impl="hf", root=root)
+    answers = []
+    for name, target in (("exists", outside), ("absent", tmp_path / "absent.safetensors")):
+        d = root / name
+        shutil.copytree(phi3_dir, d)
+        (d / "model.safetensors").unlink()
+        (d / "sub").mkdir()
+        (d / "sub" / "w.safetensors").symlink_to(target)
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": {n: "sub/w.safetensors" for n in names}}))
+        with pytest.raises(ModelLoadError, match="resolves outside the weights root") as e:
+            load_model(d, impl="hf", root=root)
+        answers.append(str(e.value).replace(name, "X"))
+    assert answers[0] == answers[1]
 
 
 def test_hf_fallback_and_image_processor_configs_are_bounded_and_under_the_root(phi3_dir, tmp_path):
