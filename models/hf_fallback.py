@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.bounded import BoundsError, load_json
 from vf.models.errors import ModelLoadError, under_root
 from vf.models.layers import positions_and_mask, sdpa
+
+from vf.bounded import BoundsError, load_json
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from vf.models.errors import ModelLoadError, under_root
 
 from vf.bounded import BoundsError, load_json
 from vf.errors import EngineError
-from vf.models.errors import ModelLoadError, under_root
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # decoded size limit (Pillow's decompression-bomb guard)

@@ -7,15 +7,15 @@ it back, so a resumed run continues the same counters and remembers the evaluati
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vf.bounded import BoundsError, load_json
 from vf.trainer.metrics import MetricsLog
 from vf.trainer.orchestrator import Batch
+
+from vf.bounded import BoundsError, load_json
 
 COUNTED = ("dropped", "zero_variance_groups", "errored_rollouts")
 """Batch metrics summed over the run (summary.json)."""
