@@ -87,6 +87,30 @@ def test_a_deep_exchange_batch_is_a_usage_error_naming_it(trained, tmp_path):
         assert read_json(step / "heartbeat.json") is None
 
 
+def test_trainer_role_given_a_deep_batch_exits_2_naming_it(tmp_path):
+    """`vf-train --role trainer` reads RUN/rollouts/step_S/batch.json once READY names its session:
+    one the orchestrator did not write (100k deep) is bad input, not a RecursionError."""
+    import time
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([PY, "-m", "vf.commands.train", "--role", "trainer", "-o", str(run), *SMALL,
+                             "--steps", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wanted, deadline = run / "exchange" / "wanted.json", time.time() + 120
+        while not wanted.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        ask = json.loads(wanted.read_text())
+        step = run / "rollouts" / f"step_{ask['step']}"
+        step.mkdir(parents=True)
+        (step / "batch.json").write_text(DEEP)
+        (step / "traces.jsonl").write_text("")
+        (step / "READY").write_text(json.dumps({"session": ask["session"], "step": ask["step"]}))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), step / "batch.json")
+
+
 def test_a_crafted_traces_line_is_set_aside_not_averaged(tmp_path):
     """NaN is not JSON (vf writes null); a NaN reward would make summary.json and --json invalid."""
     from vf.trace import TraceFormatError, iter_episodes
