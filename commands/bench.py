@@ -210,10 +210,11 @@ def _model_size() -> str | None:
 
 
 def _read_results(path: Path, what: str) -> dict[str, Any]:
+    from vf.bounded import load_json
     from vf.errors import UsageError
 
     try:
-        doc = json.loads(path.read_text())
+        doc = load_json(path.read_bytes(), allow_nan=True)  # BoundsError is a ValueError
         if not isinstance(doc, dict) or not isinstance(doc.get("suites"), dict):
             raise ValueError("it has no 'suites' object")
     except (OSError, ValueError) as e:

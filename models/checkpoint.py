@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from vf.bounded import BoundsError, load_json
 from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
-from vf.models.errors import ModelLoadError
+from vf.models.errors import ModelLoadError, under_root
 from vf.models.transformer import NativeModel, model_class
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -49,15 +49,6 @@ def _damaged(f: Path, e: Exception) -> ModelLoadError:
                           hint="re-download or re-save the checkpoint")
 
 
-def _under(f: Path, root: Path | None) -> Path:
-    """`f` itself, when no root confines reads or `f` resolves (links followed) under `root`. The
-    check never looks at whether `f` exists, so a refusal says nothing about the host's files."""
-    if root is not None and not f.resolve().is_relative_to(root):
-        raise ModelLoadError(f"{f} resolves outside the weights root {root}",
-                             hint="a checkpoint under --weights-root may only read files under it")
-    return f
-
-
 def _shard(path: Path, name: object, root: Path | None) -> Path:
     """The shard file an index names: a relative path inside the model directory (HF writes bare
     file names), never absolute or through `..`; a symlink may point elsewhere only when no
@@ -66,14 +57,14 @@ def _shard(path: Path, name: object, root: Path | None) -> Path:
     if rel is None or rel.is_absolute() or ".." in rel.parts:
         raise ModelLoadError(f"{path / INDEX} names shard {str(name)[:200]!r} outside the model directory",
                              hint="an index names shard files inside the model directory")
-    return _under(path / rel, root)
+    return under_root(path / rel, root)
 
 
 def _weight_files(path: Path, root: Path | None = None) -> dict[str, Path]:
     """HF tensor name -> file holding it (every file under `root`, when given)."""
     if (path / INDEX).is_file():
         try:
-            weight_map = load_json(_under(path / INDEX, root).read_bytes())["weight_map"]
+            weight_map = load_json(under_root(path / INDEX, root).read_bytes())["weight_map"]
             names = set(weight_map.values())
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"{path / INDEX} is not a valid shard index ({type(e).__name__}: {e})") from None
@@ -86,7 +77,7 @@ def _weight_files(path: Path, root: Path | None = None) -> dict[str, Path]:
             )
         return {k: files[f] for k, f in weight_map.items()}
     if (path / SINGLE).is_file():
-        _under(path / SINGLE, root)
+        under_root(path / SINGLE, root)
         try:
             with safe_open(path / SINGLE, "pt") as f:
                 return {k: path / SINGLE for k in f.keys()}  # noqa: SIM118 (safetensors handle)
@@ -142,13 +133,15 @@ def load_model(
     path = Path(path)
     if root is not None:
         root = Path(root).resolve()
-        _under(path, root)
+        under_root(path, root)
         for entry in sorted(path.iterdir()) if path.is_dir() else []:
-            _under(entry, root)  # config, tokenizer and processor files too, whoever reads them
+            under_root(entry, root)  # config, tokenizer and processor files too, whoever reads them
     if resolve_impl(path, impl) == "hf":
         from vf.models.hf_fallback import HFModel
 
-        return HFModel.load(path, dtype, device)
+        if root is not None:  # transformers reads the shards an index names: confine them as ours
+            _weight_files(path, root)
+        return HFModel.load(path, dtype, device, root)
     config = read_config(path)
     if moe_impl:
         config.set_moe_impl(moe_impl)
@@ -194,7 +187,7 @@ def load_model(
     if getattr(model, "is_multimodal", False):
         from vf.models.image_processor import processor_for
 
-        model.processor = processor_for(model, path)
+        model.processor = processor_for(model, path, root)
     return model.eval()
 
 

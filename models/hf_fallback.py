@@ -23,7 +23,6 @@ do not apply them — and sliding-window attention over sequences longer than th
 from __future__ import annotations
 
 import contextvars
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.errors import ModelLoadError
+from vf.models.errors import ModelLoadError, under_root
 from vf.models.layers import positions_and_mask, sdpa
+
+from vf.bounded import BoundsError, load_json
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
@@ -113,11 +114,19 @@ class HFModel(nn.Module):
         self._register_load_state_dict_pre_hook(fill)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> HFModel:
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu",
+             root: Path | None = None) -> HFModel:
+        """`root`: the weights root every file read must resolve under (`load_model` checks the shards)."""
         from transformers import AutoModelForCausalLM
 
         path = Path(path)
-        raw = json.loads((path / "config.json").read_text())
+        cfg_file = under_root(path / "config.json", root)
+        try:
+            raw = load_json(cfg_file.read_bytes())
+        except (OSError, BoundsError) as e:
+            raise ModelLoadError(f"{cfg_file}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{cfg_file} must hold a JSON object")
         bad = [k for k in _UNSUPPORTED_KEYS if raw.get(k) not in (None, 1.0)]
         if bad:
             raise ModelLoadError(f"{path}: model_type {raw.get('model_type')!r} uses {', '.join(bad)}, which the "

@@ -24,14 +24,15 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from vf.models.errors import ModelLoadError, under_root
 
+from vf.bounded import BoundsError, load_json
 from vf.errors import EngineError
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
@@ -88,13 +89,14 @@ class ImageProcessor:
         return cls(**kw)
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike) -> ImageProcessor | None:
-        """The processor a model directory ships, or None when it has none."""
+    def from_dir(cls, path: str | os.PathLike, root: Path | None = None) -> ImageProcessor | None:
+        """The processor a model directory ships, or None when it has none. With `root` (the
+        weights root), its config file must resolve under it."""
         path = Path(path)
         if (path / "preprocessor_config.json").is_file():
-            return cls.from_config(json.loads((path / "preprocessor_config.json").read_text()))
+            return cls.from_config(_read_config(under_root(path / "preprocessor_config.json", root)))
         if (path / "processor_config.json").is_file():
-            d = json.loads((path / "processor_config.json").read_text())
+            d = _read_config(under_root(path / "processor_config.json", root))
             if isinstance(d.get("image_processor"), dict):
                 return cls.from_config(d["image_processor"])
         return None
@@ -198,9 +200,20 @@ def load_image(ref: str, roots: tuple[Path, ...] | list[Path] = (), max_bytes: i
     return image.convert("RGB")
 
 
-def processor_for(model, path: str | os.PathLike | None = None) -> ImageProcessor:
-    """The image processor of a VL model: its directory's config, else one matching its vision tower."""
-    found = ImageProcessor.from_dir(path) if path is not None else None
+def _read_config(f: Path) -> dict:
+    try:
+        d = load_json(f.read_bytes())
+    except (OSError, BoundsError) as e:
+        raise ModelLoadError(f"{f}: {e}") from None
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"{f} must hold a JSON object")
+    return d
+
+
+def processor_for(model, path: str | os.PathLike | None = None, root: Path | None = None) -> ImageProcessor:
+    """The image processor of a VL model: its directory's config (under `root`, when given), else
+    one matching its vision tower."""
+    found = ImageProcessor.from_dir(path, root) if path is not None else None
     if found is not None:
         return found
     c = model.visual.settings

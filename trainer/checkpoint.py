@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError
 
 CKPT_DIR = "checkpoints"
@@ -359,8 +360,8 @@ def _save_tree(directory: Path, name: str, obj: Any) -> None:
 
 def _read_json(f: Path) -> Any:
     try:
-        return json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return load_json(f.read_bytes(), allow_nan=True)
+    except (OSError, BoundsError) as e:
         raise UsageError(f"{f} is unreadable or not valid JSON: {e}",
                          hint="the checkpoint is damaged; resume from an older one (delete this step dir)") from None
 

@@ -46,6 +46,7 @@ from typing import Any, Self
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import Sample
 
+from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError, VfError
 
 EXCHANGE, BROADCASTS, ROLLOUTS = "exchange", "broadcasts", "rollouts"
@@ -70,11 +71,14 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> dict | None:
+    """The object a control file holds; None while it is absent, and when it is not a JSON object
+    (a half-written or crafted file is treated as not there yet)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = load_json(path.read_bytes(), allow_nan=True)
+    except (OSError, BoundsError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def shared(config) -> dict:
@@ -123,10 +127,17 @@ def save_batch(path: Path, batch: Batch, session: str) -> None:
 def load_batch(path: Path) -> Batch:
     from vf.trace import parse_episode
 
-    data = json.loads((path / "batch.json").read_text())
+    f = path / "batch.json"
+    try:
+        data = load_json(f.read_bytes(), allow_nan=True)  # a NaN mean reward is data
+        samples = [Sample(**s) for s in data["samples"]]
+        step, metrics = data["step"], data["metrics"]
+    except (OSError, BoundsError, KeyError, TypeError) as e:
+        raise UsageError(f"{f} is not a batch the orchestrator wrote ({type(e).__name__}: {e})",
+                         hint="the run dir's exchange files are damaged; restart the orchestrator") from None
     episodes = [parse_episode(line, path / "traces.jsonl", i + 1)
                 for i, line in enumerate((path / "traces.jsonl").read_text().splitlines()) if line.strip()]
-    return Batch(data["step"], [Sample(**s) for s in data["samples"]], episodes, data["metrics"])
+    return Batch(step, samples, episodes, metrics)
 
 
 # ---- the trainer's side --------------------------------------------------------------------------

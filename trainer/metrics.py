@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vf.bounded import BoundsError, load_json
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "metrics.png"
 REQUIRED = ("step", "loss", "reward", "masked_fraction", "mismatch_kl", "staleness", "tokens_per_s", "step_time")
@@ -46,9 +48,11 @@ class MetricsLog:
         rows = []
         for line in self.path.read_text().splitlines():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line after kill -9
+                row = load_json(line)  # vf writes non-finite numbers as null
+            except BoundsError:
+                continue  # a torn last line after kill -9 (or a crafted one)
+            if isinstance(row, dict):
+                rows.append(row)
         return rows
 
 

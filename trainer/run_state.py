@@ -7,7 +7,6 @@ it back, so a resumed run continues the same counters and remembers the evaluati
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 
 from vf.trainer.metrics import MetricsLog
 from vf.trainer.orchestrator import Batch
+
+from vf.bounded import BoundsError, load_json
 
 COUNTED = ("dropped", "zero_variance_groups", "errored_rollouts")
 """Batch metrics summed over the run (summary.json)."""
@@ -102,8 +103,8 @@ def keep_metrics_before(path: Path, step: int) -> dict[str, int]:
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
-        except (ValueError, RecursionError):  # a torn last line after kill -9
+            row = load_json(raw)
+        except BoundsError:  # a torn last line after kill -9 (or a crafted, 100k-deep one)
             reasons[n] = "corrupt"
             continue
         s = row.get("step") if isinstance(row, dict) else None

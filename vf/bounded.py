@@ -1,7 +1,7 @@
 """Parsing text that may be hostile (configs, run-dir files, HTTP bodies, shard indexes) with
 bounds, so a small input cannot take unbounded memory, time or stack.
 
-    load_json(text, max_depth=MAX_DEPTH) -> value          # BoundsError on bad / too deep JSON
+    load_json(text, max_depth=MAX_DEPTH, allow_nan=False) -> value  # BoundsError on bad / too deep JSON
     load_yaml(text, max_depth=..., max_nodes=...) -> value # BoundsError on alias bombs, depth
     check_tree(value, max_depth)                           # BoundsError past max_depth levels,
                                                            # or on a lone surrogate in a string
@@ -68,11 +68,13 @@ def _finite(text: str) -> float:
     return value
 
 
-def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+def load_json(text: str | bytes, max_depth: int = MAX_DEPTH, allow_nan: bool = False) -> Any:
     """Strict JSON (no NaN/Infinity) nested at most `max_depth` levels; BoundsError otherwise
-    (its message says where, as json does)."""
+    (its message says where, as json does). `allow_nan` reads NaN/Infinity as floats: for files
+    vf itself writes with json.dumps (metrics, batches, checkpoints), where a NaN mean is data."""
+    strict = {} if allow_nan else {"parse_constant": _no_constant, "parse_float": _finite}
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        value = json.loads(text, **strict)
     except RecursionError:
         raise BoundsError(f"nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as e:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vf.bounded import BoundsError, load_json
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
 from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
@@ -423,14 +424,14 @@ class Rollout:
             name = fn.get("name", "")
             try:
                 if name in self._extra:
-                    args = json.loads(fn.get("arguments") or "{}")
+                    args = load_json(fn.get("arguments") or "{}")
                     content = await asyncio.wait_for(self._extra[name][1](args), timeout)
                 elif self.tools is not None and name not in self.spec.harness.config.disabled_tools:
                     content = await asyncio.wait_for(
                         self.tools.call(name, fn.get("arguments", "{}"), self.hook_args()), timeout)
                 else:
                     raise ToolError(f"unknown tool {name!r}")
-            except (ToolError, json.JSONDecodeError) as e:
+            except (ToolError, BoundsError) as e:
                 content = f"error: {e}"
             except asyncio.TimeoutError:
                 self.trace.info.setdefault("tool_errors", []).append({"tool": name, "type": "Timeout"})

@@ -50,6 +50,7 @@ from typing import Any, ClassVar, Generic
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
+from vf.bounded import BoundsError, load_json
 from vf.errors import VfError
 from vf.runtime import RuntimeConfig
 from vf.taskset import State, concrete_type
@@ -396,9 +397,9 @@ class ToolRunner:
             raise ToolError(f"unknown tool {name!r}; available: {sorted(self.functions)}", "UnknownTool")
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError as e:
-                raise ToolError(f"arguments for {name} are not valid JSON: {e.msg}", "BadArguments") from None
+                arguments = load_json(arguments or "{}")  # model output: may nest 100k deep
+            except BoundsError as e:
+                raise ToolError(f"arguments for {name}: {e}", "BadArguments") from None
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments for {name} must be a JSON object", "BadArguments")
         timeout = self.timeouts.get(name, self.timeout)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError
 from vf.types import content_text, parse_message  # noqa: F401 - content_text re-exported
 from vf.version import TRACE_VERSION, __version__
@@ -323,11 +324,9 @@ class TraceFormatError(UsageError, ValueError):
 
 def parse_episode(line: str, path: str | os.PathLike = "<string>", lineno: int = 0) -> Episode:
     try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:  # a crafted line of 100k nested brackets
-        raise TraceFormatError(path, lineno, "JSON nested too deeply") from None
+        raw = load_json(line)  # a crafted line may nest 100k deep or hold NaN (vf writes null)
+    except BoundsError as e:
+        raise TraceFormatError(path, lineno, str(e)) from None
     if not isinstance(raw, dict):
         raise TraceFormatError(path, lineno, "a line must hold one JSON object (an episode)")
     if "traces" not in raw:
