@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from vf.bounded import BoundsError, load_json
 from vf.models.config import ARCHITECTURES, ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
-from vf.models.errors import ModelLoadError, under_root
+from vf.models.errors import ModelLoadError, read_json_object, under_root
 from vf.models.transformer import NativeModel, model_class
+
+from vf.bounded import load_json
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -33,15 +34,7 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
         raise ModelLoadError(
             f"{cfg_file} is missing", hint="an HF model directory needs config.json + safetensors"
         )
-    try:
-        d = load_json(cfg_file.read_bytes())
-    except BoundsError as e:
-        raise ModelLoadError(f"{cfg_file}: {e}") from None
-    except OSError as e:
-        raise ModelLoadError(f"{cfg_file} cannot be read: {e}") from None
-    if not isinstance(d, dict):
-        raise ModelLoadError(f"{cfg_file} must hold a JSON object")
-    return ModelConfig.from_hf_dict(d, source=str(cfg_file))
+    return ModelConfig.from_hf_dict(read_json_object(cfg_file), source=str(cfg_file))
 
 
 def _damaged(f: Path, e: Exception) -> ModelLoadError:

@@ -30,10 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.errors import ModelLoadError, under_root
+from vf.models.errors import ModelLoadError, read_json_object, under_root
 from vf.models.layers import positions_and_mask, sdpa
-
-from vf.bounded import BoundsError, load_json
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
@@ -121,12 +119,7 @@ class HFModel(nn.Module):
 
         path = Path(path)
         cfg_file = under_root(path / "config.json", root)
-        try:
-            raw = load_json(cfg_file.read_bytes())
-        except (OSError, BoundsError) as e:
-            raise ModelLoadError(f"{cfg_file}: {e}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{cfg_file} must hold a JSON object")
+        raw = read_json_object(cfg_file)
         bad = [k for k in _UNSUPPORTED_KEYS if raw.get(k) not in (None, 1.0)]
         if bad:
             raise ModelLoadError(f"{path}: model_type {raw.get('model_type')!r} uses {', '.join(bad)}, which the "

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from vf.models.errors import ModelLoadError, under_root
+from vf.models.errors import read_json_object, under_root
 
-from vf.bounded import BoundsError, load_json
 from vf.errors import EngineError
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
@@ -94,9 +93,9 @@ class ImageProcessor:
         weights root), its config file must resolve under it."""
         path = Path(path)
         if (path / "preprocessor_config.json").is_file():
-            return cls.from_config(_read_config(under_root(path / "preprocessor_config.json", root)))
+            return cls.from_config(read_json_object(under_root(path / "preprocessor_config.json", root)))
         if (path / "processor_config.json").is_file():
-            d = _read_config(under_root(path / "processor_config.json", root))
+            d = read_json_object(under_root(path / "processor_config.json", root))
             if isinstance(d.get("image_processor"), dict):
                 return cls.from_config(d["image_processor"])
         return None
@@ -198,16 +197,6 @@ def load_image(ref: str, roots: tuple[Path, ...] | list[Path] = (), max_bytes: i
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise BadImage(f"the image cannot be decoded: {e}") from None
     return image.convert("RGB")
-
-
-def _read_config(f: Path) -> dict:
-    try:
-        d = load_json(f.read_bytes())
-    except (OSError, BoundsError) as e:
-        raise ModelLoadError(f"{f}: {e}") from None
-    if not isinstance(d, dict):
-        raise ModelLoadError(f"{f} must hold a JSON object")
-    return d
 
 
 def processor_for(model, path: str | os.PathLike | None = None, root: Path | None = None) -> ImageProcessor:
