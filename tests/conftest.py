@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from openai_stub import StubServer  # noqa: E402
+from openai_stub import StubServer
 
 BIN = Path(sys.executable).parent
 
@@ -35,6 +35,16 @@ def run_cli(*args: str, input: str | None = None, timeout: float = 120, env: dic
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
     return proc
+
+
+TRAIN_ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+"""vf-train subprocesses: one intra-op thread each, so tests that start several share 2 cores evenly."""
+
+
+def run_train(*args, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m vf.commands.train ARGS` as a real subprocess (not checked: tests assert the exit code)."""
+    return subprocess.run([sys.executable, "-m", "vf.commands.train", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=TRAIN_ENV, check=False)
 
 
 def json_out(proc: subprocess.CompletedProcess) -> dict:

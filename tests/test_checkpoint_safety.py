@@ -4,28 +4,24 @@ convert once, through torch's weights-only allow-list unless the user vouches fo
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_train
 from vf.trainer import checkpoint
 
 from vf.errors import UsageError
 
-ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 SMALL = ["--warmup.steps", "1", "--steps", "1", "--warmup.batch-size", "2", "--batch-size", "2", "--group-size", "2",
          "--eval.at-start", "false", "--eval.at-end", "false", "--trainer.threads", "1", "--seed", "3"]
 
 
 def train(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "vf.commands.train", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, check=False)
+    return run_train(*args, timeout=timeout)
 
 
 class Boom:

@@ -7,25 +7,23 @@ transformers fallback and in the image processor too."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import TRAIN_ENV as ENV
+from conftest import run_train
 
 PY = sys.executable
-ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 DEEP = "[" * 100_000 + "]" * 100_000
 SMALL = ["--warmup.steps", "1", "--warmup.batch-size", "4", "--batch-size", "4", "--group-size", "2",
          "--eval.at-start", "false", "--eval.at-end", "false", "--seed", "7", "--trainer.threads", "1",
          "--taskset", "reverse-text", "--taskset.size", "2", "--taskset.max-words", "1"]
 
 
-def train(*args, timeout=240):
-    return subprocess.run([PY, "-m", "vf.commands.train", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, check=False)
+train = run_train
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +68,9 @@ def test_a_deep_metrics_line_does_not_crash_resume(trained, tmp_path):
 
 
 def test_a_deep_exchange_batch_is_a_usage_error_naming_it(trained, tmp_path):
-    from vf.errors import UsageError
     from vf.trainer.exchange import load_batch, read_json
+
+    from vf.errors import UsageError
 
     step = tmp_path / "step_0"
     step.mkdir()
@@ -153,7 +152,6 @@ def test_hf_fallback_shards_must_lie_under_the_weights_root(phi3_dir, tmp_path):
     directory's entries does not open) to a real, loadable file outside the root: transformers
     loaded it. Refused now, with the same answer whether the target exists or not."""
     from safetensors import safe_open
-
     from vf.models import ModelLoadError, load_model
 
     root = tmp_path / "root"

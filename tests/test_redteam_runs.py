@@ -6,7 +6,6 @@ left run dirs and rewrote config.yaml)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -15,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import json_out
+from conftest import TRAIN_ENV as ENV
+from conftest import json_out, run_train
 
 PY = sys.executable
-ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 # tests/test_trainer_cli.py's small run, on a taskset of 2 tasks: the same task and rollout index
 # recur at every step, as they do every few steps of a real run
 SMALL = ["--warmup.steps", "2", "--warmup.batch-size", "8", "--batch-size", "8", "--group-size", "4",
@@ -26,9 +25,7 @@ SMALL = ["--warmup.steps", "2", "--warmup.batch-size", "8", "--batch-size", "8",
          "--taskset", "reverse-text", "--taskset.size", "2", "--taskset.max-words", "1"]
 
 
-def train(*args, timeout=240):
-    return subprocess.run([PY, "-m", "vf.commands.train", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, check=False)
+train = run_train
 
 
 def lines(path: Path) -> list[bytes]:
