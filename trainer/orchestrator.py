@@ -353,6 +353,9 @@ class ContinuousOrchestrator(_Generator):
                 g = self._finished.popleft()
                 if g.start is not None and step - g.start > self.max_off:
                     dropped += 1
+                    # its slot is free now: without this wake the generator, which counts
+                    # finished groups as owed, could wait for a batch that waits for it
+                    self._wake()
                     continue
                 groups.append(g)
             dropped += self._cancelled
