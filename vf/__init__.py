@@ -18,7 +18,8 @@ from vf.env import (
     SingleAgentEnvConfig,
     SubprocessConfig,
 )
-from vf.harness import HarnessConfig
+from vf.configs.harness import HarnessConfig
+from vf.harness import Harness
 from vf.judge import Judge, JudgeConfig
 from vf.runtime import Runtime, RuntimeConfig
 from vf.taskset import (
@@ -31,6 +32,7 @@ from vf.taskset import (
     Taskset,
     TasksetConfig,
     TaskTimeout,
+    intercept,
     metric,
     reward,
     stop,
@@ -56,12 +58,12 @@ Error = ErrorInfo
 
 __all__ = [
     "Agent", "AgentConfig", "Agents", "AssistantMessage", "Env", "EnvConfig", "Episode", "Error", "ErrorInfo",
-    "FunctionConfig", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction", "Judge",
+    "FunctionConfig", "Harness", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction", "Judge",
     "JudgeConfig", "Message", "MessageNode", "Messages", "ModelCall", "Runtime", "RuntimeConfig", "Segment",
     "SingleAgentEnv", "SingleAgentEnvConfig", "State", "SubprocessConfig", "SystemMessage", "Task",
     "TaskConfig", "TaskData", "TaskResources", "TaskTimeout", "Taskset", "TasksetConfig", "TextContentPart",
     "SharedToolsetConfig", "Toolset", "ToolsetConfig", "ToolCall", "ToolMessage", "Trace", "TraceTask", "TRACE_VERSION", "UserMessage", "__version__",
-    "content_text", "load_taskset", "metric", "reward", "stop", "tool", "types",
+    "content_text", "intercept", "load_taskset", "metric", "reward", "stop", "tool", "types",
 ]
 
 

@@ -51,3 +51,25 @@ class EngineError(VfError):
         self.type = type
         self.status_code = status_code
         self.retryable = retryable
+
+
+# ---- verifiers 0.4's rollout error vocabulary (each names the boundary a failure crossed) ------
+
+class RolloutError(Exception):
+    """A failure recorded onto the trace rather than crashing the run."""
+
+
+class HarnessError(RolloutError):
+    """The harness failed to install or launch, or its program exited unsuccessfully."""
+
+
+class SandboxError(RolloutError):
+    """A runtime operation failed (provisioning, exec, file I/O), or the runtime died."""
+
+
+class InterceptionError(RolloutError):
+    """The program could not talk to the interception server."""
+
+
+MODEL_TRANSPORT_ERROR_EXIT_CODE = 97
+"""Exit code a harness program reserves for "my model connection failed for good"."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import traceback as tb
@@ -35,23 +36,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from vf.bounded import BoundsError, load_json
+from vf.configs.harness import HarnessConfig
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
+from vf.program import Harness, ProgramDriver, RunInterception, build_program_harness, harness_class
 from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
 from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
 from vf.toolset import SharedTools, ToolError, ToolRunner, open_tools
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
 from vf.types import content_text, parse_message, to_wire
-
-
-class HarnessConfig(BaseModel):
-    """`--env.agent.harness.*`: which harness, and its knobs."""
-
-    model_config = ConfigDict(extra="allow")
-    id: str = "null"
-    tool_timeout: float = Field(600.0, gt=0)
-    """Seconds one tool call (or bash command) may take before it is stopped and reported."""
-    disabled_tools: list[str] = Field(default_factory=list)
 
 
 class NullHarness:
@@ -182,11 +175,17 @@ def with_system_prompt(messages: list[dict[str, Any]], prompt: str | None) -> li
     return [{"role": "system", "content": prompt}, *messages]
 
 
-def make_harness(config: HarnessConfig | dict | None) -> NullHarness:
+def make_harness(config: HarnessConfig | dict | None) -> NullHarness | Harness:
+    """The seat's harness: an in-process loop (`null`, `bash`) or a program (vf.program)."""
     config = config if isinstance(config, HarnessConfig) else HarnessConfig(**(config or {}))
-    if config.id not in HARNESSES:
-        raise UsageError(f"unknown harness {config.id!r}", hint=f"choose one of: {', '.join(sorted(HARNESSES))}")
-    return HARNESSES[config.id](config)
+    if config.id in HARNESSES:
+        return HARNESSES[config.id](config)
+    program = harness_class(config.id)
+    if program is None:
+        raise UsageError(f"unknown harness {config.id!r}",
+                         hint=f"built in: {', '.join(sorted(HARNESSES))}, the vf.harnesses modules; or an "
+                              "installed package exporting one vf.harness.Harness, or module:Class")
+    return build_program_harness(program, config)
 
 
 @dataclass
@@ -211,6 +210,8 @@ class SeatSpec:
     shared_tools: SharedTools | None = None
     """The run's shared toolsets (the taskset's, from `open_shared_tools`), offered in every
     rollout; each call sees the calling rollout's state."""
+    interception: RunInterception | None = None
+    """The run's interception server (started by the first program-harness rollout)."""
 
 
 class Rollout:
@@ -230,6 +231,7 @@ class Rollout:
         self._stack = contextlib.AsyncExitStack()  # the rollout's toolsets (and their servers)
         self._extra: dict[str, Any] = {}
         self._seq: list[int] | None = None  # tokens of the current branch (prompt + completions)
+        self._restarted = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def hook_args(self) -> dict[str, Any]:
@@ -260,6 +262,10 @@ class Rollout:
             from vf.runtime import make_runtime
 
             self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
+        if isinstance(self.spec.harness, Harness):  # a program: it sends its own prompts and tools
+            await self.spec.harness.setup(self.runtime)
+            await call_hook(self.task.setup, self.hook_args())
+            return
         harness = self.spec.harness.config
         tools = await self._stack.enter_async_context(open_tools(
             task_toolsets(self.task), self.state, shared=self.spec.shared_tools, timeout=harness.tool_timeout))
@@ -303,6 +309,8 @@ class Rollout:
         self.tools = None
         with contextlib.suppress(Exception):  # cleanup must not mask the rollout's outcome
             await self._stack.aclose()
+            if isinstance(self.spec.harness, Harness) and self.runtime is not None:
+                await self.spec.harness.cleanup(self.trace, self.runtime)
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.close()
@@ -352,8 +360,11 @@ class Rollout:
             self.done = True
             self.trace.stop_condition = condition
 
-    def add(self, message: dict[str, Any], sampled: bool = False, **fields) -> int:
-        parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
+    def add(self, message: dict[str, Any], sampled: bool = False, parent: int | None | str = "last",
+            **fields) -> int:
+        """Append a node under `parent` (default: the newest node) and return its index."""
+        if parent == "last":
+            parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
         self.trace.nodes.append(MessageNode(parent=parent, message=message, sampled=sampled,
                                             timestamp=time.time(), **fields))
         return len(self.trace.nodes) - 1
@@ -386,7 +397,8 @@ class Rollout:
                 self.add({"role": "user", "content": m} if isinstance(m, str) else to_wire(m))
         started = time.monotonic()
         try:
-            await self._stage("agent", self._replies(), self.agent_budget)
+            work = self._program() if isinstance(self.spec.harness, Harness) else self._replies()
+            await self._stage("agent", work, self.agent_budget)
         finally:
             if self.agent_budget is not None:  # time between turns (another seat's) is not spent
                 self.agent_budget = max(self.agent_budget - (time.monotonic() - started), 1e-3)
@@ -410,6 +422,12 @@ class Rollout:
                 continue
             await self._check_stops()
             return
+
+    async def _program(self) -> None:
+        """A program harness's run: its calls are answered (and recorded) as they come."""
+        if self.spec.interception is None:
+            raise UsageError(f"harness {self.spec.harness.config.id!r} needs the run's interception server")
+        await ProgramDriver(self, await self.spec.interception.get()).run()
 
     async def _check_stops(self) -> None:
         for name, fn, _ in self.task.hooks("stop"):
@@ -445,11 +463,21 @@ class Rollout:
             self.add({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": content})
 
     async def _call(self) -> GenerateResult:
+        return await self.generate(self.trace.wire_messages(), self.trace.tools or None)
+
+    async def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       max_tokens: int | None = None) -> GenerateResult:
+        """The rollout's one model call (in-process loops and intercepted programs alike):
+        `messages` are the prompt, whose last node gets the prompt tokens not seen before; the
+        reply becomes a sampled node with its token ids and inference log-probs. `max_tokens`
+        (a program's own cap) only ever lowers the seat's."""
         trace, spec = self.trace, self.spec
-        request = GenerateRequest(messages=trace.wire_messages(), sampling=spec.sampling,
-                                  tools=trace.tools or None, model=spec.model)
+        sampling = spec.sampling
+        if max_tokens is not None and 0 < max_tokens < (sampling.max_tokens or max_tokens + 1):
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
+        request = GenerateRequest(messages=messages, sampling=sampling, tools=tools, model=spec.model)
         record = ModelCall(model=spec.model, engine=spec.engine.name,
-                           sampling=spec.sampling.to_dict(), time={"start": time.time()})
+                           sampling=sampling.to_dict(), time={"start": time.time()})
         trace.calls.append(record)
         try:
             result = await spec.engine.generate(request)
@@ -488,12 +516,20 @@ class Rollout:
             trace.info["truncated_replies"] = trace.info.get("truncated_replies", 0) + 1
         return result
 
+    def restart_tokens(self) -> None:
+        """The next prompt does not extend the last one (a program rewrote its history): its
+        tokens start a new training sample."""
+        self._seq, self._restarted = None, True
+
     def _attach_prompt_tokens(self, prompt_ids: list[int] | None) -> None:
         """Give the newest prompt-side node the prompt tokens not seen before."""
         if prompt_ids is None or not self.trace.nodes:
             return
         node = self.trace.nodes[-1]
         seq = self._seq or []
+        if self._restarted:  # a new branch: a new sample, even if its tokens happen to extend
+            node.token_reset = True  # type: ignore[attr-defined]
+            self._restarted = False
         if self._seq is not None and prompt_ids[: len(seq)] == seq:
             delta = prompt_ids[len(seq):]
         else:

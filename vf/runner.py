@@ -28,6 +28,7 @@ from vf.engines.base import Engine, Sampling
 from vf.env import Agent, AgentConfig, Agents, Env, EpisodeContext, SingleAgentEnv, runs_legacy
 from vf.errors import ConfigError, UsageError
 from vf.harness import Rollout, SeatSpec, make_harness
+from vf.program import RunInterception
 from vf.loading import LoadedTaskset
 from vf.retries import RetryBudget, backoff
 from vf.selection import select_tasks
@@ -57,6 +58,8 @@ class EpisodeSpec:
     """The taskset's `toolsets(config)` (`taskset_toolsets`): offered in every rollout."""
     shared_tools: SharedTools | None = None
     """`shared_toolsets` once started (`with_shared_tools`); None = not started yet."""
+    interception: RunInterception | None = None
+    """The run's interception server for program harnesses (`with_shared_tools`)."""
 
 
 def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
@@ -75,7 +78,8 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
                     max_output_tokens=cfg.max_output_tokens, max_total_tokens=cfg.max_total_tokens,
                     timeout=cfg.timeout, harness=make_harness(cfg.harness),
                     runtime=cfg.runtime, require_tokens=spec.require_tokens and agent.trainable,
-                    name=agent.name, trainable=agent.trainable, shared_tools=spec.shared_tools)
+                    name=agent.name, trainable=agent.trainable, shared_tools=spec.shared_tools,
+                    interception=spec.interception)
 
 
 def trace_task(task: Task) -> TraceTask:
@@ -116,13 +120,21 @@ class _EpisodeRun(EpisodeContext):
 
 @contextlib.asynccontextmanager
 async def with_shared_tools(spec: EpisodeSpec):
-    """`spec` with its shared toolsets started (servers up, `setup()` run) for the duration;
-    a spec whose shared toolsets are already started is yielded as it is."""
-    if spec.shared_tools is not None or not spec.shared_toolsets:
-        yield spec
-        return
-    async with open_shared_tools(spec.shared_toolsets) as shared:
-        yield dataclasses.replace(spec, shared_tools=shared)
+    """`spec` with the run's shared services for the duration: its shared toolsets started
+    (servers up, `setup()` run) and an interception server for program harnesses (started on
+    first use). What a spec already has is kept as it is."""
+    interception = RunInterception() if spec.interception is None else None
+    try:
+        if interception is not None:
+            spec = dataclasses.replace(spec, interception=interception)
+        if spec.shared_tools is not None or not spec.shared_toolsets:
+            yield spec
+            return
+        async with open_shared_tools(spec.shared_toolsets) as shared:
+            yield dataclasses.replace(spec, shared_tools=shared)
+    finally:
+        if interception is not None:
+            await interception.close()
 
 
 async def run_episode(task: Task, spec: EpisodeSpec, rollout: int = 0) -> Episode:
@@ -304,6 +316,8 @@ async def _run_plan(owed, spec: EpisodeSpec, max_concurrent: int, on_episode, sp
                 pair_spec = spec_for(i, task, rollout)
                 if pair_spec.shared_tools is None and spec.shared_tools is not None:
                     pair_spec = dataclasses.replace(pair_spec, shared_tools=spec.shared_tools)
+                if pair_spec.interception is None:
+                    pair_spec = dataclasses.replace(pair_spec, interception=spec.interception)
             episode = await run_episode(task, pair_spec, rollout)
             problem = run_stopper(episode, spec)
             if problem is not None:

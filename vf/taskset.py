@@ -176,7 +176,7 @@ class State(BaseModel):
 
 # ---- decorators --------------------------------------------------------------------------------
 
-HOOK_KINDS = ("reward", "metric", "stop")
+HOOK_KINDS = ("reward", "metric", "stop", "intercept")
 
 
 def _marker(kind: str, **meta: Any) -> Callable:
@@ -202,6 +202,15 @@ def metric(fn: Callable | None = None, *, priority: int = 0, name: str | None = 
 def stop(fn: Callable | None = None, *, priority: int = 0, name: str | None = None):
     """Mark a Task method as a stop condition, checked after every model reply."""
     mark = _marker("stop", priority=priority, name=name)
+    return mark(fn) if fn is not None else mark
+
+
+def intercept(fn: Callable | None = None, *, priority: int = 0, name: str | None = None):
+    """Mark a Task method that sees each intercepted model call: annotated with `vf.Request`, it
+    gets the call's request and may return a replacement (only the new user and tool messages
+    may change); with `vf.Response`, the policy's reply before the program gets it. None leaves
+    it unchanged. Higher priority runs first."""
+    mark = _marker("intercept", priority=priority, name=name)
     return mark(fn) if fn is not None else mark
 
 
@@ -343,7 +352,8 @@ class Task(Generic[D, S, C]):
                 meta = getattr(fn, "_vf_hook", None)
                 if meta and meta["kind"] == kind:
                     found[meta["name"]] = (getattr(self, attr), meta)
-        plugged = {"reward": self.config.rewards, "metric": self.config.metrics, "stop": self.config.stops}[kind]
+        plugged = {"reward": self.config.rewards, "metric": self.config.metrics,
+                   "stop": self.config.stops}.get(kind, {})
         for name, spec in plugged.items():
             base = found.get(name)
             if spec.fn:

@@ -135,6 +135,20 @@ class Runtime(ABC):
         cap = max_bytes if max_bytes is not None else self.config.max_read_mb << 20
         return read_beneath(self._fd(), self._parts(path), path, cap)
 
+    def model_endpoint(self, url: str, socket: str) -> str:
+        """The base URL by which a program inside this runtime reaches the interception server
+        that listens at `url` (TCP on the host's loopback) and on the Unix socket `socket`.
+        Host processes use `url`; runtimes without the host's network bridge the socket."""
+        return url
+
+    def add_read_only(self, path: str) -> None:
+        """Let later commands read (never write) the host directory `path` at the same path:
+        an agent program installed outside the runtime. Host processes see it already."""
+
+    async def alive(self) -> bool:
+        """Whether the runtime can still run commands (a container can die under a program)."""
+        return self._root_fd is not None
+
     async def close(self) -> None:
         """Stop what still runs and remove the working directory (if this runtime made it)."""
         if self._root_fd is not None:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from vf import reaper
 from vf.errors import UsageError
+from vf.runtime import bridge
 from vf.runtime.base import register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
 
@@ -144,11 +145,32 @@ class SandboxRuntime(SubprocessRuntime):
         super().__init__(config, workdir)
         if self._as_nobody:
             os.fchown(self._fd(), NOBODY, NOBODY)
+        self._model_socket: str | None = None
+        """The interception server's Unix socket, bridged into every command (`model_endpoint`)."""
+        self._read_only: list[str] = []
         self._inits: dict[int, int] = {}
         """Command group → pidfd of its namespace's init (taken before a kill, awaited after)."""
 
     def _warn(self) -> None:
         pass
+
+    def _check_reachable(self, path: str) -> None:
+        if self._as_nobody and not others_can_reach(path):
+            raise UsageError(f"runtime 'sandbox' runs commands as nobody (vf runs as root), and nobody "
+                             f"cannot reach {path}", hint="make its directories searchable by others (chmod o+x)")
+
+    def model_endpoint(self, url: str, socket: str) -> str:
+        """The sandbox has no network: its commands reach the server's Unix socket through
+        vf.runtime.bridge, on the sandbox's own loopback."""
+        self._check_reachable(os.path.dirname(socket))
+        self._model_socket = socket
+        return f"http://127.0.0.1:{bridge.PORT}/v1"
+
+    def add_read_only(self, path: str) -> None:
+        path = str(Path(path).resolve())
+        self._check_reachable(path)
+        if path not in self._read_only:
+            self._read_only.append(path)
 
     def _argv(self, command: str | list[str], cwd: str, timeout: float) -> list[str]:
         c = self.config
@@ -166,8 +188,10 @@ class SandboxRuntime(SubprocessRuntime):
                 argv += ["--ro-bind", str(top), str(top)]
         for name in ETC:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        for path in c.read_only_paths:
+        for path in [*c.read_only_paths, *self._read_only]:
             argv += ["--ro-bind-try", path, path]
+        if self._model_socket is not None:
+            argv += ["--ro-bind", os.path.dirname(self._model_socket), bridge.SOCKET_DIR]
         if c.network_allow:
             argv += ["--share-net"]
         argv += ["--bind", work, work, "--chdir", cwd]
@@ -175,6 +199,9 @@ class SandboxRuntime(SubprocessRuntime):
         fsize = min(c.max_file_mb, c.disk_mb) << 20
         argv += ["--", self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={c.memory_mb << 20}",
                  f"--nproc={c.max_processes}", f"--fsize={fsize}", "--core=0", "--"]
+        if self._model_socket is not None:  # the command runs as the bridge's child
+            inside = f"{bridge.SOCKET_DIR}/{os.path.basename(self._model_socket)}"
+            argv += ["/usr/bin/python3", "-I", "-c", bridge.SCRIPT, inside, str(bridge.PORT)]
         return argv + super()._argv(command, cwd, timeout)
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:

@@ -1,0 +1,374 @@
+"""Program harnesses: a real agent program plays the seat, and every model call it makes is
+intercepted, answered by the seat's policy and recorded on the trace.
+
+A `Harness` (verifiers 0.4's `verifiers.v1.harness.Harness`, same signatures) installs its
+program in `setup(runtime)` and runs it in `launch(ctx, trace, runtime, endpoint, secret,
+mcp_urls, data)`: the program must send every model call to `endpoint` with `secret` as its key.
+`endpoint` is the run's interception server (vf.interception) as seen from inside the runtime:
+on the host's loopback for `subprocess`, bridged through a Unix socket into the `sandbox`, which
+keeps no network of its own (vf.runtime.bridge).
+
+`ProgramDriver` is the rollout's side: it registers the rollout with the server, and answers each
+call the program makes (`answer`): `@vf.intercept` request hooks, then the rollout's one model
+call (`Rollout.generate`, the same path the in-process loops take: token ids, inference
+log-probs, policy versions), then the response hooks. The call's messages are matched against
+the trace's latest branch: what extends it is appended as nodes; a call that rewrites history
+(an agent that compacts its context) starts a new branch from the last common message, and its
+tokens start a new training sample (`token_reset`).
+
+Harness ids (`--env.agent.harness.id`): a built-in (`vf.harnesses.<id>`), an installed
+package's `vf.harnesses` entry point, a module exporting exactly one `Harness` subclass, or
+`module:Class` / `path/file.py:Class`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+import time
+import typing
+import uuid
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from vf import reaper
+from vf.clients import ModelContext
+from vf.configs.harness import HarnessConfig
+from vf.errors import (
+    MODEL_TRANSPORT_ERROR_EXIT_CODE,
+    ConfigError,
+    HarnessError,
+    InterceptionError,
+    SandboxError,
+    UsageError,
+)
+from vf.runtimes import ProgramResult, Runtime
+from vf.taskset import TaskData, call_hook, concrete_type
+from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
+
+if TYPE_CHECKING:
+    from vf.dialects import Call
+    from vf.harness import Rollout
+    from vf.trace import Trace
+
+log = logging.getLogger(__name__)
+
+ConfigT = TypeVar("ConfigT", bound=HarnessConfig)
+
+
+class Harness(ABC, Generic[ConfigT]):
+    """The program a seat runs in (see the module docstring). Capability flags as verifiers'."""
+
+    APPENDS_SYSTEM_PROMPT: ClassVar[bool] = False
+    """The program takes the task's system prompt separately (else it is folded into the prompt)."""
+    SUPPORTS_MCP: ClassVar[bool] = False
+    SUPPORTS_TOOL_INTERCEPTION: ClassVar[bool] = False
+    SUPPORTS_RESUME: ClassVar[bool] = False
+    EXECUTES_CODE: ClassVar[bool] = True
+    SUPPORTS_SKILLS: ClassVar[bool] = False
+    NEEDS_CONTAINER: ClassVar[bool] = True
+    """A third-party program: run it isolated (vf's `sandbox` runtime), not on the host."""
+    NEEDS_RUNTIME: ClassVar[bool] = True
+
+    def __init__(self, config: ConfigT):
+        self.config = config
+
+    @classmethod
+    def config_class(cls) -> type[HarnessConfig]:
+        return concrete_type(cls, HarnessConfig, HarnessConfig)
+
+    def resolve_prompt(self, task: TaskData) -> tuple[str | None, Any]:
+        """(system prompt, prompt) as this program takes them: a program that cannot take a
+        separate system prompt gets it folded in front of a text prompt."""
+        prompt, system = task.prompt, task.system_prompt
+        if system is None or self.APPENDS_SYSTEM_PROMPT:
+            return system if self.APPENDS_SYSTEM_PROMPT else None, prompt
+        if not isinstance(prompt, str):
+            raise TypeError(f"harness {self.config.id!r} cannot fold a system prompt into a "
+                            f"{'Messages' if prompt is not None else 'None'} prompt; set APPENDS_SYSTEM_PROMPT")
+        return None, f"{system}\n\n{prompt}"
+
+    def resolve_text_prompt(self, task: TaskData) -> tuple[str | None, str | None]:
+        system, prompt = self.resolve_prompt(task)
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"harness {self.config.id!r} takes a text prompt only")
+        return system, prompt
+
+    async def setup(self, runtime: Runtime) -> None:
+        """Install the program in `runtime` (before the agent's time starts)."""
+
+    async def cleanup(self, trace: Trace, runtime: Runtime) -> None:
+        """Remove per-rollout state the harness left (after scoring). Idempotent."""
+
+    @abstractmethod
+    async def launch(self, ctx: ModelContext, trace: Trace, runtime: Runtime, endpoint: str, secret: str,
+                     mcp_urls: dict[str, str], data: TaskData) -> ProgramResult:
+        """Run the program to completion; every model call goes to `endpoint` with `secret`."""
+
+    async def check_result(self, trace: Trace, runtime: Runtime, result: ProgramResult) -> None:
+        """A failed program is an error on the trace, named by where it broke."""
+        if trace.stop_condition is not None or result.exit_code == 0:
+            return  # a cap or stop ended it: its exit is expected
+        detail = (result.stderr or result.stdout).strip()[-2000:] or "<no output>"
+        if not await runtime.alive():
+            raise SandboxError(f"runtime died under harness {self.config.id!r} (exit {result.exit_code}): {detail}")
+        if result.exit_code == MODEL_TRANSPORT_ERROR_EXIT_CODE:
+            raise InterceptionError(f"harness {self.config.id!r} could not reach the interception server: {detail}")
+        if getattr(result, "timed_out", False):
+            raise HarnessError(f"harness {self.config.id!r} program timed out: {detail}")
+        raise HarnessError(f"harness {self.config.id!r} exited {result.exit_code}: {detail}")
+
+
+# ---- harness ids ------------------------------------------------------------------------------
+
+ENTRY_POINTS = "vf.harnesses"
+
+
+def _exported_harness(module, where: str) -> type[Harness]:
+    names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+    found = {getattr(module, n) for n in names}
+    found = [c for c in found if isinstance(c, type) and issubclass(c, Harness) and c is not Harness
+             and (getattr(module, "__all__", None) or c.__module__ == module.__name__)]
+    if len(found) != 1:
+        raise UsageError(f"{where} exports {len(found)} Harness subclasses, not exactly one",
+                         hint="name the class: --env.agent.harness.id module:Class")
+    return found[0]
+
+
+def harness_class(harness_id: str) -> type[Harness] | None:
+    """The program harness an id names (None: not found)."""
+    if ":" in harness_id:
+        target, _, attr = harness_id.rpartition(":")
+        if target.endswith(".py"):
+            from vf.loading import import_path
+
+            module = import_path(Path(target))
+        else:
+            module = importlib.import_module(target)
+        cls = getattr(module, attr, None)
+        if not (isinstance(cls, type) and issubclass(cls, Harness)):
+            raise UsageError(f"{harness_id}: not a vf.harness.Harness subclass")
+        return cls
+    name = harness_id.split("/")[-1].split("@")[0].lower().replace("-", "_")
+    if not name.isidentifier():
+        return None
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name in (harness_id, name):
+            return point.load()
+    for module_name in (f"vf.harnesses.{name}", name):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+                continue  # that module does not exist (an import error inside it is the user's)
+            raise
+        return _exported_harness(module, module_name)
+    return None
+
+
+def build_program_harness(cls: type[Harness], config: HarnessConfig) -> Harness:
+    """`cls` with its own config class validated from the seat's harness section."""
+    fields = config.model_dump()
+    fields.update(config.model_extra or {})
+    try:
+        return cls(cls.config_class().model_validate(fields))
+    except ValueError as e:
+        raise ConfigError([f"env.agent.harness: {e}"]) from None
+
+
+# ---- the rollout's side ---------------------------------------------------------------------------
+
+class RunInterception:
+    """The run's interception server, started when the first program rollout needs it (most
+    runs never do), in a socket directory the sandbox user can reach; stopped with the run."""
+
+    def __init__(self):
+        self._server = None
+        self._dir: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self):
+        from vf.interception.server import InterceptionServer
+
+        async with self._lock:
+            if self._server is None:
+                self._dir = tempfile.mkdtemp(prefix="vf-intercept-")
+                os.chmod(self._dir, 0o755)  # root-owned: the sandbox user may connect, not replace
+                reaper.watch_dir(self._dir)
+                server = InterceptionServer(socket_dir=Path(self._dir))
+                await server.start()
+                for entry in os.scandir(self._dir):  # connecting to a Unix socket needs write access
+                    os.chmod(entry.path, 0o666)
+                self._server = server
+        return self._server
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            reaper.forget_dir(self._dir)
+            self._dir = None
+
+
+def flat_tools_to_functions(tools: list | None) -> list[dict[str, Any]] | None:
+    """A call's tools (verifiers' flat `Tool`) as the OpenAI function schemas engines render."""
+    if not tools:
+        return None
+    return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
+            for t in tools]
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two provider messages say the same thing (dialects differ in empty fields)."""
+    def key(m):
+        calls = [((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+                 for c in m.get("tool_calls") or []]
+        return m.get("role"), content_text(m.get("content")).strip(), calls, m.get("tool_call_id")
+    return key(a) == key(b)
+
+
+class ProgramDriver:
+    """Runs a program harness for one rollout: registration, launch, and answering its calls."""
+
+    def __init__(self, rollout: Rollout, server):
+        self.rollout, self.server = rollout, server
+        task = rollout.task
+        hooks = [fn for _, fn, _ in task.hooks("intercept")]
+        self.request_hooks = [fn for fn in hooks if _boundary(fn) is Request]
+        self.response_hooks = [fn for fn in hooks if _boundary(fn) is Response]
+        self.pinned: dict[str, dict[str, Any]] = {}
+        """tool_call_id → the tool result a request hook rewrote (kept on later calls)."""
+
+    async def run(self) -> None:
+        rollout = self.rollout
+        harness: Harness = rollout.spec.harness
+        registration = self.server.register(self.answer)
+        try:
+            endpoint = rollout.runtime.model_endpoint(registration.url, registration.socket)
+            ctx = ModelContext(model=rollout.spec.model, client=rollout.spec.engine,
+                               sampling=rollout.spec.sampling.to_dict())
+            result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
+                                          {}, rollout.task.data)
+            await harness.check_result(rollout.trace, rollout.runtime, result)
+        finally:
+            self.server.unregister(registration.secret)
+
+    async def answer(self, call: Call) -> Response:
+        """One intercepted model call → the policy's reply, recorded on the trace."""
+        from vf.dialects import DialectError
+
+        rollout = self.rollout
+        if rollout.done:
+            raise DialectError(f"the rollout has ended ({rollout.trace.stop_condition})", status=400)
+        if cap := rollout._cap_reached():
+            rollout.finish(cap)
+            raise DialectError(f"the rollout has ended ({cap})", status=400)
+        request = await self._rewrite(call.request)
+        messages = [to_wire(m) for m in request.messages]
+        messages = [self.pinned.get(m.get("tool_call_id"), m) if m.get("role") == "tool" else m for m in messages]
+        tools = flat_tools_to_functions(request.tools)
+        if tools and not rollout.trace.tools:
+            rollout.trace.tools = tools
+        self._extend(messages)
+        max_tokens = call.sampling.get("max_tokens")
+        result = await rollout.generate(messages, tools, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+        response = self._response(result, call.model)
+        for hook in self.response_hooks:
+            changed = await self._invoke(hook, response.model_copy(deep=True))
+            if changed is not None:
+                if not isinstance(changed, Response):
+                    raise TypeError(f"@vf.intercept {hook.__name__} returned {type(changed).__name__}, not vf.Response")
+                response = changed
+                rollout.trace.info.setdefault("intercepts", []).append({"boundary": "response", "hook": hook.__name__})
+        await rollout._check_stops()
+        return response
+
+    async def _rewrite(self, request: Request) -> Request:
+        """Request hooks: only the messages new to the trace, and only user or tool ones, may change."""
+        if not self.request_hooks:
+            return request
+        known = len(self.rollout.trace.branch())
+        for hook in self.request_hooks:
+            changed = await self._invoke(hook, request.model_copy(deep=True))
+            if changed is None:
+                continue
+            if not isinstance(changed, Request) or len(changed.messages) != len(request.messages):
+                raise TypeError(f"@vf.intercept {hook.__name__}: a request hook returns a vf.Request "
+                                "with the same number of messages")
+            for i, (before, after) in enumerate(zip(request.messages, changed.messages)):
+                if before != after and (i < known or before.role not in ("user", "tool") or after.role != before.role):
+                    raise ValueError(f"@vf.intercept {hook.__name__}: only new user or tool messages may change")
+                if before != after and after.role == "tool":
+                    self.pinned[after.tool_call_id] = to_wire(after)
+            if changed != request:
+                self.rollout.trace.info.setdefault("intercepts", []).append({"boundary": "request", "hook": hook.__name__})
+            request = changed
+        return request
+
+    async def _invoke(self, hook, value: Request | Response):
+        """A hook gets the boundary value by its annotation (as in verifiers) or parameter name,
+        and may also name `trace` and `task`."""
+        kind = "request" if isinstance(value, Request) else "response"
+        params = _params(hook)
+        available = {"trace": self.rollout.trace, "task": self.rollout.task.data, kind: value}
+        available.update({name: value for name, hint in params.items() if hint is type(value)})
+        return await call_hook(hook, available)
+
+    def _extend(self, messages: list[dict[str, Any]]) -> None:
+        """Put the call's prompt on the trace: what extends the latest branch is appended; a
+        rewritten history branches off at the last message both share."""
+        trace = self.rollout.trace
+        branch = trace.branch()
+        shared = 0
+        while shared < min(len(branch), len(messages)) and _same(trace.nodes[branch[shared]].message, messages[shared]):
+            shared += 1
+        parent = branch[shared - 1] if shared else None
+        if shared < len(branch):
+            self.rollout.restart_tokens()
+        for message in messages[shared:]:
+            parent = self.rollout.add(message, parent=parent)
+
+    @staticmethod
+    def _response(result, model: str) -> Response:
+        message = result.message
+        calls = [ToolCall(id=c.get("id") or f"call_{uuid.uuid4().hex[:12]}",
+                          name=(c.get("function") or {}).get("name", ""),
+                          arguments=(c.get("function") or {}).get("arguments") or "{}")
+                 for c in message.get("tool_calls") or []]
+        finish = "tool_calls" if calls else (result.finish_reason if result.finish_reason in ("stop", "length") else "stop")
+        return Response(id=f"vf-{uuid.uuid4().hex[:16]}", created=int(time.time()), model=model,
+                        message=AssistantMessage(content=content_text(message.get("content")) or None,
+                                                 tool_calls=calls or None),
+                        finish_reason=finish,
+                        usage=Usage(prompt_tokens=result.usage.prompt_tokens,
+                                    completion_tokens=result.usage.completion_tokens))
+
+
+def _params(fn) -> dict[str, Any]:
+    """Parameter name → its resolved annotation (None where there is none)."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: parameter names still work
+        hints = {}
+    return {name: hints.get(name) for name in inspect.signature(fn).parameters}
+
+
+def _boundary(fn) -> type | None:
+    """Which boundary an intercept hook watches: its parameter annotated `vf.Request` or
+    `vf.Response` (or named `request` / `response`)."""
+    for name, hint in _params(fn).items():
+        if hint is Request or name == "request":
+            return Request
+        if hint is Response or name == "response":
+            return Response
+    return None
