@@ -4,6 +4,9 @@ Traces store messages as the plain OpenAI dicts they are on the wire; reward cod
 through these classes (`trace.messages`, `trace.assistant_messages`). Each class also answers
 dict-style access (`m["content"]`, `m.get("tool_calls")`), so code written either way works.
 
+A model call crossing the interception boundary is typed as verifiers types it: `Request`
+(messages + flat `Tool`s) in, `Response` (one assistant message, finish reason, `Usage`) out.
+
 A tool call reads flat (`call.name`, `call.arguments`) as in verifiers; the OpenAI wire form
 (`{"function": {"name", "arguments"}}`) is accepted and written back unchanged.
 """
@@ -64,8 +67,10 @@ class ToolCall(_DictLike):
     id: str
     type: Literal["function", "custom"] = "function"
     name: str
+    namespace: str | None = None
+    """Provider namespace qualifying the tool name, when sent separately (Responses tool groups)."""
     arguments: str = "{}"
-    """The raw JSON string the model produced."""
+    """The raw JSON string the model produced (a custom tool's free-form input)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -158,3 +163,57 @@ def has_images(messages: list[dict[str, Any]]) -> bool:
     return any(isinstance(m.get("content"), list)
                and any(isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"])
                for m in messages)
+
+
+class Tool(BaseModel):
+    """A tool declaration in verifiers' flat shape (`{type, name, description, parameters}`), whichever
+    dialect declared it; native extras (a custom tool's `format`, `cache_control`, ...) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "function"
+    name: str
+    namespace: str | None = None
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None
+
+
+class Request(BaseModel):
+    """The typed conversation about to cross a model boundary (what an agent sent, in chat shape)."""
+
+    messages: Messages
+    tools: list[Tool] | None = None
+
+
+FinishReason = Literal["stop", "length", "tool_calls"] | None
+
+
+class Usage(BaseModel):
+    """Token accounting of one model call. `prompt_tokens` excludes cache reads (`cached_input_tokens`);
+    `input_tokens` adds them back. Reasoning tokens are a part of `completion_tokens`."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost: float | None = None
+
+    @property
+    def input_tokens(self) -> int:
+        return self.prompt_tokens + (self.cached_input_tokens or 0)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.completion_tokens
+
+
+class Response(BaseModel):
+    """One model call's answer: a single assistant message (text and/or tool calls)."""
+
+    id: str
+    created: int
+    model: str
+    message: AssistantMessage
+    finish_reason: FinishReason = None
+    usage: Usage | None = None

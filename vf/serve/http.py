@@ -4,6 +4,7 @@ JSON responses and chunked (SSE) streaming responses. Standard library only.
     handler(Request) -> Response                      (async)
     Response.body: bytes, or an async iterator of bytes (sent with Transfer-Encoding: chunked)
     await serve(handler, host, port) -> asyncio.Server
+    await serve_unix(handler, path) -> asyncio.Server       (the same, on a Unix socket)
 
 Why not http.server: streaming many concurrent SSE responses from one event loop (where the engine
 futures resolve) is simpler without a thread per connection. A malformed request line/headers gets
@@ -182,14 +183,19 @@ async def write_response(writer: asyncio.StreamWriter, resp: Response, keep_aliv
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def serve(handler: Handler, host: str, port: int, *, max_body: int = MAX_BODY,
-                idle_timeout: float = IDLE_TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
-                max_connections: int = MAX_CONNECTIONS) -> asyncio.Server:
+def connection_handler(handler: Handler, *, max_body: int = MAX_BODY, idle_timeout: float = IDLE_TIMEOUT,
+                       request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                       connections: set[asyncio.StreamWriter] | None = None):
+    """The per-connection coroutine `serve` and `serve_unix` run. `connections`, when given, holds the
+    open connections' writers, so an owner can close them on shutdown (Python 3.11's Server.close
+    leaves accepted keep-alive connections running)."""
     open_connections = 0
 
     async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal open_connections
         open_connections += 1
+        if connections is not None:
+            connections.add(writer)
         try:
             if open_connections > max_connections:
                 msg = {"error": {"message": "too many open connections; retry later", "type": "ServiceUnavailable",
@@ -221,5 +227,30 @@ async def serve(handler: Handler, host: str, port: int, *, max_body: int = MAX_B
                 await asyncio.wait_for(writer.wait_closed(), 5)
             except (TimeoutError, ConnectionError, OSError):
                 writer.transport.abort()  # a peer that stopped reading must not pin the connection
+            finally:
+                if connections is not None:
+                    connections.discard(writer)
 
+    return on_conn
+
+
+async def serve(handler: Handler, host: str, port: int, *, max_body: int = MAX_BODY,
+                idle_timeout: float = IDLE_TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
+                max_connections: int = MAX_CONNECTIONS,
+                connections: set[asyncio.StreamWriter] | None = None) -> asyncio.Server:
+    on_conn = connection_handler(handler, max_body=max_body, idle_timeout=idle_timeout,
+                                 request_timeout=request_timeout, max_connections=max_connections,
+                                 connections=connections)
     return await asyncio.start_server(on_conn, host, port, limit=MAX_HEADER_LINE, backlog=1024)
+
+
+async def serve_unix(handler: Handler, path: str, *, max_body: int = MAX_BODY,
+                     idle_timeout: float = IDLE_TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
+                     max_connections: int = MAX_CONNECTIONS,
+                     connections: set[asyncio.StreamWriter] | None = None) -> asyncio.Server:
+    """The same server on a Unix socket at `path` (a sandbox without network reaches it through a
+    bind mount of that one file). The caller owns the path: it is neither removed first nor after."""
+    on_conn = connection_handler(handler, max_body=max_body, idle_timeout=idle_timeout,
+                                 request_timeout=request_timeout, max_connections=max_connections,
+                                 connections=connections)
+    return await asyncio.start_unix_server(on_conn, path=path, limit=MAX_HEADER_LINE, backlog=1024)

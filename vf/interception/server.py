@@ -1,0 +1,287 @@
+"""The interception server: the model provider an agent program inside a rollout's runtime calls.
+
+One server (per run or worker) multiplexes many rollouts. Each rollout `register`s an async handler
+(its policy: `Call` in, `vf.types.Response` out) and gets a fresh secret; the agent is pointed at
+the server with that secret as its API key (OPENAI_BASE_URL + OPENAI_API_KEY, or ANTHROPIC_BASE_URL
++ ANTHROPIC_API_KEY). A call's route picks its dialect (vf.dialects), its key picks the rollout.
+
+The server listens on loopback TCP and on a Unix socket: a sandbox without network reaches it
+through a bind mount of the socket file (the socket is 0666 inside a directory others may traverse
+but not list, so a sandboxed command running as another user can connect; the secret is the gate).
+
+Answers, in the dialect's error shape: no or wrong key 401 (the handler never runs); unknown path
+404; a body over `max_body_mb` 413; more than `max_inflight_per_rollout` concurrent calls on one key
+429 (an agent flooding its endpoint cannot starve the other rollouts); a malformed body 400; the
+handler raising `DialectError` its status; the handler failing otherwise 502 with a one-line
+message; a handler slower than `handler_timeout` 504. No answer and no log line carries a secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vf.dialects import DIALECTS, Call, Dialect, DialectError
+from vf.dialects.base import header
+from vf.serve import http
+from vf.types import Response
+
+logger = logging.getLogger("vf.interception")
+
+Handler = Callable[[Call], Awaitable[Response]]
+SOCKET_NAME = "intercept.sock"
+MODELS_PATH = "/v1/models"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+
+
+class InterceptionConfig(BaseModel):
+    """Where the interception server listens and what one rollout's agent may ask of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    """Loopback by default: the agent runs on this machine (in a sandbox: over the Unix socket)."""
+    port: int = Field(0, ge=0, le=65535)
+    """0 picks a free port."""
+    max_body_mb: float = Field(64.0, gt=0)
+    """Largest request body (an agent resends its whole conversation, images included, on each call)."""
+    max_inflight_per_rollout: int = Field(16, ge=1)
+    """Concurrent calls one rollout's key may have open; past it the call is answered 429."""
+    request_timeout: float = Field(60.0, gt=0)
+    """Seconds a request's head and body may take to arrive (a client trickling bytes gets 408)."""
+    idle_timeout: float = Field(120.0, gt=0)
+    """Seconds an idle keep-alive connection stays open."""
+    handler_timeout: float | None = Field(None, gt=0)
+    """Seconds the rollout's handler may take to answer a call (504 past it); None: no limit here,
+    the rollout's own timeouts bound it."""
+    max_connections: int = Field(1024, ge=1)
+    model_name: str = "vf-policy"
+    """The model `GET /v1/models` lists (agents probe it; the handler answers whatever they name)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a rollout hands its agent: the key, the base URL (ends in /v1) and the Unix socket path."""
+
+    secret: str = field(repr=False)
+    url: str
+    socket: str
+
+
+@dataclass
+class _Slot:
+    handler: Handler
+    inflight: int = 0
+
+
+class InterceptionServer:
+    def __init__(self, config: InterceptionConfig | None = None, socket_dir: Path | None = None):
+        self.config = config or InterceptionConfig()
+        self._socket_dir = Path(socket_dir) if socket_dir is not None else None
+        self._own_dir: Path | None = None
+        self._slots: dict[str, _Slot] = {}
+        self._routes: dict[str, Dialect] = {f"/v1{r}": d for d in DIALECTS.values() for r in d.routes}
+        self._servers: list[Any] = []
+        self._connections: set[asyncio.StreamWriter] = set()
+        self.port = 0
+        self.url = ""
+        self.socket = ""
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._servers:
+            return
+        limits = {"max_body": int(self.config.max_body_mb * 1024 * 1024), "idle_timeout": self.config.idle_timeout,
+                  "request_timeout": self.config.request_timeout, "max_connections": self.config.max_connections,
+                  "connections": self._connections}
+        tcp = await http.serve(self._dispatch, self.config.host, self.config.port, **limits)
+        self._servers.append(tcp)
+        try:
+            self.port = tcp.sockets[0].getsockname()[1]
+            host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+            self.url = f"http://{host}:{self.port}/v1"
+            if self._socket_dir is None:
+                self._own_dir = Path(tempfile.mkdtemp(prefix="vf-intercept-"))
+                os.chmod(self._own_dir, 0o711)  # others may reach the socket by name, not list the dir
+                directory = self._own_dir
+            else:
+                directory = self._socket_dir
+                directory.mkdir(parents=True, exist_ok=True)
+            path = directory / SOCKET_NAME
+            if path.is_socket():  # left by a server that did not stop cleanly
+                path.unlink()
+            self._servers.append(await http.serve_unix(self._dispatch, str(path), **limits))
+            os.chmod(path, 0o666)  # a sandboxed command may run as another user (nobody, when vf runs as root)
+            self.socket = str(path)
+        except BaseException:
+            await self.stop()
+            raise
+        logger.info("interception server on %s and %s", self.url, self.socket)
+
+    async def stop(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+        for writer in list(self._connections):  # keep-alive connections outlive Server.close on 3.11
+            writer.transport.abort()
+        for server in servers:
+            await server.wait_closed()
+        for _ in range(500):  # let the aborted connections' tasks finish (they end within a few loop turns)
+            if not self._connections:
+                break
+            await asyncio.sleep(0.01)
+        if self.socket and os.path.exists(self.socket) and stat.S_ISSOCK(os.lstat(self.socket).st_mode):
+            os.unlink(self.socket)
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
+        self._slots.clear()
+
+    async def __aenter__(self) -> InterceptionServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    # --- rollouts --------------------------------------------------------------------------------
+
+    def register(self, handler: Handler) -> Registration:
+        """A fresh key routed to `handler` (an async callable `Call -> vf.types.Response`)."""
+        if not self._servers:
+            raise RuntimeError("InterceptionServer.register before start()")
+        secret = secrets.token_urlsafe(32)
+        self._slots[secret] = _Slot(handler)
+        return Registration(secret=secret, url=self.url, socket=self.socket)
+
+    def unregister(self, secret: str) -> None:
+        """Forget a key: its later calls get 401 (calls already running finish)."""
+        self._slots.pop(secret, None)
+
+    def _slot(self, presented: str | None) -> _Slot | None:
+        """The slot whose key matches, comparing against every key in constant time per key (no
+        early exit), so response timing does not reveal how much of a guess was right."""
+        if not presented:
+            return None
+        candidate = presented.encode()
+        found = None
+        for secret, slot in list(self._slots.items()):
+            if hmac.compare_digest(secret.encode(), candidate):
+                found = slot
+        return found
+
+    def _scrub(self, text: str) -> str:
+        """`text` with every registered key blanked (a handler's error message is shown to the agent)."""
+        for secret in self._slots:
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+    # --- requests --------------------------------------------------------------------------------
+
+    async def _dispatch(self, req: http.Request) -> http.Response:
+        path = req.path.rstrip("/") or "/"
+        dialect = self._routes.get(path)
+        if path == MODELS_PATH:
+            return self._models(req)
+        if path == COUNT_TOKENS_PATH:
+            return self._count_tokens(req)
+        if dialect is None:
+            # Anthropic clients parse their own error shape; everyone else gets OpenAI's
+            shape = DIALECTS["anthropic"] if header(req.headers, "x-api-key") else DIALECTS["chat"]
+            routes = ", ".join(["GET " + MODELS_PATH] + [f"POST {r}" for r in self._routes])
+            return self._error(shape, 404, f"no route {req.method} {path[:200]}; this endpoint serves {routes}")
+        if req.method != "POST":
+            return self._error(dialect, 405, f"{path} takes POST, not {req.method}")
+        slot = self._slot(dialect.secret(req.headers))
+        if slot is None:
+            logger.warning("interception: %s call without a valid key (401)", dialect.name)
+            return self._error(dialect, 401, "invalid or missing API key for this endpoint")
+        if slot.inflight >= self.config.max_inflight_per_rollout:
+            logger.warning("interception: %s call past %d concurrent calls for one rollout (429)", dialect.name,
+                           self.config.max_inflight_per_rollout)
+            return self._error(dialect, 429, f"more than {self.config.max_inflight_per_rollout} concurrent calls "
+                                             f"for this rollout; retry after one finishes")
+        slot.inflight += 1
+        try:
+            call = dialect.parse(req.body)
+            response = await asyncio.wait_for(slot.handler(call), self.config.handler_timeout)
+            if not isinstance(response, Response):
+                response = Response.model_validate(response)
+            if call.stream:
+                return http.Response(200, _frames(dialect.stream(response, call)), content_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+            return http.json_response(dialect.render(response, call))
+        except DialectError as e:
+            return self._error(dialect, e.status, self._scrub(e.message))
+        except TimeoutError:
+            logger.warning("interception: %s handler did not answer within %gs (504)", dialect.name,
+                           self.config.handler_timeout)
+            return self._error(dialect, 504, f"the model did not answer within {self.config.handler_timeout:g}s")
+        except ValidationError as e:
+            logger.warning("interception: %s handler returned no Response (502): %s", dialect.name,
+                           self._scrub(str(e).splitlines()[0]))
+            return self._error(dialect, 502, "the model call failed: the policy returned no valid response")
+        except Exception as e:  # the policy's failure is the agent's failed API call, not the server's
+            message = self._scrub(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")[:300]
+            logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
+            return self._error(dialect, 502, f"the model call failed ({message})")
+        finally:
+            slot.inflight -= 1
+
+    def _error(self, dialect: Dialect, status: int, message: str) -> http.Response:
+        return http.json_response(dialect.error_body(status, message), status)
+
+    def _models(self, req: http.Request) -> http.Response:
+        """`GET /v1/models`, in a shape both the openai and the anthropic SDK read."""
+        anthropic = header(req.headers, "x-api-key") is not None
+        dialect = DIALECTS["anthropic" if anthropic else "chat"]
+        if self._slot(dialect.secret(req.headers)) is None:
+            return self._error(dialect, 401, "invalid or missing API key for this endpoint")
+        name = self.config.model_name
+        model = {"id": name, "object": "model", "type": "model", "created": 0, "created_at": "1970-01-01T00:00:00Z",
+                 "owned_by": "vf", "display_name": name}
+        return http.json_response({"object": "list", "data": [model], "has_more": False, "first_id": name,
+                                   "last_id": name})
+
+    def _count_tokens(self, req: http.Request) -> http.Response:
+        """Anthropic's `POST /v1/messages/count_tokens` (Claude Code asks it): an estimate, about 4
+        characters a token, since the server does not know the policy's tokenizer."""
+        dialect = DIALECTS["anthropic"]
+        if self._slot(dialect.secret(req.headers)) is None:
+            return self._error(dialect, 401, "invalid or missing API key for this endpoint")
+        if req.method != "POST":
+            return self._error(dialect, 405, f"{COUNT_TOKENS_PATH} takes POST, not {req.method}")
+        try:
+            call = dialect.parse(req.body)
+        except DialectError as e:
+            return self._error(dialect, e.status, e.message)
+        chars = len(call.request.model_dump_json())
+        return http.json_response({"input_tokens": max(1, chars // 4)})
+
+
+async def _frames(frames: list[bytes]):
+    for frame in frames:
+        yield frame
+
+
+def registration_env(registration: Registration, url: str | None = None) -> dict[str, str]:
+    """The environment variables that point the common agent programs at a registration:
+    OpenAI SDKs (Codex, litellm/mini-swe-agent, Terminus-2) and Anthropic's (Claude Code)."""
+    base = url or registration.url
+    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    return {"OPENAI_BASE_URL": base, "OPENAI_API_BASE": base, "OPENAI_API_KEY": registration.secret,
+            "ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": registration.secret}
