@@ -60,14 +60,27 @@ class Sample:
 
 
 def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | None = None) -> list[Sample]:
-    """Samples of a trace's latest branch; nodes without token ids are skipped."""
+    """Samples of every branch of a trace (an agent that rewrote its history left the old branch
+    behind; its calls were sampled too), oldest branch first; each sampled node is trained on
+    once, in the first branch that holds it. Nodes without token ids are skipped."""
+    parents = {n.parent for n in trace.nodes}
+    leaves = [i for i in range(len(trace.nodes)) if i not in parents]
+    samples: list[Sample] = []
+    trained: set[int] = set()
+    for leaf in leaves:
+        samples += _branch_samples(trace, trace.branch(leaf), trained, advantage, info)
+    return samples
+
+
+def _branch_samples(trace: Trace, branch: list[int], trained: set[int], advantage: float,
+                    info: dict[str, Any] | None) -> list[Sample]:
     from vf.engines.chat import image_refs
 
     samples: list[Sample] = []
     cur: Sample | None = None
     seen: list[str] = []  # images of the branch so far
     pending: list[str] = []  # ... not yet in a sample (a prompt's tokens sit on its last node)
-    for i in trace.branch():
+    for i in branch:
         node = trace.nodes[i]
         refs = image_refs([node.message])
         seen += refs
@@ -82,8 +95,10 @@ def trace_samples(trace: Trace, advantage: float = 0.0, info: dict[str, Any] | N
         pending = []
         n = len(node.token_ids)
         mask = list(node.mask) if node.mask is not None else [0] * n
-        if not node.sampled:
-            mask = [0] * n  # context tokens (prompt deltas, tool results) are never trained on
+        if not node.sampled or i in trained:
+            mask = [0] * n  # context tokens (prompt deltas, tool results) are never trained on,
+            # nor a reply an earlier branch already trained on
+        trained.add(i)
         lps = node.logprobs if node.logprobs is not None else None
         routed = node.expert_ids if node.sampled else None
         if routed is not None and len(routed) == n:

@@ -33,8 +33,6 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from vf.bounded import BoundsError, load_json
 from vf.configs.harness import HarnessConfig
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling

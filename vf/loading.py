@@ -31,6 +31,7 @@ from typing import Any
 from vf.env import AgentConfig, Env, SingleAgentEnv
 from vf.errors import ConfigError, TasksetNotFound
 from vf.taskset import Taskset
+from vf.utils.exports import exported_subclasses
 
 ENTRY_POINT_GROUP = "vf.environments"
 
@@ -147,13 +148,6 @@ def _resolve_module(base: str) -> tuple[ModuleType, str | None]:
     )
 
 
-def _exports(module: ModuleType, base: type) -> list[type]:
-    names = getattr(module, "__all__", None)
-    items = [getattr(module, n) for n in names] if names else [
-        v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
-    return [c for c in items if isinstance(c, type) and issubclass(c, base) and c is not base]
-
-
 def _split_variant(taskset_id: str) -> tuple[str, str | None]:
     if ":" in taskset_id and not Path(taskset_id).exists():
         base, variant = taskset_id.split(":", 1)
@@ -166,7 +160,7 @@ def taskset_class(taskset_id: str) -> type[Taskset]:
     module, attr = _resolve_module(base)
     if attr:
         return getattr(module, attr)
-    found = _exports(module, Taskset)
+    found = exported_subclasses(module, Taskset)
     if len(found) != 1:
         raise TasksetNotFound(
             f"{module.__name__} must export exactly one Taskset subclass, found {len(found)}"
@@ -196,7 +190,7 @@ def env_class(taskset_cls: type[Taskset]) -> type[Env]:
     if taskset_cls.ENV is not None:
         return taskset_cls.ENV
     module = sys.modules.get(taskset_cls.__module__)
-    envs = [e for e in (_exports(module, Env) if module else []) if e is not SingleAgentEnv]
+    envs = [e for e in (exported_subclasses(module, Env) if module else []) if e is not SingleAgentEnv]
     if len(envs) > 1:
         raise TasksetNotFound(f"{module.__name__} exports {len(envs)} Env subclasses: {[e.__name__ for e in envs]}",
                               hint="export one Env in the module's __all__")

@@ -27,9 +27,6 @@ import asyncio
 import importlib
 import inspect
 import logging
-import os
-import shutil
-import tempfile
 import time
 import typing
 import uuid
@@ -38,9 +35,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from vf import reaper
 from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig
+from vf.dialects import Call, DialectError
 from vf.errors import (
     MODEL_TRANSPORT_ERROR_EXIT_CODE,
     ConfigError,
@@ -49,12 +46,13 @@ from vf.errors import (
     SandboxError,
     UsageError,
 )
+from vf.interception.server import InterceptionServer
 from vf.runtimes import ProgramResult, Runtime
 from vf.taskset import TaskData, call_hook, concrete_type
 from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
+from vf.utils.exports import exported_subclasses
 
 if TYPE_CHECKING:
-    from vf.dialects import Call
     from vf.harness import Rollout
     from vf.trace import Trace
 
@@ -132,13 +130,10 @@ ENTRY_POINTS = "vf.harnesses"
 
 
 def _exported_harness(module, where: str) -> type[Harness]:
-    names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
-    found = {getattr(module, n) for n in names}
-    found = [c for c in found if isinstance(c, type) and issubclass(c, Harness) and c is not Harness
-             and (getattr(module, "__all__", None) or c.__module__ == module.__name__)]
+    found = exported_subclasses(module, Harness)
     if len(found) != 1:
         raise UsageError(f"{where} exports {len(found)} Harness subclasses, not exactly one",
-                         hint="name the class: --env.agent.harness.id module:Class")
+                         hint="list it in the module's __all__, or name it: --env.agent.harness.id module:Class")
     return found[0]
 
 
@@ -187,25 +182,17 @@ def build_program_harness(cls: type[Harness], config: HarnessConfig) -> Harness:
 
 class RunInterception:
     """The run's interception server, started when the first program rollout needs it (most
-    runs never do), in a socket directory the sandbox user can reach; stopped with the run."""
+    runs never do) and stopped with the run. Its socket directory is its own (vf.interception)."""
 
     def __init__(self):
-        self._server = None
-        self._dir: str | None = None
+        self._server: InterceptionServer | None = None
         self._lock = asyncio.Lock()
 
-    async def get(self):
-        from vf.interception.server import InterceptionServer
-
+    async def get(self) -> InterceptionServer:
         async with self._lock:
             if self._server is None:
-                self._dir = tempfile.mkdtemp(prefix="vf-intercept-")
-                os.chmod(self._dir, 0o755)  # root-owned: the sandbox user may connect, not replace
-                reaper.watch_dir(self._dir)
-                server = InterceptionServer(socket_dir=Path(self._dir))
+                server = InterceptionServer()
                 await server.start()
-                for entry in os.scandir(self._dir):  # connecting to a Unix socket needs write access
-                    os.chmod(entry.path, 0o666)
                 self._server = server
         return self._server
 
@@ -213,10 +200,6 @@ class RunInterception:
         if self._server is not None:
             await self._server.stop()
             self._server = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            reaper.forget_dir(self._dir)
-            self._dir = None
 
 
 def flat_tools_to_functions(tools: list | None) -> list[dict[str, Any]] | None:
@@ -231,8 +214,8 @@ def flat_tools_to_functions(tools: list | None) -> list[dict[str, Any]] | None:
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two provider messages say the same thing (dialects differ in empty fields)."""
     def key(m):
-        calls = [((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
-                 for c in m.get("tool_calls") or []]
+        calls = [ToolCall.model_validate(c) for c in m.get("tool_calls") or []]
+        calls = [(c.name, c.arguments) for c in calls]
         return m.get("role"), content_text(m.get("content")).strip(), calls, m.get("tool_call_id")
     return key(a) == key(b)
 
@@ -246,6 +229,8 @@ class ProgramDriver:
         hooks = [fn for _, fn, _ in task.hooks("intercept")]
         self.request_hooks = [fn for fn in hooks if _boundary(fn) is Request]
         self.response_hooks = [fn for fn in hooks if _boundary(fn) is Response]
+        self.seen_as: dict[int, dict[str, Any]] = {}
+        """Reply node → the message a response hook turned it into (what the program saw)."""
         self.pinned: dict[str, dict[str, Any]] = {}
         """tool_call_id → the tool result a request hook rewrote (kept on later calls)."""
 
@@ -265,8 +250,6 @@ class ProgramDriver:
 
     async def answer(self, call: Call) -> Response:
         """One intercepted model call → the policy's reply, recorded on the trace."""
-        from vf.dialects import DialectError
-
         rollout = self.rollout
         if rollout.done:
             raise DialectError(f"the rollout has ended ({rollout.trace.stop_condition})", status=400)
@@ -290,6 +273,9 @@ class ProgramDriver:
                     raise TypeError(f"@vf.intercept {hook.__name__} returned {type(changed).__name__}, not vf.Response")
                 response = changed
                 rollout.trace.info.setdefault("intercepts", []).append({"boundary": "response", "hook": hook.__name__})
+                # the trace keeps the policy's own reply (its tokens); the program resends the
+                # rewritten one, which must still match this node
+                self.seen_as[rollout.trace.calls[-1].node] = to_wire(response.message)
         await rollout._check_stops()
         return response
 
@@ -330,7 +316,11 @@ class ProgramDriver:
         trace = self.rollout.trace
         branch = trace.branch()
         shared = 0
-        while shared < min(len(branch), len(messages)) and _same(trace.nodes[branch[shared]].message, messages[shared]):
+        while shared < min(len(branch), len(messages)):
+            node = branch[shared]
+            if not any(_same(m, messages[shared]) for m in (trace.nodes[node].message, self.seen_as.get(node))
+                       if m is not None):
+                break
             shared += 1
         parent = branch[shared - 1] if shared else None
         if shared < len(branch):

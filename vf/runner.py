@@ -28,8 +28,8 @@ from vf.engines.base import Engine, Sampling
 from vf.env import Agent, AgentConfig, Agents, Env, EpisodeContext, SingleAgentEnv, runs_legacy
 from vf.errors import ConfigError, UsageError
 from vf.harness import Rollout, SeatSpec, make_harness
-from vf.program import RunInterception
 from vf.loading import LoadedTaskset
+from vf.program import RunInterception
 from vf.retries import RetryBudget, backoff
 from vf.selection import select_tasks
 from vf.taskset import Task

@@ -78,12 +78,12 @@ def bwrap_sizes_tmpfs(bwrap: str) -> bool:
 
 def others_can_reach(path: str | Path) -> bool:
     """Whether a user who owns none of `path`'s directories (nobody) can reach it: every
-    directory on the way searchable by others, the path itself readable and searchable by others.
+    directory on the way searchable by others, and a file readable by others.
     A root venv under a private directory (`mktemp -d`, /root) is not."""
     path = Path(path).resolve()
     try:
         mode = path.stat().st_mode
-        if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+        if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
             return False
         return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.parents)
     except OSError:

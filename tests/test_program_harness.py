@@ -1,0 +1,199 @@
+"""Program harnesses: a real program runs in the sandbox, every model call it makes goes through
+the run's interception server, is answered by the seat's engine and recorded on the trace.
+
+The program is tests/program_envs/script_agent.py's `ScriptAgent` (a stdlib-only agent script
+with a `bash` tool); the engine is the scripted OpenAI stub (model `bash:CMD`: first a tool call
+running CMD, then the tool's output as the reply) or the embedded tiny model (token ids and
+log-probs).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from vf.trainer.samples import trace_samples
+
+from vf.errors import UsageError
+from vf.interception.server import InterceptionServer
+from vf.trace import Episode
+
+HERE = Path(__file__).parent
+ENV = HERE / "program_envs" / "script_agent.py"
+AGENT = f"{ENV}:ScriptAgent"
+
+needs_bwrap = pytest.importorskip("test_runtime_sandbox").needs_bwrap
+
+
+def evaluate(tmp_path: Path, model: str, harness: dict, url: str | None = None, **extra) -> tuple[dict, list[Episode]]:
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = {"taskset": {"id": str(ENV)}, "model": model, "env": {"agent": {"harness": {"id": AGENT, **harness}}}}
+    if url is not None:
+        over["engine"] = {"base_url": url, "api_key_var": "FAKE_KEY"}
+    over = deep_merge(over, extra)
+    out = tmp_path / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, over), over, str(out), None)
+    summary = execute(config, run, kept)
+    episodes = [Episode.model_validate_json(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    return summary, sorted(episodes, key=lambda e: e.traces[0].task.data["expected"])
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+
+
+@pytest.fixture
+def secrets(monkeypatch):
+    """Every per-rollout secret the run's interception server hands out."""
+    seen: list[str] = []
+    register = InterceptionServer.register
+
+    def spy(self, handler):
+        registration = register(self, handler)
+        seen.append(registration.secret)
+        return registration
+
+    monkeypatch.setattr(InterceptionServer, "register", spy)
+    return seen
+
+
+@needs_bwrap
+def test_sandboxed_program_is_answered_through_interception_and_recorded(stub, tmp_path, secrets):
+    summary, episodes = evaluate(tmp_path, "bash:echo hi > out.txt", {}, stub.url)
+    # the program's tool call ran in its sandbox: "hi" was asked for in one task, "bye" in the other
+    assert [e.traces[0].rewards["wrote_file"].score for e in episodes] == [0.0, 1.0]
+    assert summary["num_errors"] == 0 and summary["mean_reward"] == 0.5
+    for episode in episodes:
+        trace = episode.traces[0]
+        roles = [n.message["role"] for n in trace.nodes]
+        assert roles == ["system", "user", "assistant", "tool", "assistant"]
+        assert [n.parent for n in trace.nodes] == [None, 0, 1, 2, 3]  # one branch: each call extends it
+        assert trace.nodes[2].message["tool_calls"][0]["function"]["name"] == "bash"
+        assert [n.sampled for n in trace.nodes] == [False, False, True, False, True]
+        assert len(trace.calls) == 2 and trace.metrics["model_calls"] == 2.0
+        assert trace.tools and trace.tools[0]["function"]["name"] == "bash"  # the program's own tool
+    # each rollout had its own secret, and none of them is written anywhere in the run dir
+    assert len(set(secrets)) == 2
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert not any(s in path.read_text(errors="replace") for s in secrets), path
+
+
+@needs_bwrap
+def test_the_sandbox_reaches_the_interception_server_and_nothing_else(stub, tmp_path):
+    # the program's command tries the model provider directly (the stub on the host's loopback)
+    command = (f"python3 -c \"import urllib.request; urllib.request.urlopen('{stub.url}/chat/completions', "
+               f"data=b'{{}}', timeout=3)\"")
+    before = len(stub.requests)
+    _, episodes = evaluate(tmp_path, f"bash:{command}", {}, stub.url)
+    for episode in episodes:
+        tool = episode.traces[0].nodes[3].message["content"]
+        assert "Connection refused" in tool or "Network is unreachable" in tool, tool
+    # the stub saw the engine's 4 calls (2 per episode) and nothing from inside the sandboxes
+    assert len(stub.requests) - before == 4
+    assert all(r["model"] == f"bash:{command}" for r in stub.requests[before:])
+
+
+def test_every_call_is_a_training_sample_even_when_the_program_rewrites_its_history(tmp_path):
+    _, episodes = evaluate(tmp_path, "tiny", {"max_calls": 2, "compact": True},
+                           select={"limit": 1}, env={"agent": {"runtime": {"type": "subprocess"}}})
+    trace = episodes[0].traces[0]
+    assert len(trace.calls) >= 2 and not trace.errors
+    replies = [i for i, n in enumerate(trace.nodes) if n.sampled]
+    compacted = replies[-1] - 1  # the rewritten history's user message: a new branch off the system prompt
+    assert trace.nodes[compacted].parent == 0 and trace.nodes[compacted].token_reset
+    for i in replies:
+        node = trace.nodes[i]
+        assert node.token_ids and len(node.logprobs) == len(node.token_ids) and all(m == 1 for m in node.mask)
+    samples = trace_samples(trace)
+    # each reply trained on exactly once, across both branches
+    assert sum(s.num_loss_tokens for s in samples) == sum(len(trace.nodes[i].token_ids) for i in replies)
+    assert len(samples) == 2
+
+
+def test_a_program_that_fails_is_a_harness_error_and_the_run_goes_on(stub, tmp_path, monkeypatch):
+    # a program whose model key is wrong: its call is refused (401) and it exits 97
+    monkeypatch.setattr(InterceptionServer, "register",
+                        lambda self, handler, _r=InterceptionServer.register: _replace_secret(_r(self, handler)))
+    summary, episodes = evaluate(tmp_path, "bash:echo hi > out.txt", {}, stub.url,
+                                 env={"agent": {"runtime": {"type": "subprocess"}}})
+    assert summary["num_errors"] == 2
+    for episode in episodes:
+        trace = episode.traces[0]
+        assert not trace.ok and trace.errors[0].type == "InterceptionError"
+        assert "401" in trace.errors[0].message and not trace.calls
+
+
+def _replace_secret(registration):
+    import dataclasses
+
+    return dataclasses.replace(registration, secret="not-the-secret")
+
+
+def test_intercept_hooks_rewrite_what_the_program_and_the_trace_see(stub, tmp_path):
+    env = tmp_path / "hooked.py"
+    env.write_text(ENV.read_text() + '''
+
+class Hooked(FileTask):
+    @vf.intercept
+    def answer_bye(self, response: vf.Response):
+        calls = response.message.tool_calls or []
+        for call in calls:  # the program runs what the hook says, not what the policy said
+            call.arguments = json.dumps({"command": "echo bye > out.txt"})
+        return response if calls else None
+
+    @vf.intercept
+    def redact(self, request: vf.Request):
+        last = request.messages[-1]
+        if last.role == "tool":
+            last.content = "REDACTED"
+            return request
+        return None
+
+
+class HookedTaskset(vf.Taskset[Hooked]):
+    def load(self):
+        return [Hooked(Data(prompt="Write bye into out.txt.", expected="bye"))]
+
+
+__all__ = ["HookedTaskset", "ScriptAgent"]
+''')
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = {"taskset": {"id": str(env)}, "model": "bash:echo hi > out.txt",
+            "engine": {"base_url": stub.url, "api_key_var": "FAKE_KEY"},
+            "env": {"agent": {"harness": {"id": f"{env}:ScriptAgent"}, "runtime": {"type": "subprocess"}}}}
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, deep_merge(over, {})), over,
+                                    str(tmp_path / "run"), None)
+    execute(config, run, kept)
+    trace = Episode.model_validate_json((tmp_path / "run" / "traces.jsonl").read_text()).traces[0]
+    assert trace.rewards["wrote_file"].score == 1.0  # the rewritten command ran
+    assert trace.nodes[3].message["content"] == "REDACTED"  # the tool result the policy saw
+    assert stub.requests[-1]["messages"][-1]["content"] == "REDACTED"
+    assert [i["hook"] for i in trace.info["intercepts"]] == ["answer_bye", "redact"]
+
+
+def test_harness_ids_resolve_and_a_wrong_one_says_what_exists(tmp_path):
+    from vf.harness import make_harness
+    from vf.program import Harness
+
+    sys.path.insert(0, str(ENV.parent))
+    try:
+        by_module = make_harness({"id": "script_agent:ScriptAgent", "max_calls": 3})
+        by_package = make_harness({"id": "script_agent", "compact": True})  # exports exactly one Harness
+    finally:
+        sys.path.remove(str(ENV.parent))
+    assert isinstance(by_module, Harness) and by_module.config.max_calls == 3
+    assert type(by_package).__name__ == "ScriptAgent" and by_package.config.compact is True
+    with pytest.raises(UsageError) as e:
+        make_harness({"id": "no_such_harness_anywhere"})
+    assert e.value.exit_code == 2 and "null" in e.value.hint and "bash" in e.value.hint
+    with pytest.raises(Exception, match="max_calls"):
+        make_harness({"id": AGENT, "max_calls": "many"})
