@@ -9,6 +9,7 @@ log-probs).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -197,3 +198,25 @@ def test_harness_ids_resolve_and_a_wrong_one_says_what_exists(tmp_path):
     assert e.value.exit_code == 2 and "null" in e.value.hint and "bash" in e.value.hint
     with pytest.raises(Exception, match="max_calls"):
         make_harness({"id": AGENT, "max_calls": "many"})
+
+
+def test_vf_train_takes_rl_steps_on_a_programs_intercepted_calls(tmp_path):
+    from conftest import run_train
+
+    env = HERE / "program_envs" / "script_agent_train.py"
+    out = tmp_path / "train"
+    proc = run_train("-o", out, "--taskset", env, "--env.agent.harness.id", f"{env}:ScriptAgent",
+                     "--env.agent.harness.max-calls", 2, "--sampling.max-tokens", 7, "--steps", 2,
+                     "--batch-size", 4, "--group-size", 2, "--eval.at-start", "false", "--eval.at-end", "false",
+                     "--warmup.steps", 0, "--seed", 3, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    episodes = [Episode.model_validate_json(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    calls = [t for e in episodes for t in e.traces]
+    assert len(calls) == 8 and all(len(t.calls) >= 1 and not t.errors for t in calls)
+    # every reply the program got is a trained-on node with its inference log-probs ...
+    replies = [n for t in calls for n in t.nodes if n.sampled]
+    assert replies and all(n.token_ids and len(n.logprobs) == len(n.token_ids) for n in replies)
+    # ... and a step with reward variance trained on them (the IPO mask and staleness reported)
+    trained = [r for r in rows if r["num_loss_tokens"] > 0]
+    assert trained and all(r["masked_fraction"] is not None and "off_policy/mean" in r for r in trained)

@@ -159,7 +159,7 @@ def load_tasks(config: TrainConfig):
     from vf.loading import load_taskset
     from vf.selection import select_tasks
 
-    loaded = load_taskset(config.taskset.get("id", ""), config.taskset)
+    loaded = load_taskset(config.taskset.get("id", ""), config.taskset, config.env)
     limit = 10_000 if loaded.taskset.INFINITE else None
     return loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))
 

@@ -214,6 +214,9 @@ class TrainConfig(_Section):
                               serialize_by_alias=True)  # `async` is a Python keyword: field async_
     model: ModelSection = Field(default_factory=ModelSection)
     taskset: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_TASKSET))
+    env: dict[str, Any] = Field(default_factory=dict)
+    """`--env.*` as vf-eval takes it: the env and its seats (`--env.agent.harness.id`,
+    `--env.agent.runtime.type`, ...), for training rollouts and evaluations alike."""
     sampling: TrainSampling = Field(default_factory=TrainSampling)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     loss: LossSection = Field(default_factory=LossSection)

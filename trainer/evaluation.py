@@ -33,7 +33,7 @@ def eval_config(config: TrainConfig, model_dir: str) -> EvalConfig:
     sampling = e.sampling or SamplingConfig(**config.sampling.model_dump(exclude={"replay_mask"}))
     return EvalConfig(taskset=dict(e.taskset or config.taskset), model=model_dir, sampling=sampling,
                       select=e.select, num_rollouts=e.num_rollouts, max_turns=config.orchestrator.max_turns,
-                      command="eval")
+                      env=dict(config.env), command="eval")
 
 
 def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, tokenizer=None,
