@@ -220,3 +220,23 @@ def test_vf_train_takes_rl_steps_on_a_programs_intercepted_calls(tmp_path):
     # ... and a step with reward variance trained on them (the IPO mask and staleness reported)
     trained = [r for r in rows if r["num_loss_tokens"] > 0]
     assert trained and all(r["masked_fraction"] is not None and "off_policy/mean" in r for r in trained)
+
+
+@pytest.mark.parametrize("runtime", [pytest.param("sandbox", marks=needs_bwrap), "subprocess"])
+def test_a_stuck_program_is_stopped_at_the_agent_deadline_and_leaves_no_process(stub, tmp_path, runtime):
+    import subprocess
+    import uuid
+
+    marker = f"vf-stuck-{uuid.uuid4().hex[:8]}"
+    summary, episodes = evaluate(tmp_path, "bash:echo hi > out.txt", {"hang": marker}, stub.url,
+                                 **{"env": {"agent": {"runtime": {"type": runtime}, "timeout": {"rollout": 3}}}})
+    for episode in episodes:
+        trace = episode.traces[0]
+        assert trace.stop_condition == "agent_timeout" and trace.is_timeout and len(trace.calls) == 1
+        assert "wrote_file" in trace.rewards  # a timeout is a stop: scoring still ran
+    assert summary["num_errors"] == 0
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    if runtime == "subprocess":  # no isolation: a child in a session of its own survives (and is
+        subprocess.run(["pkill", "-f", marker], check=False)  # not waited for); the run went on
+    else:
+        assert left == [], f"processes outlived their episode: {left}"

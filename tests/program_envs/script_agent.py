@@ -21,7 +21,7 @@ AGENT = r'''
 import json, os, subprocess, sys, urllib.error, urllib.request
 
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
-prompt, max_calls, compact = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+prompt, max_calls, compact, hang = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 tools = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
@@ -41,6 +41,10 @@ def chat(messages):
 messages = [{"role": "system", "content": "You are a shell agent."}, {"role": "user", "content": prompt}]
 for _ in range(max_calls):
     reply = chat(messages)
+    if hang:  # a stuck agent, with a background child that would outlive it
+        subprocess.Popen(["/bin/sh", "-c", "sleep 3600 # " + hang], start_new_session=True)
+        while True:
+            pass
     messages.append({"role": "assistant", "content": reply.get("content"), "tool_calls": reply.get("tool_calls")}
                     if reply.get("tool_calls") else {"role": "assistant", "content": reply.get("content") or ""})
     if not reply.get("tool_calls"):
@@ -58,6 +62,9 @@ print("agent finished after", sum(m["role"] == "assistant" for m in messages), "
 class ScriptAgentConfig(HarnessConfig):
     max_calls: int = 4
     compact: bool = False
+    hang: str = ""
+    """Non-empty: after its first reply the agent spins forever, with a `sleep` child (whose
+    command line carries this marker) in a session of its own."""
 
 
 class ScriptAgent(Harness[ScriptAgentConfig]):
@@ -69,7 +76,8 @@ class ScriptAgent(Harness[ScriptAgentConfig]):
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data) -> ProgramResult:
         _, prompt = self.resolve_text_prompt(data)
         env = {**self.config.resolved_env, "OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret}
-        argv = ["python3", "agent.py", prompt or "", str(self.config.max_calls), "1" if self.config.compact else "0"]
+        argv = ["python3", "agent.py", prompt or "", str(self.config.max_calls), "1" if self.config.compact else "0",
+                self.config.hang]
         return await runtime.run(argv, env, timeout=120)
 
 

@@ -8,11 +8,13 @@ its fate), not just the docker client process.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import uuid
 
 from vf.errors import UsageError
+from vf.runtime import bridge
 from vf.runtime.base import register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
 
@@ -40,6 +42,14 @@ class DockerRuntime(SubprocessRuntime):
                              hint="start docker, or use --env.agent.runtime.type sandbox")
         super().__init__(*args, **kwargs)
         self._containers: set[str] = set()
+        self._model_socket: str | None = None
+
+    def model_endpoint(self, url: str, socket: str) -> str:
+        """Containers get the interception server's socket mounted and bridged to their own
+        loopback by vf.runtime.bridge, which needs `python3` in the image (untested here: no
+        docker daemon on the CI machines)."""
+        self._model_socket = socket
+        return f"http://127.0.0.1:{bridge.PORT}/v1"
 
     def _warn(self) -> None:
         pass
@@ -55,7 +65,12 @@ class DockerRuntime(SubprocessRuntime):
                 "--ulimit", f"cpu={cpu}:{cpu + 1}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         if not c.network_allow:
             argv += ["--network", "none"]
-        return argv + [c.image] + super()._argv(command, cwd, timeout)
+        inner_argv = super()._argv(command, cwd, timeout)
+        if self._model_socket is not None:
+            argv += ["-v", f"{os.path.dirname(self._model_socket)}:{bridge.SOCKET_DIR}:ro"]
+            inside = f"{bridge.SOCKET_DIR}/{os.path.basename(self._model_socket)}"
+            inner_argv = ["python3", "-I", "-c", bridge.SCRIPT, inside, str(bridge.PORT), *inner_argv]
+        return argv + [c.image] + inner_argv
 
     def _env(self, env):
         return super()._env(None)  # the docker client's own env; the command's goes through -e below

@@ -139,8 +139,10 @@ class SubprocessRuntime(Runtime):
                              timed_out=found == "wall_time", limit=found)
 
     async def _reap(self, proc: asyncio.subprocess.Process) -> None:
-        """Wait until the command (killed, or exited by itself) is gone."""
-        await proc.wait()
+        """Wait until the command (killed, or exited by itself) is gone. Not `proc.wait()`: it
+        also waits for the pipes to close, which a detached grandchild can hold open forever."""
+        while proc.returncode is None:
+            await asyncio.sleep(0.02)
         await self._gone(proc.pid)
 
     async def _gone(self, group: int) -> None:
