@@ -517,3 +517,63 @@ def test_registration_repr_hides_secret(running):
     reg = running.register(Scripted(reply("ok")))
     assert reg.secret not in repr(reg) and reg.url in repr(reg)
     assert set(DIALECTS) == {"chat", "responses", "anthropic"}
+
+
+# --- rendering details that agents act on ----------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_length_and_reasoning_render_in_each_dialect(running, anthropic, stream):
+    """A reply cut at max tokens is reported as each API reports it (agents continue or stop on it),
+    and the policy's reasoning arrives where each SDK keeps it."""
+    out = reply("partial answ", finish="length")
+    out.message.reasoning_content = "thinking it over"
+    handler = Scripted(out)
+    reg = running.register(handler)
+    client = oai(reg)
+    messages = [{"role": "user", "content": "Long answer please."}]
+    if stream:  # (the openai stream helper raises on length: read the chunks)
+        chunks = [c for c in client.chat.completions.create(model="m", messages=messages, stream=True) if c.choices]
+        finish_reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+        with client.responses.stream(model="m", input="Long answer please.") as s:
+            kinds = [e.type for e in s]
+            resp = s.get_final_response()
+        assert kinds[-1] == "response.completed"
+        with claude(anthropic, reg).messages.stream(model="m", max_tokens=4, messages=messages) as s:
+            msg = s.get_final_message()
+    else:
+        chat = client.chat.completions.create(model="m", messages=messages).choices[0]
+        finish_reason, text = [chat.finish_reason], chat.message.content
+        reasoning = chat.message.model_extra["reasoning_content"]
+        resp = client.responses.create(model="m", input="Long answer please.")
+        msg = claude(anthropic, reg).messages.create(model="m", max_tokens=4, messages=messages)
+    assert (finish_reason, text, reasoning) == (["length"], "partial answ", "thinking it over")
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in resp.output] == ["reasoning", "message"] and resp.output_text == "partial answ"
+    assert resp.output[0].summary[0].text == "thinking it over"
+    assert msg.stop_reason == "max_tokens"
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in msg.content] == \
+        [("thinking", "thinking it over"), ("text", "partial answ")]
+    # reasoning the agent replays comes back to the policy as reasoning_content
+    r = client.responses.create(model="m", input=[{"role": "user", "content": "go"},
+                                                  *[o.model_dump(exclude_none=True) for o in resp.output],
+                                                  {"role": "user", "content": "more"}])
+    assert r.output_text == "partial answ"
+    replayed = handler.calls[-1].request.messages[1]
+    assert replayed.reasoning_content == "thinking it over" and replayed.content == "partial answ"
+
+
+def test_handler_timeout_is_504():
+    async def hang(call: Call) -> Response:
+        await asyncio.sleep(30)
+
+    r = Running(InterceptionConfig(handler_timeout=0.3))
+    try:
+        reg = r.register(hang)
+        t0 = time.monotonic()
+        resp = httpx.post(reg.url + "/chat/completions", json=chat_body(), headers={"Authorization": f"Bearer {reg.secret}"})
+        assert resp.status_code == 504 and time.monotonic() - t0 < 5
+        assert resp.json()["error"]["type"] == "timeout_error"
+    finally:
+        r.close()

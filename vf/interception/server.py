@@ -226,7 +226,7 @@ class InterceptionServer:
                                      headers={"Cache-Control": "no-cache"})
             return http.json_response(dialect.render(response, call))
         except DialectError as e:
-            return self._error(dialect, e.status, self._scrub(e.message))
+            return self._error(dialect, e.status, e.message)
         except TimeoutError:
             logger.warning("interception: %s handler did not answer within %gs (504)", dialect.name,
                            self.config.handler_timeout)
@@ -243,7 +243,8 @@ class InterceptionServer:
             slot.inflight -= 1
 
     def _error(self, dialect: Dialect, status: int, message: str) -> http.Response:
-        return http.json_response(dialect.error_body(status, message), status)
+        # scrubbed: a message may echo what the caller sent (a path, a field), which may hold a key
+        return http.json_response(dialect.error_body(status, self._scrub(message)), status)
 
     def _models(self, req: http.Request) -> http.Response:
         """`GET /v1/models`, in a shape both the openai and the anthropic SDK read."""
