@@ -107,8 +107,8 @@ def test_chat_completions_text(running, stream):
     reg = running.register(handler)
     client = oai(reg)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    kw = dict(model="agent-model", messages=messages, temperature=0.3, max_completion_tokens=64, seed=7,
-              stop="END")
+    kw = {"model": "agent-model", "messages": messages, "temperature": 0.3, "max_completion_tokens": 64, "seed": 7,
+              "stop": "END"}
     if stream:
         chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -173,8 +173,8 @@ def test_responses_text_and_instructions(running, stream):
     handler = Scripted(reply("Bonjour."))
     reg = running.register(handler)
     client = oai(reg)
-    kw = dict(model="codex-model", instructions="Answer in French.", input="Say hello.", temperature=0.5,
-              max_output_tokens=32, store=False)
+    kw = {"model": "codex-model", "instructions": "Answer in French.", "input": "Say hello.", "temperature": 0.5,
+              "max_output_tokens": 32, "store": False}
     if stream:
         with client.responses.stream(**kw) as s:
             kinds = [e.type for e in s]
@@ -252,9 +252,9 @@ def test_anthropic_text_and_system(running, anthropic, stream):
     handler = Scripted(reply("Ahoy."))
     reg = running.register(handler)
     client = claude(anthropic, reg)
-    kw = dict(model="claude-x", max_tokens=100, extra_body={"temperature": 0.2}, stop_sequences=["\nHuman:"],
-              system=[{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": "Be brief."}],
-              messages=[{"role": "user", "content": "Greet me."}])
+    kw = {"model": "claude-x", "max_tokens": 100, "extra_body": {"temperature": 0.2}, "stop_sequences": ["\nHuman:"],
+              "system": [{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": "Be brief."}],
+              "messages": [{"role": "user", "content": "Greet me."}]}
     if stream:
         with client.messages.stream(**kw) as s:
             text = "".join(s.text_stream)

@@ -31,7 +31,16 @@ from vf.dialects.base import (
     sse,
     text_part,
 )
-from vf.types import AssistantMessage, Request, Response, SystemMessage, Tool, ToolCall, ToolMessage, UserMessage
+from vf.types import (
+    AssistantMessage,
+    Request,
+    Response,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 
 SAMPLING = {
     "temperature": ("temperature", NUMBER),
@@ -107,9 +116,8 @@ def parse_assistant(content: Any, where: str) -> AssistantMessage:
 
 def parse_messages(body: dict) -> list:
     out: list = []
-    if body.get("system") is not None:
-        if system := parse_system(body["system"]):
-            out.append(SystemMessage(content=system))
+    if body.get("system") is not None and (system := parse_system(body["system"])):
+        out.append(SystemMessage(content=system))
     raw = expect(body.get("messages"), list, "messages")
     if not raw:
         raise DialectError("messages must not be empty")

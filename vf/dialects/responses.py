@@ -21,7 +21,6 @@ from vf.dialects.base import (
     created,
     expect,
     finish,
-    fresh_id,
     image_part,
     openai_error,
     optional,
@@ -32,7 +31,16 @@ from vf.dialects.base import (
     text_or_parts,
     text_part,
 )
-from vf.types import AssistantMessage, Request, Response, SystemMessage, Tool, ToolCall, ToolMessage, UserMessage
+from vf.types import (
+    AssistantMessage,
+    Request,
+    Response,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 
 SAMPLING = {
     "temperature": ("temperature", NUMBER),

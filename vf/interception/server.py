@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -150,7 +150,7 @@ class InterceptionServer:
             self._own_dir = None
         self._slots.clear()
 
-    async def __aenter__(self) -> InterceptionServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -235,7 +235,7 @@ class InterceptionServer:
             logger.warning("interception: %s handler returned no Response (502): %s", dialect.name,
                            self._scrub(str(e).splitlines()[0]))
             return self._error(dialect, 502, "the model call failed: the policy returned no valid response")
-        except Exception as e:  # the policy's failure is the agent's failed API call, not the server's
+        except Exception as e:  # noqa: BLE001 - the policy's failure is the agent's failed call, not the server's
             message = self._scrub(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")[:300]
             logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
             return self._error(dialect, 502, f"the model call failed ({message})")
@@ -283,6 +283,6 @@ def registration_env(registration: Registration, url: str | None = None) -> dict
     """The environment variables that point the common agent programs at a registration:
     OpenAI SDKs (Codex, litellm/mini-swe-agent, Terminus-2) and Anthropic's (Claude Code)."""
     base = url or registration.url
-    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    root = base.removesuffix("/v1")
     return {"OPENAI_BASE_URL": base, "OPENAI_API_BASE": base, "OPENAI_API_KEY": registration.secret,
             "ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": registration.secret}
