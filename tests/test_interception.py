@@ -220,7 +220,8 @@ def test_responses_input_image_becomes_image_url_part(running):
     handler = Scripted(reply("a pixel"))
     reg = running.register(handler)
     oai(reg).responses.create(model="m", input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "Describe."}, {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}]}])
+        {"type": "input_text", "text": "Describe."},
+        {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}]}])
     (message,) = handler.calls[0].request.messages
     assert message.content == [TextContentPart(text="Describe."), ImageUrlContentPart(image_url={"url": DATA_URL})]
 
@@ -267,7 +268,8 @@ def test_anthropic_text_and_system(running, anthropic, stream):
     (call,) = handler.calls
     assert call.dialect == "anthropic" and call.model == "claude-x" and call.stream is stream
     assert call.sampling == {"temperature": 0.2, "max_tokens": 100, "stop": ["\nHuman:"]}
-    assert call.request.messages == [SystemMessage(content="You are a pirate.\nBe brief."), UserMessage(content="Greet me.")]
+    assert call.request.messages == [SystemMessage(content="You are a pirate.\nBe brief."),
+                                     UserMessage(content="Greet me.")]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -572,7 +574,8 @@ def test_handler_timeout_is_504():
     try:
         reg = r.register(hang)
         t0 = time.monotonic()
-        resp = httpx.post(reg.url + "/chat/completions", json=chat_body(), headers={"Authorization": f"Bearer {reg.secret}"})
+        resp = httpx.post(reg.url + "/chat/completions", json=chat_body(),
+                          headers={"Authorization": f"Bearer {reg.secret}"})
         assert resp.status_code == 504 and time.monotonic() - t0 < 5
         assert resp.json()["error"]["type"] == "timeout_error"
     finally:

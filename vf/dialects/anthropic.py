@@ -160,8 +160,8 @@ def parse_tools(raw: Any) -> list[Tool] | None:
         name = expect(t.get("name") or kind, str, f"{where}.name")
         schema = optional(t, "input_schema", dict, where, {})
         fields = {k: v for k, v in t.items() if k not in ("type", "name", "input_schema") and v is not None}
-        tools.append(Tool.model_validate({**fields, "name": name, "parameters": schema,
-                                          "type": "function" if kind in (None, "custom") else expect(kind, str, f"{where}.type")}))
+        kind = "function" if kind in (None, "custom") else expect(kind, str, f"{where}.type")
+        tools.append(Tool.model_validate({**fields, "name": name, "parameters": schema, "type": kind}))
     return tools or None
 
 
@@ -177,7 +177,8 @@ def tool_input(arguments: str) -> dict:
 
 def usage_wire(response: Response, output: bool = True) -> dict:
     u = response.usage
-    return {"input_tokens": u.prompt_tokens if u else 0, "output_tokens": (u.completion_tokens if u else 0) if output else 0,
+    return {"input_tokens": u.prompt_tokens if u else 0,
+            "output_tokens": (u.completion_tokens if u else 0) if output else 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": (u.cached_input_tokens or 0) if u else 0}
 
 
@@ -217,8 +218,8 @@ class AnthropicDialect(Dialect):
         frames = [sse({"type": "message_start", "message": head}, "message_start")]
         for i, block in enumerate(self.blocks(response)):
             kind = block["type"]
-            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""},
-                     "tool_use": {**block, "input": {}}}[kind]
+            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "text": {"type": "text", "text": ""}, "tool_use": {**block, "input": {}}}[kind]
             delta = {"thinking": {"type": "thinking_delta", "thinking": block.get("thinking")},
                      "text": {"type": "text_delta", "text": block.get("text")},
                      "tool_use": {"type": "input_json_delta",
@@ -226,7 +227,8 @@ class AnthropicDialect(Dialect):
             frames += [sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start"),
                        sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"),
                        sse({"type": "content_block_stop", "index": i}, "content_block_stop")]
-        frames += [sse({"type": "message_delta", "delta": {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None},
+        stop = {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None}
+        frames += [sse({"type": "message_delta", "delta": stop,
                         "usage": {"output_tokens": usage_wire(response)["output_tokens"]}}, "message_delta"),
                    sse({"type": "message_stop"}, "message_stop")]
         return frames
