@@ -312,6 +312,20 @@ def test_anthropic_image_block_becomes_data_url(running, anthropic):
     assert message.content == [ImageUrlContentPart(image_url={"url": DATA_URL}), TextContentPart(text="What is it?")]
 
 
+def test_anthropic_text_document_reads_as_text_and_pdf_is_refused(running, anthropic):
+    handler = Scripted(reply("read it"))
+    reg = running.register(handler)
+    client = claude(anthropic, reg)
+    client.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "line one"}},
+        {"type": "text", "text": "Summarise."}]}])
+    assert handler.calls[0].request.messages == [UserMessage(content="line one\nSummarise.")]
+    with pytest.raises(anthropic.BadRequestError, match="only text documents"):
+        client.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PNG}}]}])
+    assert len(handler.calls) == 1
+
+
 def test_anthropic_bad_key_is_authentication_error(running, anthropic):
     handler = Scripted(reply("x"))
     reg = running.register(handler)
@@ -411,6 +425,10 @@ def test_oversized_body_is_413_and_server_keeps_serving(running):
                   + str(len(big)).encode() + b"\r\n\r\n")
         head = s.recv(65536)
     assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    # and the openai client, which sends all of the body first, sees the 413 too
+    with pytest.raises(openai.APIStatusError) as e:
+        oai(reg).chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 3_000_000}])
+    assert e.value.status_code == 413
     assert handler.calls == []
     assert_serves(running, reg, handler)
 

@@ -78,6 +78,15 @@ def parse_blocks(value: Any, where: str):
                 parts.append(image_part(source.get("url"), f"{at}.source.url"))
             else:
                 raise DialectError(f"{at}.source.type must be base64 or url, got {str(source.get('type'))[:40]!r}")
+        elif kind == "document":  # a plain-text document reads as its text; PDFs need a reader we lack
+            source = expect(block.get("source"), dict, f"{at}.source")
+            if source.get("type") == "text":
+                parts.append(text_part(source.get("data"), f"{at}.source.data"))
+            elif source.get("type") == "content":
+                inner = parse_blocks(source.get("content"), f"{at}.source.content")
+                parts.extend([text_part(inner, f"{at}.source.content")] if isinstance(inner, str) else inner)
+            else:
+                raise DialectError(f"{at}: only text documents are supported, not {str(source.get('type'))[:40]!r}")
         else:
             raise DialectError(f"{at}: content block type {str(kind)[:40]!r} is not supported here")
     return simplify(parts)
