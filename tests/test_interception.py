@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,7 @@ from vf.types import (
     ToolMessage,
     Usage,
     UserMessage,
+    content_text,
 )
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M/wHwAF/gL+Xw4AAAAASUVORK5CYII="
@@ -326,6 +329,23 @@ def test_anthropic_text_document_reads_as_text_and_pdf_is_refused(running, anthr
     assert len(handler.calls) == 1
 
 
+def test_anthropic_mid_conversation_system_and_effort(running):
+    """Claude Code 2.1 sends environment notes as role "system" messages inside `messages`, and its
+    reasoning effort as output_config.effort."""
+    handler = Scripted(reply("ok"))
+    reg = running.register(handler)
+    body = {"model": "m", "max_tokens": 9, "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "task",
+                                                       "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
+    r = httpx.post(reg.url + "/messages", json=body,
+                   headers={"x-api-key": reg.secret, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200 and r.json()["content"] == [{"type": "text", "text": "ok"}]
+    (call,) = handler.calls
+    assert call.request.messages == [UserMessage(content="task"), SystemMessage(content="# Environment")]
+    assert call.sampling == {"max_tokens": 9, "reasoning_effort": "high"}
+
+
 def test_anthropic_bad_key_is_authentication_error(running, anthropic):
     handler = Scripted(reply("x"))
     reg = running.register(handler)
@@ -523,7 +543,6 @@ def test_routes_models_and_unix_socket(running):
 def test_stop_removes_socket_and_refuses_connections(tmp_path):
     r = Running(InterceptionConfig())
     reg = r.register(Scripted(reply("ok")))
-    import os
     assert os.stat(reg.socket).st_mode & 0o777 == 0o666
     port = r.server.port
     r.close()
@@ -598,3 +617,60 @@ def test_handler_timeout_is_504():
         assert resp.json()["error"]["type"] == "timeout_error"
     finally:
         r.close()
+
+
+# --- real agent programs (opt in: VF_CLAUDE_BIN / VF_CODEX_BIN name the native binaries) -----------
+
+def agent_policy(tool: str, args: dict):
+    """A policy that calls `tool` once, then answers with what the tool returned."""
+    def handler(call: Call) -> Response:
+        results = [m for m in call.request.messages if isinstance(m, ToolMessage)]
+        if results:
+            return reply(f"Done: {content_text(results[-1].content).strip()[-40:]}")
+        assert tool in [t.name for t in call.request.tools or []]
+        return reply("Running it.", calls=[ToolCall(id="call_agent_1", name=tool, arguments=json.dumps(args))])
+    return Scripted(handler)
+
+
+def run_agent(cmd: list[str], cwd, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.mark.skipif(not os.environ.get("VF_CLAUDE_BIN"), reason="set VF_CLAUDE_BIN to a Claude Code binary")
+def test_real_claude_code_runs_a_tool_through_the_server(running, tmp_path):
+    handler = agent_policy("Bash", {"command": "echo made-by-agent > out.txt && cat out.txt", "description": "write"})
+    reg = running.register(handler)
+    env = {**{k: v for k, v in registration_env(reg).items() if k.startswith("ANTHROPIC_")},
+           "HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path / ".claude"), "IS_SANDBOX": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "ANTHROPIC_MODEL": "policy"}
+    p = run_agent([os.environ["VF_CLAUDE_BIN"], "-p", "Write out.txt", "--permission-mode", "bypassPermissions",
+                   "--output-format", "json"], tmp_path, env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (tmp_path / "out.txt").read_text() == "made-by-agent\n"
+    assert json.loads(p.stdout)["result"] == "Done: made-by-agent"
+    assert [c.dialect for c in handler.calls] == ["anthropic", "anthropic"] and all(c.stream for c in handler.calls)
+    assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
+    assert reg.secret not in p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("VF_CODEX_BIN"), reason="set VF_CODEX_BIN to a Codex binary")
+def test_real_codex_runs_a_tool_through_the_server(running, tmp_path):
+    handler = agent_policy("exec_command", {"cmd": "echo made-by-agent > out.txt && cat out.txt"})
+    reg = running.register(handler)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    # a custom provider speaking the Responses API, its key read from an environment variable
+    (home / "config.toml").write_text(f'model = "policy"\nmodel_provider = "vf"\n[model_providers.vf]\nname = "vf"\n'
+                                      f'base_url = "{reg.url}"\nenv_key = "VF_KEY"\nwire_api = "responses"\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    p = run_agent([os.environ["VF_CODEX_BIN"], "exec", "--skip-git-repo-check",
+                   "--dangerously-bypass-approvals-and-sandbox", "Write out.txt"], work,
+                  {"HOME": str(tmp_path), "CODEX_HOME": str(home), "VF_KEY": reg.secret})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (work / "out.txt").read_text() == "made-by-agent\n"
+    assert "Done: " in p.stdout and "made-by-agent" in p.stdout
+    assert [c.dialect for c in handler.calls] == ["responses", "responses"] and all(c.stream for c in handler.calls)
+    assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
+    assert reg.secret not in p.stdout + p.stderr

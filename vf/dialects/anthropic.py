@@ -155,8 +155,13 @@ def parse_messages(body: dict) -> list:
                     rest.append(block)
             if rest:
                 out.append(UserMessage(content=parse_blocks(rest, f"{where}.content")))
+        elif role == "system":  # Claude Code (2.1.x) puts environment notes mid-conversation this way
+            text = parse_blocks(content, f"{where}.content")
+            if not isinstance(text, str):
+                raise DialectError(f"{where}: a system message may hold text blocks only")
+            out.append(SystemMessage(content=text))
         else:
-            raise DialectError(f"{where}.role must be user or assistant, got {str(role)[:40]!r}")
+            raise DialectError(f"{where}.role must be user, assistant or system, got {str(role)[:40]!r}")
     return out
 
 
@@ -200,6 +205,9 @@ class AnthropicDialect(Dialect):
 
     def parse_object(self, body: dict) -> Call:
         sampling = sampling_from(body, SAMPLING)
+        effort = optional(body, "output_config", dict, "", {}).get("effort")
+        if effort is not None:
+            sampling["reasoning_effort"] = expect(effort, str, "output_config.effort")
         return Call(dialect=self.name, model=optional(body, "model", str, ""),
                     stream=optional(body, "stream", bool, "", False), sampling=sampling,
                     request=Request(messages=parse_messages(body), tools=parse_tools(body.get("tools"))))
