@@ -721,7 +721,8 @@ def test_agent_in_the_sandbox_reaches_the_server_only_through_the_socket():
                 "    try:\n"
                 "        req = urllib.request.Request(os.environ['BASE'] + '/chat/completions', data=body, headers={\n"
                 "            'Authorization': 'Bearer ' + os.environ['KEY'], 'Content-Type': 'application/json'})\n"
-                "        print(json.load(urllib.request.urlopen(req, timeout=10))['choices'][0]['message']['content'])\n"
+                "        answer = json.load(urllib.request.urlopen(req, timeout=10))\n"
+                "        print(answer['choices'][0]['message']['content'])\n"
                 "        break\n"
                 "    except OSError as e:\n"
                 "        time.sleep(0.05)\n"
@@ -732,7 +733,8 @@ def test_agent_in_the_sandbox_reaches_the_server_only_through_the_socket():
                 "    print('host port unreachable')\n")
 
         async def in_sandbox():
-            async with make_runtime(RuntimeConfig(type="sandbox", read_only_paths=[str(Path(reg.socket).parent)])) as rt:
+            config = RuntimeConfig(type="sandbox", read_only_paths=[str(Path(reg.socket).parent)])
+            async with make_runtime(config) as rt:
                 await rt.write("bridge.py", BRIDGE.read_bytes())
                 await rt.write("call.py", call)
                 return await rt.run(f"python3 bridge.py {reg.socket} 18765 > bridge.log & python3 call.py",

@@ -40,7 +40,8 @@ async def serve(socket_path: str, port: int = 0) -> asyncio.AbstractServer:
             writer.close()
             return
         try:
-            await asyncio.gather(_pipe(reader, upstream_writer, writer), _pipe(upstream_reader, writer, upstream_writer))
+            await asyncio.gather(_pipe(reader, upstream_writer, writer),
+                                 _pipe(upstream_reader, writer, upstream_writer))
         finally:
             writer.close()
             upstream_writer.close()
