@@ -507,8 +507,11 @@ def test_handler_failures_are_502_or_their_status_and_never_leak_the_secret(runn
     async def junk(call: Call):
         return {"not": "a response"}
 
+    async def own_timeout(call: Call) -> Response:
+        await asyncio.wait_for(asyncio.sleep(1), 0.01)
+
     for handler, status, needle in [(boom, 502, "RuntimeError"), (refuse, 400, "context too long"),
-                                    (junk, 502, "no valid response")]:
+                                    (junk, 502, "no valid response"), (own_timeout, 502, "TimeoutError")]:
         reg = running.register(handler)
         box["secret"] = reg.secret
         for route, headers, body in [

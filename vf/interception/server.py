@@ -227,7 +227,9 @@ class InterceptionServer:
             return http.json_response(dialect.render(response, call))
         except DialectError as e:
             return self._error(dialect, e.status, e.message)
-        except TimeoutError:
+        except TimeoutError as e:
+            if self.config.handler_timeout is None:  # the handler's own timeout: a failed call like any other
+                return self._handler_failed(dialect, e)
             logger.warning("interception: %s handler did not answer within %gs (504)", dialect.name,
                            self.config.handler_timeout)
             return self._error(dialect, 504, f"the model did not answer within {self.config.handler_timeout:g}s")
@@ -236,11 +238,16 @@ class InterceptionServer:
                            self._scrub(str(e).splitlines()[0]))
             return self._error(dialect, 502, "the model call failed: the policy returned no valid response")
         except Exception as e:  # noqa: BLE001 - the policy's failure is the agent's failed call, not the server's
-            message = self._scrub(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")[:300]
-            logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
-            return self._error(dialect, 502, f"the model call failed ({message})")
+            return self._handler_failed(dialect, e)
         finally:
             slot.inflight -= 1
+
+    def _handler_failed(self, dialect: Dialect, e: BaseException) -> http.Response:
+        """502 with the exception's type and first line (scrubbed, no traceback)."""
+        text = str(e)
+        message = self._scrub(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")[:300]
+        logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
+        return self._error(dialect, 502, f"the model call failed ({message})")
 
     def _error(self, dialect: Dialect, status: int, message: str) -> http.Response:
         # scrubbed: a message may echo what the caller sent (a path, a field), which may hold a key
