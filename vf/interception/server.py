@@ -193,6 +193,13 @@ class InterceptionServer:
     # --- requests --------------------------------------------------------------------------------
 
     async def _dispatch(self, req: http.Request) -> http.Response:
+        try:
+            return await self._route(req)
+        except Exception as e:  # noqa: BLE001 - a bug here must answer 500, not drop the agent's connection
+            logger.error("interception: internal error on %s: %s", req.path[:100], type(e).__name__)
+            return self._error(DIALECTS["chat"], 500, f"internal error in the interception server ({type(e).__name__})")
+
+    async def _route(self, req: http.Request) -> http.Response:
         path = req.path.rstrip("/") or "/"
         dialect = self._routes.get(path)
         if path == MODELS_PATH:
