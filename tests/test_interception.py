@@ -9,11 +9,9 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
@@ -680,74 +678,3 @@ def test_real_codex_runs_a_tool_through_the_server(running, tmp_path):
     assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
     assert reg.secret not in p.stdout + p.stderr
 
-
-# --- the sandbox path: Unix socket + in-sandbox TCP bridge ----------------------------------------
-
-BRIDGE = Path(__file__).resolve().parents[1] / "vf" / "interception" / "bridge.py"
-
-
-def test_bridge_forwards_loopback_tcp_to_the_socket(running):
-    handler = Scripted(reply("via the bridge"))
-    reg = running.register(handler)
-    proc = subprocess.Popen([sys.executable, str(BRIDGE), reg.socket, "0"], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline().split()[1])
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=reg.secret, max_retries=0)
-        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        assert out.choices[0].message.content == "via the bridge"
-        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                     stream=True))
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "via the bridge"
-        with pytest.raises(openai.AuthenticationError):  # the key is still checked behind the bridge
-            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="guess", max_retries=0).models.list()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    assert len(handler.calls) == 2
-
-
-def test_agent_in_the_sandbox_reaches_the_server_only_through_the_socket():
-    """The sandbox runtime (no network) with the server's socket directory bound read-only: a
-    command inside (as nobody, when vf runs as root) calls the model through the bridge."""
-    sandbox = pytest.importorskip("vf.runtime.sandbox")
-    if sandbox.find_bwrap() is None:
-        pytest.skip("bubblewrap is not installed")
-    from vf.runtime import RuntimeConfig, make_runtime
-
-    handler = Scripted(reply("hello from the policy"))
-    r = Running(InterceptionConfig())
-    try:
-        reg = r.register(handler)
-        call = ("import json, os, time, urllib.request\n"
-                "body = json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n"
-                "for _ in range(100):\n"
-                "    try:\n"
-                "        req = urllib.request.Request(os.environ['BASE'] + '/chat/completions', data=body, headers={\n"
-                "            'Authorization': 'Bearer ' + os.environ['KEY'], 'Content-Type': 'application/json'})\n"
-                "        answer = json.load(urllib.request.urlopen(req, timeout=10))\n"
-                "        print(answer['choices'][0]['message']['content'])\n"
-                "        break\n"
-                "    except OSError as e:\n"
-                "        time.sleep(0.05)\n"
-                "try:\n"  # and the host's TCP port is out of reach: the sandbox has its own loopback
-                "    urllib.request.urlopen(os.environ['HOST_URL'] + '/models', timeout=2)\n"
-                "    print('host port reachable')\n"
-                "except OSError:\n"
-                "    print('host port unreachable')\n")
-
-        async def in_sandbox():
-            config = RuntimeConfig(type="sandbox", read_only_paths=[str(Path(reg.socket).parent)])
-            async with make_runtime(config) as rt:
-                await rt.write("bridge.py", BRIDGE.read_bytes())
-                await rt.write("call.py", call)
-                return await rt.run(f"python3 bridge.py {reg.socket} 18765 > bridge.log & python3 call.py",
-                                    {"BASE": "http://127.0.0.1:18765/v1", "KEY": reg.secret, "HOST_URL": reg.url},
-                                    timeout=60)
-
-        result = asyncio.run(in_sandbox())
-    finally:
-        r.close()
-    if "Creating new namespace failed" in result.stderr or "setting up uid map" in result.stderr:
-        pytest.skip(f"bubblewrap cannot start sandboxes here: {result.stderr[:200]}")
-    assert result.stdout.split("\n")[:2] == ["hello from the policy", "host port unreachable"], result.stderr
-    assert len(handler.calls) == 1
