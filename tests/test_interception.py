@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,7 @@ from vf.types import (
     ToolMessage,
     Usage,
     UserMessage,
+    content_text,
 )
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M/wHwAF/gL+Xw4AAAAASUVORK5CYII="
@@ -107,8 +110,8 @@ def test_chat_completions_text(running, stream):
     reg = running.register(handler)
     client = oai(reg)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    kw = dict(model="agent-model", messages=messages, temperature=0.3, max_completion_tokens=64, seed=7,
-              stop="END")
+    kw = {"model": "agent-model", "messages": messages, "temperature": 0.3, "max_completion_tokens": 64, "seed": 7,
+              "stop": "END"}
     if stream:
         chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -173,8 +176,8 @@ def test_responses_text_and_instructions(running, stream):
     handler = Scripted(reply("Bonjour."))
     reg = running.register(handler)
     client = oai(reg)
-    kw = dict(model="codex-model", instructions="Answer in French.", input="Say hello.", temperature=0.5,
-              max_output_tokens=32, store=False)
+    kw = {"model": "codex-model", "instructions": "Answer in French.", "input": "Say hello.", "temperature": 0.5,
+              "max_output_tokens": 32, "store": False}
     if stream:
         with client.responses.stream(**kw) as s:
             kinds = [e.type for e in s]
@@ -220,7 +223,8 @@ def test_responses_input_image_becomes_image_url_part(running):
     handler = Scripted(reply("a pixel"))
     reg = running.register(handler)
     oai(reg).responses.create(model="m", input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "Describe."}, {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}]}])
+        {"type": "input_text", "text": "Describe."},
+        {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}]}])
     (message,) = handler.calls[0].request.messages
     assert message.content == [TextContentPart(text="Describe."), ImageUrlContentPart(image_url={"url": DATA_URL})]
 
@@ -252,9 +256,9 @@ def test_anthropic_text_and_system(running, anthropic, stream):
     handler = Scripted(reply("Ahoy."))
     reg = running.register(handler)
     client = claude(anthropic, reg)
-    kw = dict(model="claude-x", max_tokens=100, extra_body={"temperature": 0.2}, stop_sequences=["\nHuman:"],
-              system=[{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": "Be brief."}],
-              messages=[{"role": "user", "content": "Greet me."}])
+    kw = {"model": "claude-x", "max_tokens": 100, "extra_body": {"temperature": 0.2}, "stop_sequences": ["\nHuman:"],
+              "system": [{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": "Be brief."}],
+              "messages": [{"role": "user", "content": "Greet me."}]}
     if stream:
         with client.messages.stream(**kw) as s:
             text = "".join(s.text_stream)
@@ -267,7 +271,8 @@ def test_anthropic_text_and_system(running, anthropic, stream):
     (call,) = handler.calls
     assert call.dialect == "anthropic" and call.model == "claude-x" and call.stream is stream
     assert call.sampling == {"temperature": 0.2, "max_tokens": 100, "stop": ["\nHuman:"]}
-    assert call.request.messages == [SystemMessage(content="You are a pirate.\nBe brief."), UserMessage(content="Greet me.")]
+    assert call.request.messages == [SystemMessage(content="You are a pirate.\nBe brief."),
+                                     UserMessage(content="Greet me.")]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -308,6 +313,37 @@ def test_anthropic_image_block_becomes_data_url(running, anthropic):
         {"type": "text", "text": "What is it?"}]}])
     (message,) = handler.calls[0].request.messages
     assert message.content == [ImageUrlContentPart(image_url={"url": DATA_URL}), TextContentPart(text="What is it?")]
+
+
+def test_anthropic_text_document_reads_as_text_and_pdf_is_refused(running, anthropic):
+    handler = Scripted(reply("read it"))
+    reg = running.register(handler)
+    client = claude(anthropic, reg)
+    client.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "line one"}},
+        {"type": "text", "text": "Summarise."}]}])
+    assert handler.calls[0].request.messages == [UserMessage(content="line one\nSummarise.")]
+    with pytest.raises(anthropic.BadRequestError, match="only text documents"):
+        client.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PNG}}]}])
+    assert len(handler.calls) == 1
+
+
+def test_anthropic_mid_conversation_system_and_effort(running):
+    """Claude Code 2.1 sends environment notes as role "system" messages inside `messages`, and its
+    reasoning effort as output_config.effort."""
+    handler = Scripted(reply("ok"))
+    reg = running.register(handler)
+    body = {"model": "m", "max_tokens": 9, "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "task",
+                                                       "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
+    r = httpx.post(reg.url + "/messages", json=body,
+                   headers={"x-api-key": reg.secret, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200 and r.json()["content"] == [{"type": "text", "text": "ok"}]
+    (call,) = handler.calls
+    assert call.request.messages == [UserMessage(content="task"), SystemMessage(content="# Environment")]
+    assert call.sampling == {"max_tokens": 9, "reasoning_effort": "high"}
 
 
 def test_anthropic_bad_key_is_authentication_error(running, anthropic):
@@ -409,6 +445,10 @@ def test_oversized_body_is_413_and_server_keeps_serving(running):
                   + str(len(big)).encode() + b"\r\n\r\n")
         head = s.recv(65536)
     assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    # and the openai client, which sends all of the body first, sees the 413 too
+    with pytest.raises(openai.APIStatusError) as e:
+        oai(reg).chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 3_000_000}])
+    assert e.value.status_code == 413
     assert handler.calls == []
     assert_serves(running, reg, handler)
 
@@ -465,8 +505,11 @@ def test_handler_failures_are_502_or_their_status_and_never_leak_the_secret(runn
     async def junk(call: Call):
         return {"not": "a response"}
 
+    async def own_timeout(call: Call) -> Response:
+        await asyncio.wait_for(asyncio.sleep(1), 0.01)
+
     for handler, status, needle in [(boom, 502, "RuntimeError"), (refuse, 400, "context too long"),
-                                    (junk, 502, "no valid response")]:
+                                    (junk, 502, "no valid response"), (own_timeout, 502, "TimeoutError")]:
         reg = running.register(handler)
         box["secret"] = reg.secret
         for route, headers, body in [
@@ -503,7 +546,6 @@ def test_routes_models_and_unix_socket(running):
 def test_stop_removes_socket_and_refuses_connections(tmp_path):
     r = Running(InterceptionConfig())
     reg = r.register(Scripted(reply("ok")))
-    import os
     assert os.stat(reg.socket).st_mode & 0o777 == 0o666
     port = r.server.port
     r.close()
@@ -517,3 +559,122 @@ def test_registration_repr_hides_secret(running):
     reg = running.register(Scripted(reply("ok")))
     assert reg.secret not in repr(reg) and reg.url in repr(reg)
     assert set(DIALECTS) == {"chat", "responses", "anthropic"}
+
+
+# --- rendering details that agents act on ----------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_length_and_reasoning_render_in_each_dialect(running, anthropic, stream):
+    """A reply cut at max tokens is reported as each API reports it (agents continue or stop on it),
+    and the policy's reasoning arrives where each SDK keeps it."""
+    out = reply("partial answ", finish="length")
+    out.message.reasoning_content = "thinking it over"
+    handler = Scripted(out)
+    reg = running.register(handler)
+    client = oai(reg)
+    messages = [{"role": "user", "content": "Long answer please."}]
+    if stream:  # (the openai stream helper raises on length: read the chunks)
+        chunks = [c for c in client.chat.completions.create(model="m", messages=messages, stream=True) if c.choices]
+        finish_reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+        with client.responses.stream(model="m", input="Long answer please.") as s:
+            kinds = [e.type for e in s]
+            resp = s.get_final_response()
+        assert kinds[-1] == "response.completed"
+        with claude(anthropic, reg).messages.stream(model="m", max_tokens=4, messages=messages) as s:
+            msg = s.get_final_message()
+    else:
+        chat = client.chat.completions.create(model="m", messages=messages).choices[0]
+        finish_reason, text = [chat.finish_reason], chat.message.content
+        reasoning = chat.message.model_extra["reasoning_content"]
+        resp = client.responses.create(model="m", input="Long answer please.")
+        msg = claude(anthropic, reg).messages.create(model="m", max_tokens=4, messages=messages)
+    assert (finish_reason, text, reasoning) == (["length"], "partial answ", "thinking it over")
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in resp.output] == ["reasoning", "message"] and resp.output_text == "partial answ"
+    assert resp.output[0].summary[0].text == "thinking it over"
+    assert msg.stop_reason == "max_tokens"
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in msg.content] == \
+        [("thinking", "thinking it over"), ("text", "partial answ")]
+    # reasoning the agent replays comes back to the policy as reasoning_content
+    r = client.responses.create(model="m", input=[{"role": "user", "content": "go"},
+                                                  *[o.model_dump(exclude_none=True) for o in resp.output],
+                                                  {"role": "user", "content": "more"}])
+    assert r.output_text == "partial answ"
+    replayed = handler.calls[-1].request.messages[1]
+    assert replayed.reasoning_content == "thinking it over" and replayed.content == "partial answ"
+
+
+def test_handler_timeout_is_504():
+    async def hang(call: Call) -> Response:
+        await asyncio.sleep(30)
+
+    r = Running(InterceptionConfig(handler_timeout=0.3))
+    try:
+        reg = r.register(hang)
+        t0 = time.monotonic()
+        resp = httpx.post(reg.url + "/chat/completions", json=chat_body(),
+                          headers={"Authorization": f"Bearer {reg.secret}"})
+        assert resp.status_code == 504 and time.monotonic() - t0 < 5
+        assert resp.json()["error"]["type"] == "timeout_error"
+    finally:
+        r.close()
+
+
+# --- real agent programs (opt in: VF_CLAUDE_BIN / VF_CODEX_BIN name the native binaries) -----------
+
+def agent_policy(tool: str, args: dict):
+    """A policy that calls `tool` once, then answers with what the tool returned."""
+    def handler(call: Call) -> Response:
+        results = [m for m in call.request.messages if isinstance(m, ToolMessage)]
+        if results:
+            return reply(f"Done: {content_text(results[-1].content).strip()[-40:]}")
+        assert tool in [t.name for t in call.request.tools or []]
+        return reply("Running it.", calls=[ToolCall(id="call_agent_1", name=tool, arguments=json.dumps(args))])
+    return Scripted(handler)
+
+
+def run_agent(cmd: list[str], cwd, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.mark.skipif(not os.environ.get("VF_CLAUDE_BIN"), reason="set VF_CLAUDE_BIN to a Claude Code binary")
+def test_real_claude_code_runs_a_tool_through_the_server(running, tmp_path):
+    handler = agent_policy("Bash", {"command": "echo made-by-agent > out.txt && cat out.txt", "description": "write"})
+    reg = running.register(handler)
+    env = {**{k: v for k, v in registration_env(reg).items() if k.startswith("ANTHROPIC_")},
+           "HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path / ".claude"), "IS_SANDBOX": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "ANTHROPIC_MODEL": "policy"}
+    p = run_agent([os.environ["VF_CLAUDE_BIN"], "-p", "Write out.txt", "--permission-mode", "bypassPermissions",
+                   "--output-format", "json"], tmp_path, env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (tmp_path / "out.txt").read_text() == "made-by-agent\n"
+    assert json.loads(p.stdout)["result"] == "Done: made-by-agent"
+    assert [c.dialect for c in handler.calls] == ["anthropic", "anthropic"] and all(c.stream for c in handler.calls)
+    assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
+    assert reg.secret not in p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("VF_CODEX_BIN"), reason="set VF_CODEX_BIN to a Codex binary")
+def test_real_codex_runs_a_tool_through_the_server(running, tmp_path):
+    handler = agent_policy("exec_command", {"cmd": "echo made-by-agent > out.txt && cat out.txt"})
+    reg = running.register(handler)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    # a custom provider speaking the Responses API, its key read from an environment variable
+    (home / "config.toml").write_text(f'model = "policy"\nmodel_provider = "vf"\n[model_providers.vf]\nname = "vf"\n'
+                                      f'base_url = "{reg.url}"\nenv_key = "VF_KEY"\nwire_api = "responses"\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    p = run_agent([os.environ["VF_CODEX_BIN"], "exec", "--skip-git-repo-check",
+                   "--dangerously-bypass-approvals-and-sandbox", "Write out.txt"], work,
+                  {"HOME": str(tmp_path), "CODEX_HOME": str(home), "VF_KEY": reg.secret})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert (work / "out.txt").read_text() == "made-by-agent\n"
+    assert "Done: " in p.stdout and "made-by-agent" in p.stdout
+    assert [c.dialect for c in handler.calls] == ["responses", "responses"] and all(c.stream for c in handler.calls)
+    assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
+    assert reg.secret not in p.stdout + p.stderr
+

@@ -41,14 +41,19 @@ from vf.toolset import SharedToolsetConfig, Toolset, ToolsetConfig, tool
 from vf.trace import Episode, ErrorInfo, MessageNode, ModelCall, Trace, TraceTask
 from vf.types import (
     AssistantMessage,
+    ContentPart,
     ImageUrlContentPart,
     ImageUrlSource,
     Message,
     Messages,
+    Request,
+    Response,
     SystemMessage,
     TextContentPart,
+    Tool,
     ToolCall,
     ToolMessage,
+    Usage,
     UserMessage,
     content_text,
 )
@@ -57,12 +62,13 @@ from vf.version import TRACE_VERSION, __version__
 Error = ErrorInfo
 
 __all__ = [
-    "Agent", "AgentConfig", "Agents", "AssistantMessage", "Env", "EnvConfig", "Episode", "Error", "ErrorInfo",
-    "FunctionConfig", "Harness", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction", "Judge",
-    "JudgeConfig", "Message", "MessageNode", "Messages", "ModelCall", "Runtime", "RuntimeConfig", "Segment",
-    "SingleAgentEnv", "SingleAgentEnvConfig", "State", "SubprocessConfig", "SystemMessage", "Task",
-    "TaskConfig", "TaskData", "TaskResources", "TaskTimeout", "Taskset", "TasksetConfig", "TextContentPart",
-    "SharedToolsetConfig", "Toolset", "ToolsetConfig", "ToolCall", "ToolMessage", "Trace", "TraceTask", "TRACE_VERSION", "UserMessage", "__version__",
+    "Agent", "AgentConfig", "Agents", "AssistantMessage", "ContentPart", "Env", "EnvConfig", "Episode", "Error",
+    "ErrorInfo", "FunctionConfig", "Harness", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction",
+    "Judge", "JudgeConfig", "Message", "MessageNode", "Messages", "ModelCall", "Request", "Response", "Runtime",
+    "RuntimeConfig", "Segment", "SingleAgentEnv", "SingleAgentEnvConfig", "State", "SubprocessConfig", "SystemMessage",
+    "Task", "TaskConfig", "TaskData", "TaskResources", "TaskTimeout", "Taskset", "TasksetConfig", "TextContentPart",
+    "Tool", "SharedToolsetConfig", "Toolset", "ToolsetConfig", "ToolCall", "ToolMessage", "Trace", "TraceTask",
+    "TRACE_VERSION", "Usage", "UserMessage", "__version__",
     "content_text", "intercept", "load_taskset", "metric", "reward", "stop", "tool", "types",
 ]
 

@@ -31,7 +31,16 @@ from vf.dialects.base import (
     sse,
     text_part,
 )
-from vf.types import AssistantMessage, Request, Response, SystemMessage, Tool, ToolCall, ToolMessage, UserMessage
+from vf.types import (
+    AssistantMessage,
+    Request,
+    Response,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 
 SAMPLING = {
     "temperature": ("temperature", NUMBER),
@@ -69,6 +78,15 @@ def parse_blocks(value: Any, where: str):
                 parts.append(image_part(source.get("url"), f"{at}.source.url"))
             else:
                 raise DialectError(f"{at}.source.type must be base64 or url, got {str(source.get('type'))[:40]!r}")
+        elif kind == "document":  # a plain-text document reads as its text; PDFs need a reader we lack
+            source = expect(block.get("source"), dict, f"{at}.source")
+            if source.get("type") == "text":
+                parts.append(text_part(source.get("data"), f"{at}.source.data"))
+            elif source.get("type") == "content":
+                inner = parse_blocks(source.get("content"), f"{at}.source.content")
+                parts.extend([text_part(inner, f"{at}.source.content")] if isinstance(inner, str) else inner)
+            else:
+                raise DialectError(f"{at}: only text documents are supported, not {str(source.get('type'))[:40]!r}")
         else:
             raise DialectError(f"{at}: content block type {str(kind)[:40]!r} is not supported here")
     return simplify(parts)
@@ -107,9 +125,8 @@ def parse_assistant(content: Any, where: str) -> AssistantMessage:
 
 def parse_messages(body: dict) -> list:
     out: list = []
-    if body.get("system") is not None:
-        if system := parse_system(body["system"]):
-            out.append(SystemMessage(content=system))
+    if body.get("system") is not None and (system := parse_system(body["system"])):
+        out.append(SystemMessage(content=system))
     raw = expect(body.get("messages"), list, "messages")
     if not raw:
         raise DialectError("messages must not be empty")
@@ -138,8 +155,13 @@ def parse_messages(body: dict) -> list:
                     rest.append(block)
             if rest:
                 out.append(UserMessage(content=parse_blocks(rest, f"{where}.content")))
+        elif role == "system":  # Claude Code (2.1.x) puts environment notes mid-conversation this way
+            text = parse_blocks(content, f"{where}.content")
+            if not isinstance(text, str):
+                raise DialectError(f"{where}: a system message may hold text blocks only")
+            out.append(SystemMessage(content=text))
         else:
-            raise DialectError(f"{where}.role must be user or assistant, got {str(role)[:40]!r}")
+            raise DialectError(f"{where}.role must be user, assistant or system, got {str(role)[:40]!r}")
     return out
 
 
@@ -152,8 +174,8 @@ def parse_tools(raw: Any) -> list[Tool] | None:
         name = expect(t.get("name") or kind, str, f"{where}.name")
         schema = optional(t, "input_schema", dict, where, {})
         fields = {k: v for k, v in t.items() if k not in ("type", "name", "input_schema") and v is not None}
-        tools.append(Tool.model_validate({**fields, "name": name, "parameters": schema,
-                                          "type": "function" if kind in (None, "custom") else expect(kind, str, f"{where}.type")}))
+        kind = "function" if kind in (None, "custom") else expect(kind, str, f"{where}.type")
+        tools.append(Tool.model_validate({**fields, "name": name, "parameters": schema, "type": kind}))
     return tools or None
 
 
@@ -169,7 +191,8 @@ def tool_input(arguments: str) -> dict:
 
 def usage_wire(response: Response, output: bool = True) -> dict:
     u = response.usage
-    return {"input_tokens": u.prompt_tokens if u else 0, "output_tokens": (u.completion_tokens if u else 0) if output else 0,
+    return {"input_tokens": u.prompt_tokens if u else 0,
+            "output_tokens": (u.completion_tokens if u else 0) if output else 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": (u.cached_input_tokens or 0) if u else 0}
 
 
@@ -182,6 +205,9 @@ class AnthropicDialect(Dialect):
 
     def parse_object(self, body: dict) -> Call:
         sampling = sampling_from(body, SAMPLING)
+        effort = optional(body, "output_config", dict, "", {}).get("effort")
+        if effort is not None:
+            sampling["reasoning_effort"] = expect(effort, str, "output_config.effort")
         return Call(dialect=self.name, model=optional(body, "model", str, ""),
                     stream=optional(body, "stream", bool, "", False), sampling=sampling,
                     request=Request(messages=parse_messages(body), tools=parse_tools(body.get("tools"))))
@@ -209,8 +235,8 @@ class AnthropicDialect(Dialect):
         frames = [sse({"type": "message_start", "message": head}, "message_start")]
         for i, block in enumerate(self.blocks(response)):
             kind = block["type"]
-            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""},
-                     "tool_use": {**block, "input": {}}}[kind]
+            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "text": {"type": "text", "text": ""}, "tool_use": {**block, "input": {}}}[kind]
             delta = {"thinking": {"type": "thinking_delta", "thinking": block.get("thinking")},
                      "text": {"type": "text_delta", "text": block.get("text")},
                      "tool_use": {"type": "input_json_delta",
@@ -218,7 +244,8 @@ class AnthropicDialect(Dialect):
             frames += [sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start"),
                        sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"),
                        sse({"type": "content_block_stop", "index": i}, "content_block_stop")]
-        frames += [sse({"type": "message_delta", "delta": {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None},
+        stop = {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None}
+        frames += [sse({"type": "message_delta", "delta": stop,
                         "usage": {"output_tokens": usage_wire(response)["output_tokens"]}}, "message_delta"),
                    sse({"type": "message_stop"}, "message_stop")]
         return frames

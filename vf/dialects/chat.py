@@ -133,7 +133,8 @@ def parse_tools(raw: Any) -> list[Tool] | None:
 
 
 def tool_calls_wire(response: Response) -> list[dict]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+    return [{"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}} if c.type == "custom"
+            else {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in response.message.tool_calls or []]
 
 

@@ -21,7 +21,6 @@ from vf.dialects.base import (
     created,
     expect,
     finish,
-    fresh_id,
     image_part,
     openai_error,
     optional,
@@ -32,7 +31,16 @@ from vf.dialects.base import (
     text_or_parts,
     text_part,
 )
-from vf.types import AssistantMessage, Request, Response, SystemMessage, Tool, ToolCall, ToolMessage, UserMessage
+from vf.types import (
+    AssistantMessage,
+    Request,
+    Response,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 
 SAMPLING = {
     "temperature": ("temperature", NUMBER),
@@ -247,8 +255,11 @@ class ResponsesDialect(Dialect):
             else:  # reasoning and custom tool calls arrive whole
                 events.append(("response.output_item.added", {"output_index": i, "item": item}))
             events.append(("response.output_item.done", {"output_index": i, "item": item}))
-        events.append(("response.incomplete" if final["status"] == "incomplete" else "response.completed",
-                       {"response": final}))
+        # `response.completed` even for a reply cut at max_output_tokens (its status still says
+        # "incomplete"): the openai SDK's stream helper accepts no other terminal event, and Codex
+        # ends a turn on it (a stream that stops without it is a failed call there), where a
+        # truncated turn should stand as the policy's answer
+        events.append(("response.completed", {"response": final}))
         return [sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in enumerate(events)]
 
     def error_body(self, status: int, message: str) -> dict:

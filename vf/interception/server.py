@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -150,7 +150,7 @@ class InterceptionServer:
             self._own_dir = None
         self._slots.clear()
 
-    async def __aenter__(self) -> InterceptionServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -193,6 +193,13 @@ class InterceptionServer:
     # --- requests --------------------------------------------------------------------------------
 
     async def _dispatch(self, req: http.Request) -> http.Response:
+        try:
+            return await self._route(req)
+        except Exception as e:  # noqa: BLE001 - a bug here must answer 500, not drop the agent's connection
+            logger.error("interception: internal error on %s: %s", req.path[:100], type(e).__name__)
+            return self._error(DIALECTS["chat"], 500, f"internal error in the interception server ({type(e).__name__})")
+
+    async def _route(self, req: http.Request) -> http.Response:
         path = req.path.rstrip("/") or "/"
         dialect = self._routes.get(path)
         if path == MODELS_PATH:
@@ -226,8 +233,10 @@ class InterceptionServer:
                                      headers={"Cache-Control": "no-cache"})
             return http.json_response(dialect.render(response, call))
         except DialectError as e:
-            return self._error(dialect, e.status, self._scrub(e.message))
-        except TimeoutError:
+            return self._error(dialect, e.status, e.message)
+        except TimeoutError as e:
+            if self.config.handler_timeout is None:  # the handler's own timeout: a failed call like any other
+                return self._handler_failed(dialect, e)
             logger.warning("interception: %s handler did not answer within %gs (504)", dialect.name,
                            self.config.handler_timeout)
             return self._error(dialect, 504, f"the model did not answer within {self.config.handler_timeout:g}s")
@@ -235,15 +244,21 @@ class InterceptionServer:
             logger.warning("interception: %s handler returned no Response (502): %s", dialect.name,
                            self._scrub(str(e).splitlines()[0]))
             return self._error(dialect, 502, "the model call failed: the policy returned no valid response")
-        except Exception as e:  # the policy's failure is the agent's failed API call, not the server's
-            message = self._scrub(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")[:300]
-            logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
-            return self._error(dialect, 502, f"the model call failed ({message})")
+        except Exception as e:  # noqa: BLE001 - the policy's failure is the agent's failed call, not the server's
+            return self._handler_failed(dialect, e)
         finally:
             slot.inflight -= 1
 
+    def _handler_failed(self, dialect: Dialect, e: BaseException) -> http.Response:
+        """502 with the exception's type and first line (scrubbed, no traceback)."""
+        text = str(e)
+        message = self._scrub(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")[:300]
+        logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
+        return self._error(dialect, 502, f"the model call failed ({message})")
+
     def _error(self, dialect: Dialect, status: int, message: str) -> http.Response:
-        return http.json_response(dialect.error_body(status, message), status)
+        # scrubbed: a message may echo what the caller sent (a path, a field), which may hold a key
+        return http.json_response(dialect.error_body(status, self._scrub(message)), status)
 
     def _models(self, req: http.Request) -> http.Response:
         """`GET /v1/models`, in a shape both the openai and the anthropic SDK read."""
@@ -282,6 +297,6 @@ def registration_env(registration: Registration, url: str | None = None) -> dict
     """The environment variables that point the common agent programs at a registration:
     OpenAI SDKs (Codex, litellm/mini-swe-agent, Terminus-2) and Anthropic's (Claude Code)."""
     base = url or registration.url
-    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    root = base.removesuffix("/v1")
     return {"OPENAI_BASE_URL": base, "OPENAI_API_BASE": base, "OPENAI_API_KEY": registration.secret,
             "ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": registration.secret}
