@@ -6,6 +6,7 @@ Importing vf never imports torch: models, engines and the trainer load it only w
 """
 
 from vf import types
+from vf.artifacts import Artifact, collect
 from vf.env import (
     Agent,
     AgentConfig,
@@ -62,7 +63,7 @@ from vf.version import TRACE_VERSION, __version__
 Error = ErrorInfo
 
 __all__ = [
-    "Agent", "AgentConfig", "Agents", "AssistantMessage", "ContentPart", "Env", "EnvConfig", "Episode", "Error",
+    "Agent", "Artifact", "collect", "AgentConfig", "Agents", "AssistantMessage", "ContentPart", "Env", "EnvConfig", "Episode", "Error",
     "ErrorInfo", "FunctionConfig", "Harness", "HarnessConfig", "ImageUrlContentPart", "ImageUrlSource", "Interaction",
     "Judge", "JudgeConfig", "Message", "MessageNode", "Messages", "ModelCall", "Request", "Response", "Runtime",
     "RuntimeConfig", "Segment", "SingleAgentEnv", "SingleAgentEnvConfig", "State", "SubprocessConfig", "SystemMessage",

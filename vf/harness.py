@@ -33,6 +33,7 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from vf.artifacts import collect
 from vf.bounded import BoundsError, load_json
 from vf.configs.harness import HarnessConfig
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
@@ -237,7 +238,7 @@ class Rollout:
                 "runtime": self.runtime}
 
     def _wants_runtime(self) -> bool:
-        if self.spec.harness.NEEDS_RUNTIME:
+        if self.spec.harness.NEEDS_RUNTIME or self.task.data.artifacts:
             return True
         cls = type(self.task)
         hooks = [h for h in (cls.setup, cls.finalize) if h not in (Task.setup, Task.finalize)]
@@ -290,7 +291,7 @@ class Rollout:
             agent["model"] = {"duration": sum(c.time.get("end", 0) - c.time.get("start", 0) for c in trace.calls)}
             if not trace.errors:
                 t = time.time()
-                await self._stage("finalize", call_hook(self.task.finalize, self.hook_args()), self.deadlines["finalize"])
+                await self._stage("finalize", self._finalize(), self.deadlines["finalize"])
                 trace.timing["finalize"] = {"start": t, "end": time.time()}
             if scored and not trace.errors:
                 t = time.time()
@@ -301,6 +302,13 @@ class Rollout:
         trace.ok = not trace.errors
         trace.is_completed = trace.ok
         return trace
+
+    async def _finalize(self) -> None:
+        """`Task.finalize`, then the task's declared artifacts out of the runtime (vf.artifacts)."""
+        await call_hook(self.task.finalize, self.hook_args())
+        data = self.task.data
+        if data.artifacts and self.runtime is not None and not self.state.artifacts:
+            self.state.artifacts = await collect(self.runtime, data.artifacts, max_bytes=data.artifact_max_bytes)
 
     async def cleanup(self) -> None:
         """Stop toolsets (and their servers) and close the runtime (idempotent; runs on every path)."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vf.artifacts import write_artifacts
 from vf.errors import UsageError, VfError
 from vf.trace import Episode, TraceFormatError, parse_episode
 
@@ -310,12 +311,19 @@ class RunDir:
 
     def append(self, episode: Episode) -> None:
         """Append one episode as one line; on a write failure, cut the torn tail and say so."""
+        self._artifacts(episode)
         self._write((episode.to_json() + "\n").encode())
+
+    def _artifacts(self, episode: Episode) -> None:
+        """Archives the rollouts collected go beside the traces (vf.artifacts), before the line."""
+        for i, trace in enumerate(episode.traces):
+            write_artifacts(self.path, trace, f"{episode.id}-{i}")
 
     async def commit(self, episode: Episode) -> None:
         """`append` for async runs: returns once the episode's line is on disk, without blocking
         the event loop; concurrent commits share one fsync (see the module docstring)."""
         done = asyncio.get_running_loop().create_future()
+        await asyncio.to_thread(self._artifacts, episode)
         self._pending.append(((episode.to_json() + "\n").encode(), done))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
