@@ -59,7 +59,15 @@ def judge_entries(case: str, url: str, envs: Path, tmp: Path) -> list[dict]:
                  "model": "grader", "sampling": {"temperature": 0, "max_completion_tokens": 300}, **client}]
     if case == "error":  # the judge's endpoint fails: recorded on the trace, the run goes on
         return [{"id": "reference", "model": "fail500", **client}]
+    if case == "tools":  # full-trace judges read a transcript with tool calls and tool results
+        return [{"id": "rubric", "model": "grader", "path": str(envs / "judged_rubric.toml"), **client},
+                {"id": "reference", "model": "grader", "view": "full_trace", **client}]
     raise KeyError(case)
+
+
+# case → (env, policy model, rows); the env is tests/v1_envs/{verifiers,vf}/ENV.py
+RUNS = {"toml": ("judged_v1", "echo", None), "cli": ("judged_v1", "echo", None),
+        "error": ("judged_v1", "echo", 2), "tools": ("tools_v1", "calc", None)}
 
 
 def toml_file(entries: list[dict], path: Path) -> Path:
@@ -79,7 +87,8 @@ def command(case: str, url: str, envs: Path, tmp: Path) -> list[str]:
     entries = judge_entries(case, url, envs, tmp)
     judges = (["@", str(toml_file(entries, tmp / "judges.toml"))] if case == "toml"
               else ["--env.taskset.task.judges", json.dumps(entries)])
-    return [*judges, *(["-n", "2"] if case == "error" else []), "-m", "echo", "--client.base-url", url,
+    _, model, rows = RUNS[case]
+    return [*judges, *(["-n", str(rows)] if rows else []), "-m", model, "--client.base-url", url,
             "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich",
             "--env.agent.runtime.type", "subprocess", "--env.agent.harness.id", "null"]
 
@@ -101,7 +110,7 @@ def outcome(traces: Path) -> dict:
 
 def run_ours(case: str, url: str, tmp: Path) -> dict:
     env = {**os.environ, "FAKE_KEY": "sk-test", "NO_COLOR": "1"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "vf-eval"), str(ENVS / "judged_v1.py"),
+    proc = subprocess.run([str(Path(sys.executable).parent / "vf-eval"), str(ENVS / f"{RUNS[case][0]}.py"),
                            *command(case, url, ENVS, tmp), "-o", str(tmp / "run")],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
     # vf-eval exits 1 when every episode failed (verifiers' exits 0); the traces are what is compared
@@ -113,14 +122,14 @@ def run_peer(case: str, url: str, tmp: Path) -> dict:
     peer = Path(PEER_PYTHON).parent / "vf-eval"
     env = {**os.environ, "PYTHONPATH": str(PEER_ENVS), "FAKE_KEY": "sk-test",
            "PATH": f"{peer.parent}:{os.environ['PATH']}"}
-    proc = subprocess.run([str(peer), "judged_v1", *command(case, url, PEER_ENVS, tmp)],
+    proc = subprocess.run([str(peer), RUNS[case][0], *command(case, url, PEER_ENVS, tmp)],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (traces,) = (tmp / "outputs").glob("*/traces.jsonl")
     return outcome(traces)
 
 
-RUN_CASES = ["toml", "cli", "error"]
+RUN_CASES = list(RUNS)
 
 
 @pytest.mark.parametrize("case", RUN_CASES)
@@ -302,6 +311,23 @@ def test_failing_judge_endpoint_run_goes_on(stub, tmp_path, monkeypatch):
                for e in json.loads(line)["traces"][0]["errors"])
 
 
+def test_judges_from_a_yaml_config_file(stub, tmp_path):
+    """vf's own `--config FILE.yaml` spelling plugs judges too (verifiers' `env.taskset` section)."""
+    import yaml
+    from conftest import run_cli
+
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump({"env": {"taskset": {"task": {"judges": [
+        {"id": "reference", "model": "grader", "base_url": stub.url, "api_key_var": "FAKE_KEY", "weight": 0.5}]}}}}))
+    r = run_cli("vf-eval", str(ENVS / "judged_v1.py"), "--config", str(tmp_path / "eval.yaml"), "-m", "echo",
+                "--client.base-url", stub.url, "--client.api-key-var", "FAKE_KEY", "-o", str(tmp_path / "run"),
+                env={"FAKE_KEY": "sk-test"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = outcome(tmp_path / "run" / "traces.jsonl")
+    assert [r["rewards"] for r in got.values()] == [
+        [["exact", [1.0, 0.5]], ["reference", [1.0, 0.5]]], [["exact", [0.0, 0.5]], ["reference", [0.0, 0.5]]],
+        [["exact", [0.0, 0.5]], ["reference", [1.0, 0.5]]]]
+
+
 @pytest.mark.parametrize(("entries", "message"), [
     ([{"id": "rubrik"}], "judge 'rubrik' not found"),
     ([{"model": "m"}], "needs an `id`"),
@@ -328,6 +354,8 @@ def test_bad_judge_config_fails_before_any_rollout(entries, message, stub, tmp_p
 USER_JUDGE = '''
 import vf
 
+__all__ = ["ShoutConfig", "ShoutJudge"]
+
 
 class ShoutConfig(vf.JudgeConfig):
     word: str = "PARIS"
@@ -342,14 +370,16 @@ class ShoutJudge(vf.Judge[float, ShoutConfig]):
 '''
 
 
-@pytest.mark.parametrize("form", ["path", "module"])
+@pytest.mark.parametrize("form", ["path", "module", "package"])
 def test_user_judge_by_path_or_module(form, stub, tmp_path, monkeypatch):
     import vf
 
     (tmp_path / "shout_judge.py").write_text(USER_JUDGE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("FAKE_KEY", "sk-test")
-    judge_id = f"{tmp_path / 'shout_judge.py'}:ShoutJudge" if form == "path" else "shout_judge:ShoutJudge"
+    # a file, a module attribute, or (verifiers' plugin form) a package exporting one Judge in __all__
+    judge_id = {"path": f"{tmp_path / 'shout_judge.py'}:ShoutJudge", "module": "shout_judge:ShoutJudge",
+                "package": "someone/Shout-Judge@1.0"}[form]
     config = vf.TaskConfig(judges=[{"id": judge_id, "model": "yes", "base_url": stub.url, "word": "LOUD",
                                     "weight": 3}])
     assert type(config.judges[0]).__name__ == "ShoutConfig" and config.judges[0].word == "LOUD"
@@ -357,7 +387,9 @@ def test_user_judge_by_path_or_module(form, stub, tmp_path, monkeypatch):
     assert list(trace.rewards) == ["exact", "shout", "length"]  # a mapping replaces the judge's own key
     assert (trace.rewards["shout"].score, trace.rewards["shout"].weight) == (1.0, 3.0)
     (call,) = trace.info["judge_calls"]
-    assert call["name"] == "shout" and call["request"]["messages"][0]["content"] == "Does Paris say LOUD? yes or no"
+    # the judge's own key (its calls' name): from the class for code refs, the id for a package (as verifiers)
+    assert call["name"] == ("shout" if form != "package" else judge_id)
+    assert call["request"]["messages"][0]["content"] == "Does Paris say LOUD? yes or no"
 
 
 def test_judge_request_sends_only_what_is_set(stub, monkeypatch):

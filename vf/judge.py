@@ -222,8 +222,9 @@ class Judge(Generic[ParsedT, ConfigT]):
 
     def __init__(self, config: ConfigT | dict | None = None):
         config_type = judge_config_type(type(self))
-        if not isinstance(config, JudgeConfig):
-            config = config_type(**(config or {}))
+        if not isinstance(config, config_type):  # a dict, or a plain JudgeConfig for a judge with its own fields
+            raw = config.model_dump(exclude_unset=True) if isinstance(config, JudgeConfig) else (config or {})
+            config = config_type(**raw)
         self.config: ConfigT = config  # type: ignore[assignment]
         if config.prompt is not None:
             self.prompt = Path(config.prompt).read_text(encoding="utf-8")
@@ -339,7 +340,7 @@ def judge_config_type(cls: type) -> type[JudgeConfig]:
     """A judge class's config type: its generic parameter (`Judge[float, MyConfig]`, through the
     MRO), else its `config_class`, else JudgeConfig."""
     for klass in cls.__mro__:
-        for base in getattr(klass, "__orig_bases__", ()):
+        for base in klass.__dict__.get("__orig_bases__", ()):
             for arg in getattr(base, "__args__", ()):
                 if isinstance(arg, type) and issubclass(arg, JudgeConfig):
                     return arg
