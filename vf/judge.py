@@ -51,7 +51,8 @@ from pydantic import (
 from typing_extensions import TypeVar
 
 from vf.errors import ConfigError, EngineError, UsageError
-from vf.types import content_text, to_wire
+from vf.types import Usage, content_text, to_wire
+from vf.utils.exports import exported_subclasses
 from vf.utils.score import parse_judge_choice
 
 if TYPE_CHECKING:
@@ -135,24 +136,15 @@ Judges = list[SerializeAsAny[JudgeConfig]]
 """`TaskConfig.judges`: plugged judges, each serialised as its own config type."""
 
 
-class JudgeUsage(BaseModel):
-    """A judge call's billed tokens; `prompt_tokens` excludes cached input, as verifiers counts."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_input_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cost: float | None = None
-
-    @classmethod
-    def from_openai(cls, usage: Any) -> JudgeUsage | None:
-        if not isinstance(usage, dict):
-            return None
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
-        return cls(prompt_tokens=int(usage.get("prompt_tokens") or 0) - int(cached or 0),
-                   completion_tokens=int(usage.get("completion_tokens") or 0),
-                   cached_input_tokens=cached, reasoning_tokens=reasoning, cost=usage.get("cost"))
+def usage_from_openai(usage: Any) -> Usage | None:
+    """A chat completion's `usage` as verifiers counts it: cached input split out of `prompt_tokens`."""
+    if not isinstance(usage, dict):
+        return None
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    return Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0) - int(cached or 0),
+                 completion_tokens=int(usage.get("completion_tokens") or 0),
+                 cached_input_tokens=cached, reasoning_tokens=reasoning, cost=usage.get("cost"))
 
 
 ParsedT = TypeVar("ParsedT", default=Any)
@@ -162,7 +154,7 @@ ConfigT = TypeVar("ConfigT", bound=JudgeConfig, default=JudgeConfig)
 class JudgeResponse(BaseModel, Generic[ParsedT]):
     text: str
     parsed: ParsedT | None = None
-    usage: JudgeUsage | None = None
+    usage: Usage | None = None
 
 
 def judge_question(task, question_field: str) -> str:
@@ -280,7 +272,7 @@ class Judge(Generic[ParsedT, ConfigT]):
         try:
             data = await client.post_json(f"{client.base_url}/chat/completions", body, headers)
             message = _first_message(data, client.base_url)
-            response = JudgeResponse(text=message.get("content") or "", usage=JudgeUsage.from_openai(data.get("usage")))
+            response = JudgeResponse(text=message.get("content") or "", usage=usage_from_openai(data.get("usage")))
             if schema is not None:
                 if message.get("refusal") is not None:
                     raise RuntimeError(f"judge refused structured output: {message['refusal']}")
@@ -350,15 +342,10 @@ def judge_config_type(cls: type) -> type[JudgeConfig]:
 
 
 def _exported_judge(module, judge_id: str) -> type:
-    names = getattr(module, "__all__", None)
-    if names is None:
-        raise ValueError(f"judge {judge_id!r}: module {module.__name__} defines no `__all__`; a judge package "
-                         "exports its Judge subclass via `__all__`")
-    found = [obj for n in names if isinstance(obj := getattr(module, n, None), type)
-             and issubclass(obj, Judge) and obj is not Judge]
+    found = exported_subclasses(module, Judge)
     if len(found) != 1:
         raise ValueError(f"judge {judge_id!r}: module {module.__name__} exports {len(found)} Judge subclasses "
-                         "via `__all__`; export exactly one")
+                         "(via `__all__`); a judge package exports exactly one")
     return found[0]
 
 

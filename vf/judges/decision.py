@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import Field
 
-from vf.judge import Judge, JudgeConfig, JudgeResponse, JudgeUsage, JudgeView, judge_question, judge_response
+from vf.judge import Judge, JudgeConfig, JudgeResponse, JudgeView, judge_question, judge_response
+from vf.types import Usage
 
 
 class DecisionJudgeConfig(JudgeConfig):
@@ -48,7 +49,7 @@ class DecisionJudge(Judge[float, DecisionJudgeConfig]):
             result = raw.get("result", raw)
             usage = result.get("usage") if isinstance(result, dict) else None
             if isinstance(usage, dict) and usage:
-                response.usage = JudgeUsage(
+                response.usage = Usage(
                     prompt_tokens=_first(usage, "inputTokens", "input_tokens"),
                     completion_tokens=_first(usage, "outputTokens", "output_tokens"), cost=usage.get("cost"))
             score = result["answers"]["grade"]["score"] / (len(self.config.levels) - 1)
