@@ -278,23 +278,26 @@ def serve(status: int, body: bytes):
         server.server_close()
 
 
-@pytest.mark.parametrize(("judge", "status", "body", "message"), [
-    ("reference", 200, b"not json", "malformed response"),
-    ("reference", 200, b'{"choices": []}', "no choices[0].message"),
-    ("reference", 200, b"[" * 100_000 + b"]" * 100_000, "malformed response"),
-    ("reference", 401, b'{"error": "bad key"}', "HTTP 401"),
-    ("decision", 200, b'{"answers": {"grade": {"score": 7}}}', "outside [0, 1]"),
-    ("decision", 200, b'{"result": "nope"}', "TypeError"),
-    ("decision", 200, b'{"answers": {"grade": {"score": 1}}, "usage": {"inputTokens": null}}', "usage"),
+@pytest.mark.parametrize(("judge", "status", "body", "error_type", "message"), [
+    ("reference", 200, b"not json", "ProviderError", "malformed response"),
+    ("reference", 200, b'{"choices": []}', "ProviderError", "no choices[0].message"),
+    ("reference", 200, b'{"choices": [{"message": {"content": {"a": 1}}}]}', "ProviderError", "no choices[0].message"),
+    ("reference", 200, b"[" * 100_000 + b"]" * 100_000, "ProviderError", "malformed response"),
+    ("reference", 401, b'{"error": "bad key"}', "ProviderError", "HTTP 401"),
+    ("decision", 200, b'{"answers": {"grade": {"score": 7}}}', "ValueError", "outside [0, 1]"),
+    ("decision", 200, b'{"result": "nope"}', "TypeError", "string indices"),
+    ("decision", 200, b'{"answers": {"grade": {"score": 1}}, "usage": {"inputTokens": null}}', "ValueError", "usage"),
 ])
-def test_hostile_judge_endpoint_errors_the_trace_only(judge, status, body, message):
+def test_hostile_judge_endpoint_errors_the_trace_only(judge, status, body, error_type, message):
     import vf
 
     with serve(status, body) as url:
         trace = scored(vf.TaskConfig(judges=[{"id": judge, "model": "m", "base_url": url}]), "Paris")
     assert trace.rewards[judge] is None and trace.rewards["exact"].score == 1.0 and not trace.ok
     (error,) = trace.errors
-    assert message in f"{error.type} {error.message}"
+    assert error.type == error_type and error.message.startswith(f"judge {judge!r}: ") and message in error.message
+    # a decision reply was billed even when unreadable, so it is on the trace; a chat reply with no message is not
+    assert len(trace.info.get("judge_calls", [])) == (1 if judge == "decision" else 0)
 
 
 def test_failing_judge_endpoint_run_goes_on(stub, tmp_path, monkeypatch):
@@ -429,3 +432,44 @@ if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     assert PEER_PYTHON, "set VF_VERIFIERS_PYTHON"
     record()
+
+
+def test_rubric_structured_output_asks_for_the_schema(tmp_path):
+    """`structured_output`: the request carries OpenAI's json_schema response format for the verdicts
+    (as the openai SDK builds it for verifiers), and the reply's JSON is the verdict."""
+    import vf
+
+    (tmp_path / "r.json").write_text(json.dumps({"criteria": [{"name": "ok", "text": "fine?"}]}))
+    content = json.dumps({"verdicts": [{"name": "ok", "reason": "it is", "verdict": "yes"}]})
+    reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": 4,
+                                  "prompt_tokens_details": {"cached_tokens": 5}}}).encode()
+    seen = []
+
+    class Spy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Spy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        trace = scored(vf.TaskConfig(judges=[{"id": "rubric", "path": str(tmp_path / "r.json"), "structured_output": True,
+                                              "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1"}]), "Paris")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert trace.rewards["rubric"].score == 1.0 and trace.metrics == {"rubric/ok": 1.0}
+    fmt = seen[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "RubricVerdicts" and fmt["json_schema"]["strict"]
+    assert fmt["json_schema"]["schema"]["properties"]["verdicts"]["type"] == "array"
+    assert not seen[0]["messages"][0]["content"].endswith("after that criterion.")  # no JSON instructions appended
+    (call,) = trace.info["judge_calls"]
+    assert call["response"]["parsed"] == json.loads(content)
+    assert trace.extra_usage == [{"prompt_tokens": 4, "completion_tokens": 4, "cached_input_tokens": 5}]
