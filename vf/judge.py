@@ -26,6 +26,11 @@ and its usage in `trace.extra_usage`, as verifiers records them. A judge that er
 endpoint fails, its reply has no verdict) is an error on the trace, its reward stays None and
 the run goes on (the episode is redone by `--resume`): a judge failure is never scored against
 the model.
+
+Defaults that differ from verifiers (whose defaults point at Prime's hosted inference): with no
+`base_url` a judge calls `$OPENAI_BASE_URL`, its key is read from `OPENAI_API_KEY`, its model is
+`judge`; `decision` keeps verifiers' endpoint, model and `PRIME_API_KEY`. A transient endpoint
+failure (429, 5xx, timeout) is retried once.
 """
 
 from __future__ import annotations
