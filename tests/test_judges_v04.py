@@ -343,14 +343,23 @@ def test_judges_from_a_yaml_config_file(stub, tmp_path):
     ([{"id": "os:getcwd"}], "not a vf.Judge subclass"),
     (["reference"], "is a mapping"),
 ])
-def test_bad_judge_config_fails_before_any_rollout(entries, message, stub, tmp_path):
+def test_bad_judge_config_is_refused_when_the_config_loads(entries, message):
+    import vf
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        vf.TaskConfig(judges=entries)
+    assert message in str(e.value)
+
+
+def test_bad_judge_config_fails_vf_eval_before_any_rollout(stub, tmp_path):
     from conftest import run_cli
 
     before = len(stub.requests)
     r = run_cli("vf-eval", str(ENVS / "judged_v1.py"), "-m", "echo", "--client.base-url", stub.url,
-                "--env.taskset.task.judges", json.dumps(entries), "-o", str(tmp_path / "run"))
+                "--env.taskset.task.judges", '[{"id": "rubric", "path": "missing.toml"}]', "-o", str(tmp_path / "run"))
     assert r.returncode == 2, r.stderr[-2000:]
-    assert message in r.stderr
+    assert "taskset.task.judges" in r.stderr and "rubric file 'missing.toml' does not exist" in r.stderr
     assert len(stub.requests) == before
 
 

@@ -399,7 +399,8 @@ def resolve_judges(entries: Sequence[Any]) -> list[JudgeConfig]:
         try:
             resolved.append(config_type.model_validate(dict(raw)))
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'entry'}: {err['msg']}" for err in e.errors())
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'entry'}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
             raise ValueError(f"judges[{i}] ({raw.get('id')}): {problems}") from None
     for i, config in enumerate(resolved):
         if config.prompt is not None and not Path(config.prompt).is_file():
