@@ -123,24 +123,24 @@ def run(vf) -> dict:
     (tmp / "custom.txt").write_text("Q={question} R={response} A={answer} {unknown} {positive}/{negative}\n{\"json\": 1}")
     tricky_answer = "def f():\n    ```python\n    `````\n    return 1"
     cases = [
-        ("ref_default", vf.ReferenceJudge, {}, dict(prompt="What is 6*7? {response}", answer="42"),
+        ("ref_default", vf.ReferenceJudge, {}, {"prompt": "What is 6*7? {response}", "answer": "42"},
          ["Final verdict: yes"]),
         ("ref_list_ab", vf.ReferenceJudge, {"choices": ["A", "B"], "question_field": "question", "view": "full_trace"},
-         dict(prompt=[{"role": "user", "content": "6*7"}], answer=["42", "forty-two"], question="Q {answer}"),
+         {"prompt": [{"role": "user", "content": "6*7"}], "answer": ["42", "forty-two"], "question": "Q {answer}"},
          ["<think>A</think>B"]),
         ("ref_custom_prompt", vf.ReferenceJudge, {"prompt": str(tmp / "custom.txt"), "answer_field": "gold"},
-         dict(prompt="p", gold="{question}"), ["verdict: no"]),
+         {"prompt": "p", "gold": "{question}"}, ["verdict: no"]),
         ("rubric_all", vf.RubricJudge, {"path": str(tmp / "rubric.toml")},
-         dict(prompt="Solve 6*7 with ``` fences", answer="42"),
+         {"prompt": "Solve 6*7 with ``` fences", "answer": "42"},
          [verdicts(("shows_work", "some"), ("correct", "yes"), ("polite", "no"))]),
         ("rubric_reference_batched", vf.RubricJudge,
          {"path": str(tmp / "rubric.toml"), "answer_field": "gold", "max_criteria": 2, "weights": {"correct": 3},
           "view": "last_reply"},
-         dict(prompt="Solve", gold=tricky_answer),
+         {"prompt": "Solve", "gold": tricky_answer},
          [verdicts(("correct", "no"), ("shows_work", "all")), verdicts(("polite", "yes"))]),
         ("rubric_list_reference_structured", vf.RubricJudge,
          {"path": str(tmp / "rubric.json"), "answer_field": "answer", "structured_output": True},
-         dict(prompt="Solve", answer=["a", "b``c"]), [verdicts(("only", "yes"))]),
+         {"prompt": "Solve", "answer": ["a", "b``c"]}, [verdicts(("only", "yes"))]),
     ]
     prompts = {}
     for name, cls, config, data, replies in cases:
