@@ -483,3 +483,19 @@ def test_rubric_structured_output_asks_for_the_schema(tmp_path):
     (call,) = trace.info["judge_calls"]
     assert call["response"]["parsed"] == json.loads(content)
     assert trace.extra_usage == [{"prompt_tokens": 4, "completion_tokens": 4, "cached_input_tokens": 5}]
+
+
+def test_task_config_may_pre_plug_judges_as_defaults(stub, monkeypatch):
+    """verifiers' pattern: a TaskConfig subclass lists judges as its default (a CLI list replaces it)."""
+    import vf
+
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+
+    class GradedConfig(vf.TaskConfig):
+        judges: vf.Judges = [vf.ReferenceJudgeConfig(model="grader", base_url=stub.url, api_key_var="FAKE_KEY",
+                                                     weight=0.3, timeout={"connect": 5, "read": 30})]
+
+    trace = scored(GradedConfig(), "I think Paris")
+    assert (trace.rewards["reference"].score, trace.rewards["reference"].weight) == (1.0, 0.3)
+    replaced = GradedConfig(judges=[{"id": "decision", "base_url": stub.url, "name": "d"}])
+    assert [type(j).__name__ for j in replaced.judges] == ["DecisionJudgeConfig"]

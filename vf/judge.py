@@ -41,7 +41,7 @@ import re
 import traceback as tb
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal
 
 from pydantic import (
     AliasChoices,
@@ -125,7 +125,7 @@ class JudgeConfig(BaseModel):
     """Extra HTTP headers sent with every call."""
     headers_from_env: dict[str, str] = Field(default_factory=dict)
     """Header name → environment variable, read when calling (overrides `headers`)."""
-    timeout: float | ClientTimeout = Field(60.0)
+    timeout: Annotated[float, Field(gt=0)] | ClientTimeout = 60.0
     """Seconds per call, or verifiers' per-phase form (`{connect, read, write, pool}`)."""
 
     @model_validator(mode="before")
