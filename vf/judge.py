@@ -361,7 +361,7 @@ def judge_class(judge_id: Any) -> type[Judge]:
     if not isinstance(judge_id, str) or not judge_id.strip():
         raise ValueError(f"each judges entry needs an `id`: a built-in ({', '.join(BUILTIN)}), "
                          f"pkg.module:Class, path/file.py:Class, or an installed package (got {judge_id!r})")
-    spec = BUILTIN.get(judge_id, judge_id)
+    spec = BUILTIN.get(judge_id.replace("-", "_").lower(), judge_id)  # ids normalise as verifiers imports them
     try:
         if is_code_ref(spec):
             from vf.taskset import import_function
