@@ -14,6 +14,12 @@ It stands for a remote provider in tests. The reply depends on the requested mod
     vision           "images: N", N = the image_url content parts in the request
     yes              always "yes" (a judge that agrees)
     bash:CMD         first call: a tool call bash(command=CMD); after a tool result: that result
+    grader           an LLM judge (see `grade`): answers verifiers' reference-judge prompt with its
+                     verdict label, and its rubric-judge prompt with a verdicts JSON object, both
+                     wrapped in the prose, think blocks and echoed examples real judges send
+
+A body with `questions` (verifiers' `decision` judge, POSTed to its evaluations URL) is graded by
+`decide`: the answer wrapped in `result` as Workers AI sends it.
 
 `"stream": true` is answered as server-sent events (role, content and tool-call deltas, a
 finish chunk, a usage chunk when `stream_options.include_usage` is set, then `[DONE]`), as
@@ -49,12 +55,54 @@ def arithmetic(text: str) -> str:
     return f"The answer is \\boxed{{{a + b if op == '+' else a - b if op == '-' else a * b}}}."
 
 
+def fenced(text: str, title: str) -> str | None:
+    """The body of the ``` block under `title:` in a judge prompt (fences of any length)."""
+    m = re.search(re.escape(title) + r":\n(`{3,})\n(.*?)\n\1\n", text, re.DOTALL)
+    return m.group(2) if m else None
+
+
+def grade(prompt: str) -> str:
+    """A scripted judge. Reference prompt: `positive` when the response contains one of the reference
+    answers' lines (case-insensitive), else `negative`, the verdict after a think block or prose that
+    names the other label. Rubric prompt: per criterion, the best choice when every word of its
+    text is in the response, the middle one (of 3+) when some are, else the worst."""
+    response = (fenced(prompt, "Response") or "").lower()
+    labels = re.search(r'Respond either "(.*?)" or "(.*?)" only\.', prompt)
+    if labels:
+        positive, negative = labels.groups()
+        answers = [a.strip().lower() for a in (fenced(prompt, "Reference answer") or "").splitlines() if a.strip()]
+        if any(a in response for a in answers):
+            return f"<think>Could it be {negative}? No.</think>\nFinal verdict: {positive}"
+        return f"The response is {positive}-like at first glance, but it differs.\n\nVERDICT: {negative}"
+    verdicts = []
+    for name, text, choices in re.findall(r"^- (\S+?): (.*) \(answer one of, worst to best: (.*)\)$", prompt, re.MULTILINE):
+        options = choices.split(", ")
+        words = text.lower().split()
+        found = sum(w in response for w in words)
+        pick = options[-1] if found == len(words) else options[len(options) // 2] if found and len(options) > 2 \
+            else options[0]
+        verdicts.append({"name": name, "reason": f"{found} of {len(words)} words present", "verdict": pick})
+    return ('Sure. The format is {"verdicts": [{"name": "<criterion name>", ...}, ...]}; here it is:\n```json\n'
+            + json.dumps({"verdicts": verdicts}) + "\n```")
+
+
+def decide(body: dict) -> dict:
+    """verifiers' decision-judge API: the top level when the answer is in the response, the
+    middle level when the response is non-empty, else the bottom, with token usage."""
+    state, levels = body.get("state") or {}, body["questions"]["grade"]["criteria"]
+    response, answer = str(state.get("response", "")).lower(), str(state.get("answer", "")).lower()
+    score = len(levels) - 1 if answer and answer in response else (len(levels) - 1) // 2 if response else 0
+    return {"result": {"answers": {"grade": {"score": score}},
+                       "usage": {"inputTokens": len(json.dumps(state)), "outputTokens": 1, "cost": 0.001}}}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     counts: dict = {}
     lock = threading.Lock()
     requests: list = []
     auth: list = []
+    headers_seen: list = []
 
     def log_message(self, *args):  # quiet
         pass
@@ -84,6 +132,9 @@ class Handler(BaseHTTPRequestHandler):
         with Handler.lock:
             Handler.requests.append(body)
             Handler.auth.append(self.headers.get("Authorization"))
+            Handler.headers_seen.append(dict(self.headers))
+        if isinstance(body.get("questions"), dict):
+            return self._send(200, decide(body))
         model = body.get("model") or "reverse"
         messages = body.get("messages") or []
         prompt = last_user(messages)
@@ -112,6 +163,8 @@ class Handler(BaseHTTPRequestHandler):
             text = f"images: {n}"
         elif model == "yes":
             text = "yes"
+        elif model == "grader":
+            text = grade(prompt)
         elif model.startswith("bash:"):
             tool_msgs = [m for m in messages if m.get("role") == "tool"]
             text = tool_msgs[-1]["content"] if tool_msgs else ""
@@ -191,6 +244,7 @@ class StubServer:
         Handler.counts.clear()
         Handler.requests.clear()
         Handler.auth.clear()
+        Handler.headers_seen.clear()
         self.thread.start()
         return self
 

@@ -21,7 +21,16 @@ from vf.env import (
 )
 from vf.configs.harness import HarnessConfig
 from vf.harness import Harness
-from vf.judge import Judge, JudgeConfig
+from vf.judge import Judge, JudgeConfig, JudgeResponse, Judges, JudgeView
+from vf.judges import (
+    Criterion,
+    DecisionJudge,
+    DecisionJudgeConfig,
+    ReferenceJudge,
+    ReferenceJudgeConfig,
+    RubricJudge,
+    RubricJudgeConfig,
+)
 from vf.runtime import Runtime, RuntimeConfig
 from vf.taskset import (
     FunctionConfig,
@@ -58,6 +67,7 @@ from vf.types import (
     UserMessage,
     content_text,
 )
+from vf.utils.score import extract_boxed_answer, parse_judge_choice
 from vf.version import TRACE_VERSION, __version__
 
 Error = ErrorInfo
@@ -71,6 +81,9 @@ __all__ = [
     "Tool", "SharedToolsetConfig", "Toolset", "ToolsetConfig", "ToolCall", "ToolMessage", "Trace", "TraceTask",
     "TRACE_VERSION", "Usage", "UserMessage", "__version__",
     "content_text", "intercept", "load_taskset", "metric", "reward", "stop", "tool", "types",
+    "Criterion", "DecisionJudge", "DecisionJudgeConfig", "JudgeResponse", "Judges", "JudgeView",
+    "ReferenceJudge", "ReferenceJudgeConfig", "RubricJudge", "RubricJudgeConfig", "extract_boxed_answer",
+    "parse_judge_choice",
 ]
 
 

@@ -43,10 +43,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import TypeVar
 
 from vf.errors import ConfigError, UsageError
+from vf.judge import Judges, resolve_judges
 from vf.trace import task_hash
 from vf.types import Message, content_text, to_wire
 
@@ -148,11 +149,18 @@ class TaskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    judges: list[dict[str, Any]] = Field(default_factory=list)
-    """Judges run after the task's rewards (see `vf.judge.JudgeConfig`); each adds a reward."""
+    judges: Judges = Field(default_factory=list)
+    """Judges run after the task's rewards (`--env.taskset.task.judges '[{"id": "reference", ...}]'`,
+    see vf.judge); each entry is validated as its judge's own config type and adds a reward."""
     rewards: dict[str, FunctionConfig] = Field(default_factory=dict)
     metrics: dict[str, FunctionConfig] = Field(default_factory=dict)
     stops: dict[str, FunctionConfig] = Field(default_factory=dict)
+
+    @field_validator("judges", mode="before")
+    @classmethod
+    def _resolve_judges(cls, value: Any) -> Any:
+        # by id, to each judge's config type: a bad entry fails the config, not every rollout
+        return resolve_judges(value) if isinstance(value, (list, tuple)) else value
 
 
 class TasksetConfig(BaseModel):

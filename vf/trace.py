@@ -37,6 +37,11 @@ from vf.types import content_text, parse_message  # noqa: F401 - content_text re
 from vf.version import TRACE_VERSION, __version__
 
 
+def _plain(value: Any) -> Any:
+    """A judge's parsed verdict as JSON (a pydantic object as its dump)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -196,6 +201,41 @@ class Trace(_Record):
             if n.sampled and n.message.get("role") == "assistant":
                 return content_text(n.message.get("content")).strip()
         return ""
+
+    @property
+    def transcript(self) -> str:
+        """The latest branch as text, verifiers' format (what a `full_trace` judge reads): one
+        block per message, `[role]` (`[tool NAME]`) then its text, an assistant's tool calls as
+        `[tool_call NAME(ARGS)]` lines; blocks separated by a blank line."""
+        blocks = []
+        for m in self.messages:
+            lines = [f"[{m.role}]"]
+            if m.role == "tool" and m.name:
+                lines[0] = f"[tool {m.name}]"
+            if m.role == "assistant":
+                if m.content:
+                    lines.append(content_text(m.content))
+                for call in m.tool_calls or []:
+                    namespace = getattr(call, "namespace", None)
+                    lines.append(f"[tool_call {namespace + '.' if namespace else ''}{call.name}({call.arguments})]")
+            elif text := content_text(m.content):
+                lines.append(text)
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def record_judge_call(self, *, name: str, request: dict[str, Any], response: Any) -> None:
+        """One judge exchange in `info["judge_calls"]` (request; reply message, parsed verdict and
+        usage), its usage in `extra_usage`, as verifiers records them. `response` is a
+        `vf.JudgeResponse` (text, parsed, usage)."""
+        usage = response.usage.model_dump() if response.usage is not None else None
+        self.info.setdefault("judge_calls", []).append({
+            "name": name,
+            "request": json.loads(json.dumps(request, default=str)),
+            "response": {"message": {"role": "assistant", "content": response.text, "reasoning_content": None,
+                                     "tool_calls": None, "provider_state": None},
+                         "parsed": _plain(response.parsed), "usage": usage}})
+        if usage is not None:
+            self.extra_usage.append({k: v for k, v in usage.items() if v is not None})
 
     @property
     def num_turns(self) -> int:

@@ -1,1 +1,1 @@
-"""Typed config sections with verifiers 0.4's import paths (`vf.configs.harness`)."""
+"""Typed config sections with verifiers 0.4's import paths (`vf.configs.harness`, `vf.configs.judge`)."""

@@ -35,8 +35,9 @@ class OpenAIEngine:
     name = "openai"
 
     def __init__(self, base_url: str, model: str | None = None, api_key_var: str = "OPENAI_API_KEY",
-                 timeout: float = 120.0, max_retries: int = 3, backoff: float = 0.5,
-                 max_connections: int = 256, router_replay: bool = False, **_: Any):
+                 timeout: float | httpx.Timeout = 120.0, max_retries: int = 3, backoff: float = 0.5,
+                 max_connections: int = 256, router_replay: bool = False,
+                 headers: dict[str, str] | None = None, **_: Any):
         if not base_url:
             raise EngineError("the openai engine needs a base URL", type="ConfigError")
         self.base_url = base_url.rstrip("/")
@@ -48,10 +49,10 @@ class OpenAIEngine:
         self.router_replay = router_replay
         self._extensions = True
         key = os.environ.get(api_key_var) if api_key_var else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {**(headers or {}), **({"Authorization": f"Bearer {key}"} if key else {})}
         self._client = httpx.AsyncClient(
             headers=headers,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
+            timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout, connect=min(timeout, 30.0)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
@@ -82,11 +83,26 @@ class OpenAIEngine:
         return body
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        data, attempts = await self._post(f"{self.base_url}/chat/completions", lambda: self._body(request))
+        result = self._parse(data)
+        result.attempts = attempts  # type: ignore[attr-defined]
+        return result
+
+    async def post_json(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """One JSON POST (any URL) with this engine's key, timeouts and retries; the reply's JSON
+        object. Judges send their own request bodies through it."""
+        data, _ = await self._post(url, lambda: body, headers)
+        if not isinstance(data, dict):
+            raise EngineError(f"malformed response from {url}: not a JSON object", type="ProviderError")
+        return data
+
+    async def _post(self, url: str, make_body, headers: dict[str, str] | None = None) -> tuple[Any, int]:
+        """POST `make_body()` (re-made per attempt: the extensions may be dropped) with retries."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                resp = await self._client.post(f"{self.base_url}/chat/completions", json=self._body(request))
+                resp = await self._client.post(url, json=make_body(), headers=headers)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 kind = "Timeout" if isinstance(e, httpx.TimeoutException) else "ConnectionError"
                 error = EngineError(f"{kind} talking to {self.base_url}: {e or kind}", type=kind, retryable=True)
@@ -94,13 +110,10 @@ class OpenAIEngine:
             else:
                 if resp.status_code == 200:
                     try:
-                        data = resp.json()
+                        return resp.json(), attempt
                     except (ValueError, RecursionError) as e:  # not JSON, or a hostile server's deep nesting
                         raise EngineError(f"malformed response from {self.base_url}: {type(e).__name__}: "
                                           f"{str(e)[:200]}", type="ProviderError") from None
-                    result = self._parse(data)
-                    result.attempts = attempt  # type: ignore[attr-defined]
-                    return result
                 text = resp.text[:500]
                 if resp.status_code == 400 and self._extensions and any(k in text for k in EXTENSION_KEYS):
                     self._extensions = False
@@ -121,7 +134,7 @@ class OpenAIEngine:
                 pass
             await asyncio.sleep(min(delay, MAX_BACKOFF))
 
-    def _parse(self, data: dict[str, Any]) -> GenerateResult:
+    def _parse(self, data: Any) -> GenerateResult:
         try:
             choice = data["choices"][0]
             msg = choice.get("message") or {}

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vf.utils.score import extract_boxed_answer  # v0 data_utils helper, re-exported here
+
 THINK_BOXED_SYSTEM_PROMPT = "Think step-by-step inside <think>...</think> tags. \
     Then, give your final answer inside \\boxed{}."
 BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -34,20 +36,6 @@ DATA_DIR_ENV = "VF_DATA_DIR"
 
 
 # ---- answer extraction ------------------------------------------------------------------------
-
-
-def extract_boxed_answer(text: str, strict: bool = False) -> str:
-    """The content of the last `\\boxed{...}` (braces balanced); without one: '' if strict, else `text`."""
-    start = text.rfind("\\boxed{")
-    if start == -1:
-        return "" if strict else text
-    i, depth = start + 7, 1
-    while i < len(text) and depth > 0:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-    if depth != 0:
-        return "" if strict else text
-    return text[start + 7:i - 1]
 
 
 def strip_non_numeric(text: str) -> str:
