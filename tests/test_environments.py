@@ -34,7 +34,8 @@ def test_gold_replies_earn_full_reward(taskset_id):
     report = run(validate_taskset(loaded))
     assert len(report.checks) == N
     assert report.ok, [c.reason for c in report.failures][:3]
-    assert all(c.reward == pytest.approx(1.0) for c in report.checks)
+    # a gold reply must earn 1.0; a runtime check (swe-mini: the gold patch) is a True verdict
+    assert all(c.reward is None or c.reward == pytest.approx(1.0) for c in report.checks)
 
 
 @pytest.mark.parametrize("taskset_id", IDS)

@@ -1,0 +1,1 @@
+"""Data: the swe-mini repositories, one text file each (format: ../repo.py)."""
