@@ -28,8 +28,9 @@ def test_builtins_are_the_expected_set():
                                   "reverse-text", "wordle"}
 
 
-@pytest.mark.parametrize("taskset_id", IDS)
+@pytest.mark.parametrize("taskset_id", [i for i in IDS if i != "swe-mini"])
 def test_gold_replies_earn_full_reward(taskset_id):
+    # swe-mini's gold check is a patch run in a sandbox per task: tests/test_swe_mini.py
     loaded = load_taskset(taskset_id, {"size": N})
     report = run(validate_taskset(loaded))
     assert len(report.checks) == N

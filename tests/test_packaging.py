@@ -19,6 +19,7 @@ def test_wheel_installs_only_the_vf_namespace(tmp_path):
     assert {n.split("/")[0] for n in names} == {"vf", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for sub in ("vf/models/transformer.py", "vf/trainer/losses/ipo.py", "vf/commands/eval.py",
                 "vf/environments/reverse_text/__init__.py", "vf/environments/reverse_text/README.md",
+                "vf/environments/swe_mini/repos/median.txt",
                 "vf/schemas/trace-v1.schema.json", "vf/models/tiny_trained/model.safetensors",
                 "vf/models/tiny_trained/tokenizer.json"):
         assert sub in names, sub

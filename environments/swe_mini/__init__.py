@@ -14,6 +14,10 @@ then, so the agent never sees them, and a visible test it edited or deleted does
 
 `validate(runtime)` is the model-free gold check: the shipped repo must fail, and pass once the
 gold fix is applied with a bash command.
+
+The taskset runs as `SweMiniEnv`: one seat, `agent`, whose harness defaults to `bash` (a SWE
+task needs a shell; the `null` harness would give the model no tool at all). Any
+`--env.agent.harness.id` replaces it, and other `--env.agent.*` flags keep it.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ class SweConfig(vf.TasksetConfig):
 
 
 class SweTask(vf.Task[SweData, vf.State, SweTaskConfig]):
+    def runtime_env(self) -> dict[str, str]:
+        # no .pyc next to the code: one written before a same-size edit within the same second
+        # looks current, and the agent would keep seeing the old behaviour
+        return {"PYTHONDONTWRITEBYTECODE": "1"}
+
     async def setup(self, task, runtime) -> None:
         await write_repo(runtime, repo_named(task.repo))
 
@@ -103,7 +112,26 @@ class SweTask(vf.Task[SweData, vf.State, SweTaskConfig]):
         return not await gold_problems(runtime, repo_named(self.data.repo), self.config.test_timeout)
 
 
+class SweHarnessConfig(vf.HarnessConfig):
+    id: str = "bash"
+
+
+class SweAgentConfig(vf.AgentConfig):
+    harness: SweHarnessConfig = Field(default_factory=SweHarnessConfig)
+
+
+class SweEnvConfig(vf.EnvConfig):
+    agent: SweAgentConfig = SweAgentConfig()
+    """The one seat (a default instance, so `--env.agent.*` is seen as this seat's flags)."""
+
+
+class SweMiniEnv(vf.Env[SweEnvConfig]):
+    """A single-agent env whose agent gets the `bash` harness unless told otherwise."""
+
+
 class SweMiniTaskset(vf.Taskset[SweTask, SweConfig]):
+    ENV = SweMiniEnv
+
     def load(self):
         cfg = self.config
         unknown = sorted(set(cfg.repos) - {r.name for r in all_repos()})
@@ -128,4 +156,4 @@ class SweMiniTaskset(vf.Taskset[SweTask, SweConfig]):
                 prompt=PROMPT.format(symptom=repo.symptom, test=repo.test, files=", ".join(repo.files)))
 
 
-__all__ = ["SweMiniTaskset"]
+__all__ = ["SweMiniEnv", "SweMiniTaskset"]

@@ -5,7 +5,9 @@ in the work dir, only after the agent has stopped, and runs them with `python3 -
 isolated mode puts neither the script's folder, the current directory nor PYTHON* variables
 on the path, and the repo's folder is *appended* to `sys.path`. So a file the agent left in the
 repo cannot stand in for a standard-library module (`unittest.py`) or plant a `sitecustomize`,
-and a visible test it edited or deleted does not count: the pristine copy is what runs.
+and a visible test it edited or deleted does not count: the pristine copy is what runs. Bytecode
+in the repo's `__pycache__` is never read (a .pyc written before an edit of the same size in the
+same second is stale yet looks current).
 
 A run passes when the runner exits 0 and reports, on a line stamped with a per-check nonce
 (given on stdin), that every expected test ran with no failure, error or skip. The code under
@@ -68,8 +70,11 @@ async def run_tests(runtime: Runtime, files: dict[str, str], timeout: float) -> 
         path = f"{folder}/{name.replace('/', '_')}"
         await runtime.write(path, text)
         paths.append(str(runtime.workdir / path))
-    result = await runtime.run(["python3", "-I", "-S", "-B", str(runtime.workdir / folder / "runner.py"),
-                                str(runtime.workdir), *paths], timeout=timeout, input=nonce + "\n")
+    # -X pycache_prefix: bytecode is read from (and, with -B, never written to) a folder of its
+    # own, never from the repo's __pycache__, which may hold a stale or planted .pyc
+    argv = ["python3", "-I", "-S", "-B", "-X", f"pycache_prefix=/tmp/swe-mini-pyc-{nonce}",
+            str(runtime.workdir / folder / "runner.py"), str(runtime.workdir), *paths]
+    result = await runtime.run(argv, timeout=timeout, input=nonce + "\n")
     output = result.stdout + result.stderr
     verdicts = [m for m in VERDICT.finditer(result.stdout) if m.group(1) == nonce]
     ran = int(verdicts[-1].group(2)) if verdicts else 0
