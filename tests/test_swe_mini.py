@@ -243,3 +243,8 @@ def test_vf_train_takes_the_env_section():
     assert loaded.env.config.agent.harness.id == "null" and len(tasks) == len(all_repos())
     assert eval_config(config, "m").env == {"agent": {"harness": {"id": "null"}}}
     assert "env" not in resolve({}).model_dump()  # runs without it save as before
+    from vf.trainer.batches import gold_samples
+
+    with pytest.raises(UsageError, match="no gold reply") as caught:  # the SFT warm-up has no reply to learn
+        gold_samples(tasks, tokenizer=None)
+    assert "--warmup.steps 0" in caught.value.hint

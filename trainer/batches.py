@@ -168,9 +168,13 @@ def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:
     """SFT samples from the tasks' gold replies (`Task.validate()` returning a string); with a VL
     `model`, image prompts keep their images (references on the sample, image tokens in the prompt)."""
     from vf.engines.chat import image_refs, render_multimodal, render_prompt
+    from vf.taskset import needs_runtime
 
     out = []
     for task in tasks:
+        if needs_runtime(task.validate):  # a check run in a runtime (swe-mini's gold patch) is no reply
+            raise UsageError(f"task {task.data.key} has no gold reply (its validate() checks in a runtime)",
+                             hint="set --warmup.steps 0 for tasksets without gold replies")
         gold = task.validate()
         if not isinstance(gold, str):
             raise UsageError(f"task {task.data.key} has no gold reply (validate() returned {type(gold).__name__})",
