@@ -45,7 +45,7 @@ result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
 print(f"SWE-MINI {nonce} ran={result.testsRun} failures={len(result.failures)} "
       f"errors={len(result.errors)} skipped={len(result.skipped)}", flush=True)
 '''
-VERDICT = re.compile(r"^SWE-MINI (\S+) ran=(\d+) failures=(\d+) errors=(\d+) skipped=(\d+)$", re.M)
+VERDICT = re.compile(r"^SWE-MINI (\S+) ran=(\d+) failures=(\d+) errors=(\d+) skipped=(\d+)$", re.MULTILINE)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HEADER_KEYS = ("name", "difficulty", "kind", "symptom", "test")
 SECTION = re.compile(r"^=== (file|hidden|gold) (\S+)$")
-TEST_METHOD = re.compile(r"^\s+def test\w*\s*\(", re.M)
+TEST_METHOD = re.compile(r"^\s+def test\w*\s*\(", re.MULTILINE)
 REPO_DIR = Path(__file__).parent / "repos"
 
 
@@ -75,7 +75,7 @@ def count_tests(files: dict[str, str]) -> int:
 
 def _gold_edits(path: str, body: str) -> list[Edit]:
     edits = []
-    for hunk in re.split(r"^@@$", body, flags=re.M):
+    for hunk in re.split(r"^@@$", body, flags=re.MULTILINE):
         lines = [line for line in hunk.split("\n") if line]
         old = [line[1:] for line in lines if line.startswith("-")]
         new = [line[1:] for line in lines if line.startswith("+")]
