@@ -238,7 +238,7 @@ def test_the_agent_gets_the_bash_harness_unless_told_otherwise():
     assert harness({"agent": {"harness": {"id": "null"}}}).id == "null"
 
 
-def test_vf_train_takes_the_env_section():
+def test_vf_train_loads_swe_mini_with_its_env_and_refuses_the_gold_warmup():
     from vf.trainer.batches import load_tasks
     from vf.trainer.config import resolve
     from vf.trainer.evaluation import eval_config
@@ -247,7 +247,6 @@ def test_vf_train_takes_the_env_section():
     loaded, tasks = load_tasks(config)
     assert loaded.env.config.agent.harness.id == "null" and len(tasks) == len(all_repos())
     assert eval_config(config, "m").env == {"agent": {"harness": {"id": "null"}}}
-    assert "env" not in resolve({}).model_dump()  # runs without it save as before
     from vf.trainer.batches import gold_samples
 
     with pytest.raises(UsageError, match="no gold reply") as caught:  # the SFT warm-up has no reply to learn
