@@ -19,6 +19,17 @@ from vf.env import (
     SingleAgentEnvConfig,
     SubprocessConfig,
 )
+from vf.errors import (
+    EnvError,
+    HarnessError,
+    InterceptionError,
+    ProviderError,
+    RolloutError,
+    SandboxError,
+    TaskError,
+    ToolsetError,
+    TunnelError,
+)
 from vf.configs.harness import HarnessConfig
 from vf.harness import Harness
 from vf.judge import Judge, JudgeConfig, JudgeResponse, Judges, JudgeView
@@ -43,6 +54,7 @@ from vf.taskset import (
     TasksetConfig,
     TaskTimeout,
     intercept,
+    WireTaskData,
     metric,
     reward,
     stop,
@@ -84,6 +96,8 @@ __all__ = [
     "Criterion", "DecisionJudge", "DecisionJudgeConfig", "JudgeResponse", "Judges", "JudgeView",
     "ReferenceJudge", "ReferenceJudgeConfig", "RubricJudge", "RubricJudgeConfig", "extract_boxed_answer",
     "parse_judge_choice",
+    "WireTaskData", "RolloutError", "EnvError", "ProviderError", "HarnessError", "ToolsetError", "SandboxError",
+    "TaskError", "InterceptionError", "TunnelError",
 ]
 
 

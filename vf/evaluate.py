@@ -21,7 +21,8 @@ from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validat
 from vf.errors import UsageError
 from vf.loading import load_taskset
 from vf.rundir import RunDir, counted
-from vf.runner import make_engine, make_plan, make_spec, run_plan
+from vf.runner import make_engine, make_plan, make_spec, retype_kept, run_plan
+from vf.taskset import as_task_data
 from vf.summary import summarize
 from vf.trace import Episode
 
@@ -212,7 +213,8 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
                       "already counted (vf-eval --resume sets them aside)", markup=False)
     for ep in (ep for ep, c in zip(episodes, counts) if c):
         if ep.ok:
-            task = task_cls(data_cls.model_validate(ep.task.data), loaded.taskset.config.task)
+            task = task_cls(as_task_data(ep.task.data, data_cls), loaded.taskset.config.task)
+            retype_kept(ep, task)
             for trace in ep.traces:
                 trace.rewards, trace.metrics = {}, {}
                 trace.state = task.state_class()()

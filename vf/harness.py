@@ -359,7 +359,7 @@ class Rollout:
                                                traceback=tb.format_exc(limit=8)))
         self.trace.ok = False
         self.done = True
-        self.trace.stop_condition = condition
+        self.trace.stop_condition = getattr(exc, "stop_condition", None) or condition  # vf.errors: TaskError → task_error
 
     def finish(self, condition: str) -> None:
         if not self.done:

@@ -83,8 +83,17 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
 
 
 def trace_task(task: Task) -> TraceTask:
-    data = task.data.model_dump(mode="json")
-    return TraceTask(type=type(task).__name__, data=data, key=task.data.key, hash=task.data.hash)
+    """The trace's record of `task`: its row typed (the taskset's TaskData instance itself)."""
+    return TraceTask(type=type(task).__name__, data=task.data, key=task.data.key, hash=task.data.hash)
+
+
+def retype_kept(episode: Episode, task: Task) -> Episode:
+    """A kept episode of `task` read back from a run dir: its rows (episode's and seats' of the
+    same content hash) become the taskset's typed TaskData again, as on a fresh episode."""
+    for record in (episode, *episode.traces):
+        if record.task.hash == episode.task.hash:
+            record.task.data = task.data
+    return episode
 
 
 class _EpisodeRun(EpisodeContext):
@@ -233,7 +242,7 @@ def make_plan(loaded: LoadedTaskset, config: EvalConfig, kept: list[Episode] | N
         h = t.data.hash
         for r in range(config.num_rollouts):
             if (h, r) in have:
-                keep.append(have[(h, r)])
+                keep.append(retype_kept(have[(h, r)], t))
             else:
                 owed.append((t, r))
     return Plan(tasks=tasks, owed=owed, kept=keep)

@@ -123,6 +123,32 @@ class TaskData(BaseModel):
             return self.prompt
         return "\n\n".join(t for t in (content_text(m.content) for m in self.prompt or []) if t)
 
+    # Read like the dict vf's `trace.task.data` was before it was typed (`data["idx"]`).
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+class WireTaskData(TaskData):
+    """A row read without its taskset's TaskData class (a run dir, another producer's traces):
+    the framework fields typed, every other field kept and readable as an attribute
+    (`trace.task.data.answer`), as verifiers' `WireTaskData`."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def as_task_data(data: TaskData | Mapping[str, Any], cls: type[TaskData]) -> TaskData:
+    """`data` as an instance of `cls` (a taskset's TaskData class): kept if it is one, else its
+    JSON fields validated (a `WireTaskData` read from a run dir, or a dict)."""
+    if isinstance(data, cls):
+        return data
+    return cls.model_validate(data.model_dump(mode="json") if isinstance(data, TaskData) else data)
+
 
 @functools.cache
 def _row_defaults() -> dict[str, Any]:

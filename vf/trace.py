@@ -27,9 +27,9 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, field_serializer, field_validator
 
 from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError
@@ -71,15 +71,40 @@ class ErrorInfo(_Record):
 
 
 class TraceTask(_Record):
+    """The task a trace ran: its Task class name, row, key and content hash.
+
+    `data` is the row typed, as in verifiers: the taskset's own TaskData subclass where vf built
+    the task (`trace.task.data.idx`, `.prompt`, the author's fields), a `WireTaskData` where it
+    was read from a file (framework fields typed, the rest kept as attributes). On disk it is the
+    row's JSON with every field, nulls included (`TaskData.model_dump(mode="json")`)."""
+
     type: str = "Task"
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True, "title": "Data"})] = Field(
+        default_factory=dict, validate_default=True)
     key: str = ""
     hash: str = ""
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _typed(cls, value: Any) -> Any:
+        from vf.taskset import TaskData, WireTaskData  # vf.taskset imports this module
+
+        if isinstance(value, TaskData):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("task data must be an object")
+        return WireTaskData.model_validate(value)
+
+    @field_serializer("data")
+    def _row(self, data: Any) -> dict[str, Any]:
+        return data.model_dump(mode="json")
 
 
 class MessageNode(_Record):
     parent: int | None = None
     message: dict[str, Any]
+    """The message in OpenAI's shape in memory (what engines send), with an assistant's
+    `tool_calls` flat on disk as verifiers writes them (`{id, type, name, arguments}`); both read."""
     sampled: bool = False
     timestamp: float | None = None
     # Token-level training fields (None when the engine gave no tokens).
@@ -92,6 +117,15 @@ class MessageNode(_Record):
     layer of the k expert ids the engine's forward that sampled the token chose (absent otherwise).
     Not named `routed_experts`: verifiers 0.4's node reserves that name for a numpy array it keeps
     off disk (its JSON reader rejects a list there)."""
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _nested_calls(cls, message: Any) -> Any:
+        return _map_tool_calls(message, nested_tool_call)
+
+    @field_serializer("message")
+    def _flat_calls(self, message: dict[str, Any]) -> dict[str, Any]:
+        return _map_tool_calls(message, flat_tool_call)
 
 
 class ModelCall(_Record):
@@ -129,6 +163,50 @@ class AgentInfo(_Record):
         return getattr(self, key, default)
 
 
+# ---- wire shapes: OpenAI's nested function objects in memory, verifiers' flat ones on disk -------
+
+
+def flat_tool_call(call: Any) -> Any:
+    """`{id, type, function: {name, arguments}}` → `{id, type, name, arguments}` (verifiers' wire)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if isinstance(fn, dict) and "name" not in call:
+        return {**{k: v for k, v in call.items() if k != "function"}, **fn}
+    return call
+
+
+def nested_tool_call(call: Any) -> Any:
+    """`{id, type, name, arguments}` → `{id, type, function: {name, arguments}}` (what engines send)."""
+    if isinstance(call, dict) and "function" not in call and "name" in call:
+        fn = {k: call[k] for k in ("name", "arguments") if k in call}
+        return {**{k: v for k, v in call.items() if k not in fn}, "function": fn}
+    return call
+
+
+def _map_tool_calls(message: Any, convert) -> Any:
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list):
+        return message
+    return {**message, "tool_calls": [convert(c) for c in calls]}
+
+
+def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's nested function schema → verifiers' flat wire shape (`{type, name, description,
+    parameters, ...}`: the function's keys lifted beside `type`). Anything else is kept as it is."""
+    fn = tool.get("function")
+    if isinstance(fn, dict) and tool.get("type", "function") == "function" and "name" not in tool:
+        return {**{k: v for k, v in tool.items() if k != "function"}, "type": "function", **fn}
+    return tool
+
+
+def nested_tool(tool: Any) -> Any:
+    """verifiers' flat wire shape → OpenAI's nested function schema (what the engines send); a
+    nested one (vf's traces before the flat shape) is kept as it is."""
+    if (isinstance(tool, dict) and "function" not in tool and isinstance(tool.get("name"), str)
+            and tool.get("type", "function") == "function"):
+        return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+    return tool
+
+
 class RewardValue(_Record):
     score: float
     weight: float = 1.0
@@ -141,6 +219,9 @@ class Trace(_Record):
     task: TraceTask = Field(default_factory=TraceTask)
     agent: AgentInfo = Field(default_factory=AgentInfo)
     tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The tools offered, in memory in OpenAI's nested function schema (what engines send:
+    `{"type": "function", "function": {name, description, parameters}}`), on disk in verifiers'
+    flat wire shape (`{type, name, description, parameters}`); both shapes are read."""
     nodes: list[MessageNode] = Field(default_factory=list)
     calls: list[ModelCall] = Field(default_factory=list)
     rewards: dict[str, RewardValue | None] = Field(default_factory=dict)
@@ -162,6 +243,15 @@ class Trace(_Record):
 
     # Runtime-only state shared with tools and hooks; never serialised.
     _state: Any = PrivateAttr(default=None)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _nested_tools(cls, tools: Any) -> Any:
+        return [nested_tool(t) for t in tools] if isinstance(tools, list) else tools
+
+    @field_serializer("tools")
+    def _flat_tools(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [flat_tool(t) for t in tools]
 
     # ---- derived views used by reward hooks (verifiers v1's trace API) -------------------------
     def branch(self, leaf: int | None = None) -> list[int]:

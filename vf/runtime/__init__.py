@@ -15,8 +15,9 @@ from vf.runtime.base import (
     Runtime,
     RuntimeConfig,
     RuntimeLimitError,
+    SandboxUnavailable,
     make_runtime,
     register_runtime,
 )
 
-__all__ = ["CommandResult", "Runtime", "RuntimeConfig", "RuntimeLimitError", "make_runtime", "register_runtime"]
+__all__ = ["CommandResult", "Runtime", "RuntimeConfig", "RuntimeLimitError", "SandboxUnavailable", "make_runtime", "register_runtime"]

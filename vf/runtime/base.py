@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from vf import reaper
-from vf.errors import UsageError, VfError
+from vf.errors import SandboxError, UsageError
 from vf.runtime.files import parts_beneath, read_beneath, write_beneath
 
 
@@ -68,8 +68,11 @@ ROLLOUT_LIMITS = ("disk", "total_memory")
 """Limits on what a rollout holds in all (not one command's own): a harness ends the rollout."""
 
 
-class RuntimeLimitError(VfError):
-    """A command hit one of its runtime's limits (see `CommandResult.limit`)."""
+class RuntimeLimitError(SandboxError):
+    """A command hit one of its runtime's limits (see `CommandResult.limit`). A `SandboxError`
+    (verifiers' taxonomy); a rollout it ends stops as `limit`, vf's own condition."""
+
+    STOP_CONDITION = "limit"
 
     def __init__(self, result: CommandResult):
         super().__init__(f"command stopped: {result.limit} limit reached (exit code {result.exit_code})")
@@ -174,7 +177,7 @@ class Runtime(ABC):
 
     def _fd(self) -> int:
         if self._root_fd is None:
-            raise UsageError("the runtime is closed")
+            raise SandboxError("the runtime is closed")
         return self._root_fd
 
     def _file_owner(self) -> int | None:
@@ -188,6 +191,12 @@ class Runtime(ABC):
 
 
 _TYPES: dict[str, type[Runtime]] = {}
+
+
+class SandboxUnavailable(SandboxError, UsageError):
+    """The runtime cannot be provisioned on this machine (a tool it needs is missing, a directory
+    it needs cannot be reached): a `SandboxError` on the trace, a usage error (exit 2, with a
+    hint saying what to install or change) where it reaches a command."""
 
 
 def register_runtime(cls: type[Runtime]) -> type[Runtime]:

@@ -13,9 +13,8 @@ import shutil
 import subprocess
 import uuid
 
-from vf.errors import UsageError
 from vf.runtime import bridge
-from vf.runtime.base import register_runtime
+from vf.runtime.base import SandboxUnavailable, register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
 
 MOUNT = "/workspace"
@@ -38,7 +37,7 @@ class DockerRuntime(SubprocessRuntime):
 
     def __init__(self, *args, **kwargs):
         if not docker_available():
-            raise UsageError("runtime 'docker' needs a running docker daemon ('docker info' fails)",
+            raise SandboxUnavailable("runtime 'docker' needs a running docker daemon ('docker info' fails)",
                              hint="start docker, or use --env.agent.runtime.type sandbox")
         super().__init__(*args, **kwargs)
         self._containers: set[str] = set()

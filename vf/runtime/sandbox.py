@@ -36,9 +36,8 @@ import tempfile
 from pathlib import Path
 
 from vf import reaper
-from vf.errors import UsageError
 from vf.runtime import bridge
-from vf.runtime.base import register_runtime
+from vf.runtime.base import SandboxUnavailable, register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
 
 NOBODY = 65534
@@ -125,11 +124,11 @@ class SandboxRuntime(SubprocessRuntime):
     def __init__(self, config, workdir: Path | None = None):
         self.bwrap = find_bwrap()
         if self.bwrap is None:
-            raise UsageError("runtime 'sandbox' needs bubblewrap (bwrap), which is not installed",
+            raise SandboxUnavailable("runtime 'sandbox' needs bubblewrap (bwrap), which is not installed",
                              hint=INSTALL_HINT)
         self.prlimit = shutil.which("prlimit", path="/usr/bin:/bin")
         if self.prlimit is None:
-            raise UsageError("runtime 'sandbox' needs prlimit (util-linux) in /usr/bin",
+            raise SandboxUnavailable("runtime 'sandbox' needs prlimit (util-linux) in /usr/bin",
                              hint="install util-linux")
         # as root, commands (bwrap included) run as nobody, who must reach bwrap and the work dir
         self._as_nobody = os.geteuid() == 0
@@ -138,7 +137,7 @@ class SandboxRuntime(SubprocessRuntime):
             home = Path(workdir).parent if workdir else Path(tempfile.gettempdir())
             for needed in (self.bwrap, home):
                 if not others_can_reach(needed):
-                    raise UsageError(f"runtime 'sandbox' runs commands as nobody (vf runs as root), "
+                    raise SandboxUnavailable(f"runtime 'sandbox' runs commands as nobody (vf runs as root), "
                                      f"and nobody cannot reach {needed}",
                                      hint="make its directories searchable by others (chmod o+x), or "
                                           "set TMPDIR to one that is, like /tmp")
@@ -156,8 +155,8 @@ class SandboxRuntime(SubprocessRuntime):
 
     def _check_reachable(self, path: str) -> None:
         if self._as_nobody and not others_can_reach(path):
-            raise UsageError(f"runtime 'sandbox' runs commands as nobody (vf runs as root), and nobody "
-                             f"cannot reach {path}", hint="make its directories searchable by others (chmod o+x)")
+            raise SandboxUnavailable(f"runtime 'sandbox' runs commands as nobody (vf runs as root), and nobody "
+                                     f"cannot reach {path}", hint="make its directories searchable by others (chmod o+x)")
 
     def model_endpoint(self, url: str, socket: str) -> str:
         """The sandbox has no network: its commands reach the server's Unix socket through

@@ -21,6 +21,7 @@ import time
 from typing import ClassVar
 
 from vf import reaper
+from vf.errors import SandboxError
 from vf.runtime.base import CommandResult, Runtime, register_runtime
 
 _warned = False
@@ -63,11 +64,14 @@ class SubprocessRuntime(Runtime):
     async def run(self, command, env=None, *, timeout=None, cwd=None, input=None) -> CommandResult:
         cwd_path = str(self._resolve(cwd) if cwd else self.workdir)
         timeout = timeout or self.config.timeout
-        proc = await asyncio.create_subprocess_exec(
-            *self._argv(command, cwd_path, timeout), env=self._env(env),
-            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            **{"cwd": cwd_path, **self._spawn_kwargs()})
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(command, cwd_path, timeout), env=self._env(env),
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                **{"cwd": cwd_path, **self._spawn_kwargs()})
+        except OSError as e:  # no such cwd, out of processes or fds: the runtime failed, not the command
+            raise SandboxError(f"{self.type} runtime could not start the command: {e}") from e
         self._groups.add(proc.pid)
         reaper.watch(proc.pid)
         cap = self.config.max_output_bytes
