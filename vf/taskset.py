@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from typing_extensions import TypeVar
 
 from vf.errors import ConfigError, UsageError
@@ -140,6 +140,21 @@ class WireTaskData(TaskData):
     (`trace.task.data.answer`), as verifiers' `WireTaskData`."""
 
     model_config = ConfigDict(extra="allow")
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+    """The row's keys in the order it was read (so `wire()` writes it back as it came)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_keys(cls, value: Any, handler: Any) -> Any:
+        data = handler(value)
+        if isinstance(value, Mapping) and isinstance(data, WireTaskData):
+            data._keys = tuple(value)
+        return data
+
+    def wire(self) -> dict[str, Any]:
+        """The row's JSON as it was read: the fields it came with, in their order."""
+        out = self.model_dump(mode="json", exclude_unset=True)
+        return {**{k: out[k] for k in self._keys if k in out}, **out}
 
 
 def as_task_data(data: TaskData | Mapping[str, Any], cls: type[TaskData]) -> TaskData:

@@ -76,7 +76,8 @@ class TraceTask(_Record):
     `data` is the row typed, as in verifiers: the taskset's own TaskData subclass where vf built
     the task (`trace.task.data.idx`, `.prompt`, the author's fields), a `WireTaskData` where it
     was read from a file (framework fields typed, the rest kept as attributes). On disk it is the
-    row's JSON with every field, nulls included (`TaskData.model_dump(mode="json")`)."""
+    row's JSON with every field, nulls included (`TaskData.model_dump(mode="json")`); a
+    `WireTaskData` goes back with the fields it was read with."""
 
     type: str = "Task"
     data: Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True, "title": "Data"})] = Field(
@@ -97,7 +98,11 @@ class TraceTask(_Record):
 
     @field_serializer("data")
     def _row(self, data: Any) -> dict[str, Any]:
-        return data.model_dump(mode="json")
+        from vf.taskset import WireTaskData
+
+        # a row read from a file goes back as it came (an old or foreign producer's row is not
+        # padded with defaults nor reordered); a taskset's row with all its fields
+        return data.wire() if isinstance(data, WireTaskData) else data.model_dump(mode="json")
 
 
 class MessageNode(_Record):
