@@ -7,6 +7,7 @@ Importing vf never imports torch: models, engines and the trainer load it only w
 
 from vf import types
 from vf.artifacts import Artifact, collect
+from vf.configs.harness import HarnessConfig
 from vf.env import (
     Agent,
     AgentConfig,
@@ -30,7 +31,6 @@ from vf.errors import (
     ToolsetError,
     TunnelError,
 )
-from vf.configs.harness import HarnessConfig
 from vf.harness import Harness
 from vf.judge import Judge, JudgeConfig, JudgeResponse, Judges, JudgeView
 from vf.judges import (
@@ -53,8 +53,8 @@ from vf.taskset import (
     Taskset,
     TasksetConfig,
     TaskTimeout,
-    intercept,
     WireTaskData,
+    intercept,
     metric,
     reward,
     stop,

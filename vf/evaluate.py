@@ -22,8 +22,8 @@ from vf.errors import UsageError
 from vf.loading import load_taskset
 from vf.rundir import RunDir, counted
 from vf.runner import make_engine, make_plan, make_spec, retype_kept, run_plan
-from vf.taskset import as_task_data
 from vf.summary import summarize
+from vf.taskset import as_task_data
 from vf.trace import Episode
 
 

@@ -29,7 +29,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+)
 
 from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError
@@ -80,8 +88,8 @@ class TraceTask(_Record):
     `WireTaskData` goes back with the fields it was read with."""
 
     type: str = "Task"
-    data: Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True, "title": "Data"})] = Field(
-        default_factory=dict, validate_default=True)
+    data: Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True, "title": "Data"})] = (
+        Field(default_factory=dict, validate_default=True))
     key: str = ""
     hash: str = ""
 
