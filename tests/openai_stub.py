@@ -19,8 +19,8 @@ It stands for a remote provider in tests. The reply depends on the requested mod
                      wrapped in the prose, think blocks and echoed examples real judges send
     script           the Nth reply (N = assistant messages already in the request) is
                      `Handler.script[N]`, an assistant message (`bash_call(cmd)` makes a bash
-                     tool call; `{"status": 400}` answers that HTTP error); past the end, the
-                     last one again. Real agent programs (tests)
+                     tool call, `tool_call(name, args)` any tool; `{"status": 400}` answers
+                     that HTTP error); past the end, the last one again. Real agent programs (tests)
 
 A body with `questions` (verifiers' `decision` judge, POSTed to its evaluations URL) is graded by
 `decide`: the answer wrapped in `result` as Workers AI sends it.
@@ -103,6 +103,14 @@ def decide(body: dict) -> dict:
     score = len(levels) - 1 if answer and answer in response else (len(levels) - 1) // 2 if response else 0
     return {"result": {"answers": {"grade": {"score": score}},
                        "usage": {"inputTokens": len(json.dumps(state)), "outputTokens": 1, "cost": 0.001}}}
+
+
+def tool_call(name: str, arguments: dict, text: str = "", call_id: str = "") -> dict:
+    """A scripted assistant message that calls the tool `name` (an agent's own tool, e.g. Claude
+    Code's `Bash` or Codex's `exec_command`) with `arguments`."""
+    args = json.dumps(arguments)
+    return {"content": text, "tool_calls": [{"id": call_id or f"call_{zlib.crc32((name + args).encode()):08x}",
+                                             "type": "function", "function": {"name": name, "arguments": args}}]}
 
 
 def bash_call(command: str, text: str = "", call_id: str = "") -> dict:
