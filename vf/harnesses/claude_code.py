@@ -44,6 +44,10 @@ class ClaudeCodeConfig(HarnessConfig):
     is the release measured here headless against vf's interception server)."""
     max_turns: int = Field(0, ge=0)
     """Agentic turns before Claude Code stops on its own (0: no limit of its own)."""
+    model_retries: int = Field(0, ge=0)
+    """Times Claude Code itself retries a failed model call (`CLAUDE_CODE_MAX_RETRIES`; its default
+    is 10, with backoff: a wrong key took 180 s to fail here). vf's interception already retries
+    the policy, and answers 400 once the rollout has ended."""
 
 
 class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
@@ -77,6 +81,7 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
         env = {**self.config.resolved_env,
                "HOME": state, "CLAUDE_CONFIG_DIR": state,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+               "CLAUDE_CODE_MAX_RETRIES": str(self.config.model_retries),
                "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "IS_SANDBOX": "1",
                "BASH_DEFAULT_TIMEOUT_MS": str(int(self.config.tool_timeout * 1000)),
                "BASH_MAX_TIMEOUT_MS": str(int(self.config.tool_timeout * 1000)),
