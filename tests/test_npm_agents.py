@@ -101,7 +101,7 @@ def check_hi_trace(episode: dict, stub, tmp_path: Path) -> dict:
     roles = [n["message"]["role"] for n in trace["nodes"]]
     assert roles[-3:] == ["assistant", "tool", "assistant"] and "user" in roles
     tool_result = [n["message"] for n in trace["nodes"] if n["message"]["role"] == "tool"][0]
-    assert "Write hi into out.txt." in json.dumps(stub.requests[0]["messages"])
+    assert "Write hi into out.txt." in json.dumps(stub.requests[0]["messages"])  # the prompt arrived
     # the tool result the agent sent back answers the scripted call, by its id
     assert tool_result["tool_call_id"] == stub.requests[1]["messages"][-1]["tool_call_id"]
     run_text = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
@@ -183,7 +183,7 @@ async def direct_episode(harness, script: list[dict], runtime_config: RuntimeCon
             started = time.monotonic()
             result = await harness.launch(ModelContext(model="script"), None, rt, endpoint,
                                           "sk-wrong" if wrong_key else registration.secret, {},
-                                          SimpleNamespace(prompt="Write hi into out.txt.", system_prompt=None))
+                                          SimpleNamespace(prompt=PROMPT, system_prompt=None))
             seconds = time.monotonic() - started
             files = {str(p.relative_to(rt.workdir)): p.read_bytes() for p in rt.workdir.rglob("*")
                      if p.is_file() and not p.is_symlink()}
@@ -194,6 +194,9 @@ async def direct_episode(harness, script: list[dict], runtime_config: RuntimeCon
         await server.stop()
         shutil.rmtree(sock_dir, ignore_errors=True)
 
+
+PROMPT = "--help is not a flag here: write hi into out.txt."
+"""Starts with a dash: the program must take it as the prompt (on stdin), not as an option."""
 
 NET_PROBE = ("python3 -c \"import socket; s=socket.socket(); s.settimeout(3); "
              "print(s.connect_ex(('1.1.1.1', 443)))\" > net.txt 2>&1")
@@ -251,6 +254,7 @@ def test_claude_code_reports_its_own_result():
     first = ep.calls[0]
     assert first.dialect == "anthropic" and first.stream  # Claude Code streams /v1/messages
     assert [m.role for m in ep.calls[1].request.messages][-2:] == ["assistant", "tool"]
+    assert PROMPT in json.dumps([m.model_dump() for m in first.request.messages])
 
 
 @pytest.mark.agents
@@ -261,6 +265,7 @@ def test_codex_episode_on_the_host():
     assert ep.result.exit_code == 0 and ep.files["out.txt"] == b"hi\n", ep.result.stderr[-2000:]
     assert [c.dialect for c in ep.calls] == ["responses", "responses"] and ep.calls[0].stream
     assert ep.calls[1].request.messages[-1].role == "tool"
+    assert PROMPT in json.dumps([m.model_dump() for m in ep.calls[0].request.messages])
 
 
 # ---- what each harness hands its program (no install needed) ------------------------------------
@@ -291,15 +296,15 @@ class _RecordingRuntime:
 def test_claude_code_gets_the_endpoint_without_v1_and_the_key_only_in_its_environment(tmp_path):
     rt = _RecordingRuntime(tmp_path)
     harness = ClaudeCodeHarness(ClaudeCodeConfig(max_turns=3))
-    data = SimpleNamespace(prompt="Fix the bug.", system_prompt="Be terse.")
+    data = SimpleNamespace(prompt="-- Fix the bug.", system_prompt="Be terse.")
     asyncio.run(harness.launch(ModelContext(model="policy"), None, rt, "http://127.0.0.1:47821/v1", "sk-r", {}, data))
-    (argv, env, _), = rt.ran
+    (argv, env, kw), = rt.ran
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:47821"  # Claude Code appends /v1/messages
     assert env["ANTHROPIC_API_KEY"] == "sk-r" and "sk-r" not in argv
     assert env["CLAUDE_CODE_MAX_RETRIES"] == "0"  # vf retries the policy; a dead rollout's 400 is final
     assert env["CLAUDE_CONFIG_DIR"] == env["HOME"] == f"{tmp_path}/.vf-claude"
-    assert argv[argv.index("-p") + 1] == "Fix the bug."
-    assert argv[argv.index("--append-system-prompt") + 1] == "Be terse."  # not folded into the prompt
+    assert kw["input"] == "-- Fix the bug." and "-- Fix the bug." not in argv  # on stdin: never read as a flag
+    assert "--append-system-prompt=Be terse." in argv  # not folded into the prompt
     assert argv[argv.index("--permission-mode") + 1] == "bypassPermissions"
     assert argv[argv.index("--max-turns") + 1] == "3"
 
@@ -307,9 +312,9 @@ def test_claude_code_gets_the_endpoint_without_v1_and_the_key_only_in_its_enviro
 def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp_path):
     rt = _RecordingRuntime(tmp_path)
     harness = CodexHarness(CodexConfig())
-    data = SimpleNamespace(prompt="Fix the bug.", system_prompt="Be terse.")
+    data = SimpleNamespace(prompt="-- Fix the bug.", system_prompt="Be terse.")
     asyncio.run(harness.launch(ModelContext(model='po"licy'), None, rt, "http://127.0.0.1:47821/v1", "sk-r", {}, data))
-    (argv, env, _), = rt.ran
+    (argv, env, kw), = rt.ran
     import tomllib  # noqa: PLC0415 - stdlib, only this test reads TOML
 
     config = tomllib.loads(rt.written[".vf-codex/config.toml"])
@@ -319,7 +324,7 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
     assert env[provider["env_key"]] == "sk-r"
     assert "sk-r" not in rt.written[".vf-codex/config.toml"] and "sk-r" not in argv
     assert env["CODEX_HOME"] == f"{tmp_path}/.vf-codex"
-    assert argv[-1] == "Be terse.\n\nFix the bug."  # codex exec takes no separate system prompt
+    assert argv[-1] == "-" and kw["input"] == "Be terse.\n\n-- Fix the bug."  # on stdin; no separate system prompt
     assert {"--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--ephemeral"} <= set(argv)
 
 

@@ -1,8 +1,8 @@
 """`claude_code`: the real Claude Code (npm `@anthropic-ai/claude-code`, pinned) plays the seat.
 
 Installed once on the host (vf.harnesses.npm; the package's postinstall puts its native binary in
-place) and run in the rollout's runtime from that read-only install, headless: `claude -p PROMPT`
-with `--permission-mode bypassPermissions` (vf's runtime is the isolation; `IS_SANDBOX=1` lets it
+place) and run in the rollout's runtime from that read-only install, headless: `claude -p` with
+the prompt on stdin, `--permission-mode bypassPermissions` (vf's runtime is the isolation; `IS_SANDBOX=1` lets it
 bypass as root too), no session kept, no MCP servers but the rollout's. Its model is the
 interception endpoint in the Anthropic dialect: `ANTHROPIC_BASE_URL` is the endpoint without
 `/v1` (Claude Code appends `/v1/messages`), the rollout's secret is `ANTHROPIC_API_KEY` (sent as
@@ -62,8 +62,10 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
         await asyncio.to_thread(self.program.ensure)
         runtime.add_read_only(str(self.program.dir))
 
-    def argv(self, model: str, prompt: str, system: str | None) -> list[str]:
-        argv = [self.program.executable, "-p", prompt, "--model", model,
+    def argv(self, model: str, system: str | None) -> list[str]:
+        """The command line; the prompt goes on stdin (a prompt may start with a dash, or be
+        longer than one argument may be)."""
+        argv = [self.program.executable, "-p", "--model", model,
                 "--permission-mode", "bypassPermissions", "--output-format", "json",
                 "--no-session-persistence", "--strict-mcp-config", "--setting-sources", ""]
         if self.config.max_turns:
@@ -71,7 +73,7 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
         if self.config.disabled_tools:
             argv += ["--disallowedTools", ",".join(self.config.disabled_tools)]
         if system:
-            argv += ["--append-system-prompt", system]
+            argv.append(f"--append-system-prompt={system}")
         return argv
 
     async def launch(self, ctx: ModelContext, trace, runtime: Runtime, endpoint: str, secret: str,
@@ -89,7 +91,7 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
                "ANTHROPIC_BASE_URL": endpoint.removesuffix("/").removesuffix("/v1"),
                "ANTHROPIC_API_KEY": secret, "ANTHROPIC_MODEL": ctx.model,
                "ANTHROPIC_SMALL_FAST_MODEL": ctx.model}
-        return await runtime.run(self.argv(ctx.model, prompt or "", system), env, timeout=RUN_TIMEOUT)
+        return await runtime.run(self.argv(ctx.model, system), env, timeout=RUN_TIMEOUT, input=prompt or "")
 
     @staticmethod
     def result(program: ProgramResult) -> dict | None:

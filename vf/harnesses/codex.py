@@ -1,7 +1,7 @@
 """`codex`: the real Codex CLI (npm `@openai/codex`, pinned) plays the seat.
 
 Installed once on the host (vf.harnesses.npm: a node launcher and its native binary) and run in
-the rollout's runtime from that read-only install, headless: `codex exec PROMPT`. Its model is the
+the rollout's runtime from that read-only install, headless: `codex exec -`, the prompt on stdin. Its model is the
 interception endpoint in the OpenAI Responses dialect: `$CODEX_HOME/config.toml` names a provider
 `vf` with `base_url` = the endpoint (with `/v1`), `wire_api = "responses"` and `env_key` naming the
 variable that holds the rollout's secret (sent as a Bearer key); every call it makes is a streamed
@@ -81,10 +81,11 @@ class CodexHarness(Harness[CodexConfig]):
                  "stream_max_retries = 0"]
         return "\n".join(lines) + "\n"
 
-    def argv(self, model: str, prompt: str, workdir: str) -> list[str]:
+    def argv(self, model: str, workdir: str) -> list[str]:
+        """The command line; the prompt goes on stdin (`-`: a prompt may start with a dash, or be
+        longer than one argument may be)."""
         return [NODE, self.program.executable, "exec", "--dangerously-bypass-approvals-and-sandbox",
-                "--skip-git-repo-check", "--ephemeral", "--color", "never", "-C", workdir, "-m", model,
-                prompt]
+                "--skip-git-repo-check", "--ephemeral", "--color", "never", "-C", workdir, "-m", model, "-"]
 
     async def launch(self, ctx: ModelContext, trace, runtime: Runtime, endpoint: str, secret: str,
                      mcp_urls: dict[str, str], data) -> ProgramResult:
@@ -96,7 +97,7 @@ class CodexHarness(Harness[CodexConfig]):
                # by environment, not argv or the config file: argv is visible to every process on a
                # host runtime, and the config stays in the working directory after the episode
                KEY_VAR: secret}
-        return await runtime.run(self.argv(ctx.model, prompt or "", workdir), env, timeout=RUN_TIMEOUT)
+        return await runtime.run(self.argv(ctx.model, workdir), env, timeout=RUN_TIMEOUT, input=prompt or "")
 
 
 __all__ = ["CodexConfig", "CodexHarness"]
