@@ -328,6 +328,24 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
     assert {"--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--ephemeral"} <= set(argv)
 
 
+def test_the_anthropic_dialect_reads_claude_codes_system_turns_as_user_content():
+    """Claude Code 2.1.3xx sends its environment as a `system` turn after the first user turn;
+    it is read as user content (verifiers 0.4.0 does the same), any other role is still refused."""
+    from vf.dialects import DIALECTS, DialectError  # noqa: PLC0415
+
+    dialect = DIALECTS["anthropic"]
+    body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Write hi."}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                         {"role": "system", "content": "cwd: /w"}]}
+    messages = dialect.parse_object(body).request.messages
+    assert [(m.role, m.content if isinstance(m.content, str) else m.content[0].text) for m in messages] == [
+        ("system", "You are Claude Code."), ("user", "Write hi."), ("user", "# Environment"), ("user", "cwd: /w")]
+    for role in ("tool", "developer", None, ["user"]):
+        with pytest.raises(DialectError, match="role must be"):
+            dialect.parse_object({**body, "messages": [{"role": role, "content": "x"}]})
+
+
 # ---- the npm install cache: once, under a lock, world-readable, failures leave nothing ----------
 
 needs_npm = pytest.mark.skipif(shutil.which("npm") is None or not os.path.exists(npm.NODE),
