@@ -26,20 +26,22 @@ import stat
 import tarfile
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-
 import openai_stub
-from openai_stub import StubServer, tool_call
+import pytest
+from openai_stub import tool_call
 from test_agent_harnesses import HI_ENV, needs_bwrap
+
 from vf.clients import ModelContext
+from vf.dialects import DIALECTS, DialectError
 from vf.errors import HarnessError
-from vf.harnesses.claude_code import ClaudeCodeConfig, ClaudeCodeHarness
-from vf.harnesses.codex import CodexConfig, CodexHarness
 from vf.harness import harness_class
 from vf.harnesses import npm
+from vf.harnesses.claude_code import ClaudeCodeConfig, ClaudeCodeHarness
+from vf.harnesses.codex import CodexConfig, CodexHarness
 from vf.harnesses.npm import NpmProgram
 from vf.interception.server import InterceptionServer
 from vf.runtime import RuntimeConfig, make_runtime
@@ -100,7 +102,7 @@ def check_hi_trace(episode: dict, stub, tmp_path: Path) -> dict:
     assert len(trace["calls"]) == 2 and len(stub.requests) == 2  # each call recorded, answered once
     roles = [n["message"]["role"] for n in trace["nodes"]]
     assert roles[-3:] == ["assistant", "tool", "assistant"] and "user" in roles
-    tool_result = [n["message"] for n in trace["nodes"] if n["message"]["role"] == "tool"][0]
+    tool_result = next(n["message"] for n in trace["nodes"] if n["message"]["role"] == "tool")
     assert "Write hi into out.txt." in json.dumps(stub.requests[0]["messages"])  # the prompt arrived
     # the tool result the agent sent back answers the scripted call, by its id
     assert tool_result["tool_call_id"] == stub.requests[1]["messages"][-1]["tool_call_id"]
@@ -315,8 +317,6 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
     data = SimpleNamespace(prompt="-- Fix the bug.", system_prompt="Be terse.")
     asyncio.run(harness.launch(ModelContext(model='po"licy'), None, rt, "http://127.0.0.1:47821/v1", "sk-r", {}, data))
     (argv, env, kw), = rt.ran
-    import tomllib  # noqa: PLC0415 - stdlib, only this test reads TOML
-
     config = tomllib.loads(rt.written[".vf-codex/config.toml"])
     assert config["model"] == 'po"licy' and config["model_provider"] == "vf"  # quoting survives
     provider = config["model_providers"]["vf"]
@@ -331,8 +331,6 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
 def test_the_anthropic_dialect_reads_claude_codes_system_turns_as_user_content():
     """Claude Code 2.1.3xx sends its environment as a `system` turn after the first user turn;
     it is read as user content (verifiers 0.4.0 does the same), any other role is still refused."""
-    from vf.dialects import DIALECTS, DialectError  # noqa: PLC0415
-
     dialect = DIALECTS["anthropic"]
     body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude Code."}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Write hi."}]},
