@@ -328,17 +328,16 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
     assert {"--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--ephemeral"} <= set(argv)
 
 
-def test_the_anthropic_dialect_reads_claude_codes_system_turns_as_user_content():
-    """Claude Code 2.1.3xx sends its environment as a `system` turn after the first user turn;
-    it is read as user content (verifiers 0.4.0 does the same), any other role is still refused."""
+def test_the_anthropic_dialect_reads_claude_codes_system_turns():
+    """Claude Code 2.1.3xx sends its environment as a `system` turn after the first user turn (a
+    dialect that refuses it fails every Claude Code call with 400); any other role is refused."""
     dialect = DIALECTS["anthropic"]
     body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude Code."}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Write hi."}]},
-                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
-                         {"role": "system", "content": "cwd: /w"}]}
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
     messages = dialect.parse_object(body).request.messages
-    assert [(m.role, m.content if isinstance(m.content, str) else m.content[0].text) for m in messages] == [
-        ("system", "You are Claude Code."), ("user", "Write hi."), ("user", "# Environment"), ("user", "cwd: /w")]
+    assert [m.role for m in messages] == ["system", "user", "system"]
+    assert "# Environment" in json.dumps(messages[-1].model_dump())
     for role in ("tool", "developer", None, ["user"]):
         with pytest.raises(DialectError, match="role must be"):
             dialect.parse_object({**body, "messages": [{"role": role, "content": "x"}]})
