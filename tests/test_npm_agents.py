@@ -151,6 +151,17 @@ def test_the_rollouts_turn_cap_ends_the_agent_at_once(stub, tmp_path, cli, which
     assert seconds < 60
 
 
+@pytest.mark.agents
+@needs_bwrap
+def test_claude_codes_own_turn_limit_ends_the_rollout_without_an_error(stub, tmp_path, cli):
+    installed_or_skip(ClaudeCodeHarness(ClaudeCodeConfig()))
+    _, episode, _ = vf_eval(cli, stub, tmp_path, "claude_code", [tool_call("Bash", {"command": "echo step >> steps.txt"})],
+                            "--env.agent.harness.max_turns", "2")
+    trace = episode["traces"][0]
+    assert trace["stop_condition"] == "agent_completed" and not episode["errors"], episode["errors"]
+    assert len(trace["calls"]) == 2 and len(stub.requests) == 2
+
+
 # ---- episodes driven directly: the run's interception server and a scripted handler -------------
 
 def reply(call_index: int, script: list[dict]) -> Response:

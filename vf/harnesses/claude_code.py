@@ -13,9 +13,9 @@ Offline: `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` and `DISABLE_AUTOUPDATER` st
 error reports and update checks (in the sandbox they could only fail, slowly). Its config and
 home (`CLAUDE_CONFIG_DIR`, `HOME`) are `STATE_DIR` in the rollout's working directory.
 
-The episode ends the program's own way: it answers without a tool call, or stops at `max_turns`,
-and exits (0 on success); with `--output-format json` it prints its result (turns, error flag),
-which `result` reads.
+The episode ends the program's own way: it answers without a tool call (exit 0), or stops at
+`max_turns` (exit 1, `subtype` `error_max_turns`: an ending, not an error); with
+`--output-format json` it prints its result (turns, error flag), which `result` reads.
 """
 
 from __future__ import annotations
@@ -90,8 +90,17 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
                # by environment, not argv: argv is visible to every process on a host runtime
                "ANTHROPIC_BASE_URL": endpoint.removesuffix("/").removesuffix("/v1"),
                "ANTHROPIC_API_KEY": secret, "ANTHROPIC_MODEL": ctx.model,
-               "ANTHROPIC_SMALL_FAST_MODEL": ctx.model}
+               # any background call (a title, a summary) goes to the policy too, under a name it answers
+               "ANTHROPIC_SMALL_FAST_MODEL": ctx.model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": ctx.model}
         return await runtime.run(self.argv(ctx.model, system), env, timeout=RUN_TIMEOUT, input=prompt or "")
+
+    async def check_result(self, trace, runtime: Runtime, result: ProgramResult) -> None:
+        """Stopping at its own `max_turns` is the agent's way of ending (it exits 1 then), not
+        an error of the harness; anything else is judged as for every program."""
+        summary = self.result(result)
+        if summary is not None and summary.get("subtype") == "error_max_turns":
+            return
+        await super().check_result(trace, runtime, result)
 
     @staticmethod
     def result(program: ProgramResult) -> dict | None:
