@@ -17,6 +17,10 @@ It stands for a remote provider in tests. The reply depends on the requested mod
     grader           an LLM judge (see `grade`): answers verifiers' reference-judge prompt with its
                      verdict label, and its rubric-judge prompt with a verdicts JSON object, both
                      wrapped in the prose, think blocks and echoed examples real judges send
+    script           the Nth reply (N = assistant messages already in the request) is
+                     `Handler.script[N]`, an assistant message (`bash_call(cmd)` makes a bash
+                     tool call, `tool_call(name, args)` any tool; `{"status": 400}` answers
+                     that HTTP error); past the end, the last one again. Real agent programs (tests)
 
 A body with `questions` (verifiers' `decision` judge, POSTed to its evaluations URL) is graded by
 `decide`: the answer wrapped in `result` as Workers AI sends it.
@@ -32,11 +36,16 @@ Run standalone: `python tests/openai_stub.py PORT`.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socketserver
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
 
 
 def last_user(messages):
@@ -96,9 +105,27 @@ def decide(body: dict) -> dict:
                        "usage": {"inputTokens": len(json.dumps(state)), "outputTokens": 1, "cost": 0.001}}}
 
 
+def tool_call(name: str, arguments: dict, text: str = "", call_id: str = "") -> dict:
+    """A scripted assistant message that calls the tool `name` (an agent's own tool, e.g. Claude
+    Code's `Bash` or Codex's `exec_command`) with `arguments`."""
+    args = json.dumps(arguments)
+    return {"content": text, "tool_calls": [{"id": call_id or f"call_{zlib.crc32((name + args).encode()):08x}",
+                                             "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def bash_call(command: str, text: str = "", call_id: str = "") -> dict:
+    """A scripted assistant message that calls the `bash` tool with `command`."""
+    return {"content": text, "tool_calls": [{"id": call_id or f"call_{zlib.crc32(command.encode()):08x}",
+                                             "type": "function",
+                                             "function": {"name": "bash",
+                                                          "arguments": json.dumps({"command": command})}}]}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     counts: dict = {}
+    script: ClassVar[list] = []
+    api_key: str | None = None
     lock = threading.Lock()
     requests: list = []
     auth: list = []
@@ -133,6 +160,11 @@ class Handler(BaseHTTPRequestHandler):
             Handler.requests.append(body)
             Handler.auth.append(self.headers.get("Authorization"))
             Handler.headers_seen.append(dict(self.headers))
+        if Handler.api_key is not None and self.headers.get("Authorization") != f"Bearer {Handler.api_key}":
+            # OpenAI's shape for a bad key (vf's interception server answers the same): clients
+            # that retry other errors (litellm: "invalid_request_error" is a retried 400) stop
+            return self._send(401, {"error": {"message": "invalid api key", "type": "authentication_error",
+                                              "code": "invalid_api_key"}})
         if isinstance(body.get("questions"), dict):
             return self._send(200, decide(body))
         model = body.get("model") or "reverse"
@@ -171,6 +203,14 @@ class Handler(BaseHTTPRequestHandler):
             if not tool_msgs:
                 tool_calls = [{"id": "call_1", "type": "function",
                                "function": {"name": "bash", "arguments": json.dumps({"command": model[5:]})}}]
+        elif model == "script":
+            n = sum(1 for m in messages if m.get("role") == "assistant")
+            step = Handler.script[min(n, len(Handler.script) - 1)] if Handler.script else {}
+            if "status" in step:  # an error, in the shape vf's interception answers one
+                return self._send(step["status"], {"error": {"message": step.get("content", "scripted error"),
+                                                             "type": "invalid_request_error"}})
+            text = step.get("content") or ""
+            tool_calls = step.get("tool_calls")
         elif model == "boxed":
             text = arithmetic(prompt)
         elif model == "calc":
@@ -232,32 +272,55 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+class UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self):  # BaseHTTPRequestHandler wants a (host, port) client address
+        conn, _ = super().get_request()
+        return conn, ("unix", 0)
+
+
 class StubServer:
-    def __init__(self, port: int = 0):
+    """`script`: the `script` model's replies. `api_key`: answer 401 to any other bearer key.
+    `unix_socket`: also serve on that Unix socket (what vf's sandbox bridge connects to)."""
+
+    def __init__(self, port: int = 0, script: list | None = None, api_key: str | None = None,
+                 unix_socket: str | None = None):
+        Handler.script = list(script or [])
+        Handler.api_key = api_key
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.servers = [self.httpd]
+        if unix_socket is not None:
+            self.servers.append(UnixHTTPServer(unix_socket, Handler))
+            os.chmod(unix_socket, 0o666)  # the sandbox's user (nobody, under a root vf) connects
+        self.unix_socket = unix_socket
+        self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
 
     def __enter__(self):
         Handler.counts.clear()
         Handler.requests.clear()
         Handler.auth.clear()
         Handler.headers_seen.clear()
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
     def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+        Handler.api_key = None
 
     @property
     def requests(self):
         return Handler.requests
 
 
-if __name__ == "__main__":
-    srv = StubServer(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+if __name__ == "__main__":  # python tests/openai_stub.py [PORT [SCRIPT.json]]
+    script = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
+    srv = StubServer(int(sys.argv[1]) if len(sys.argv) > 1 else 0, script=script)
     print(srv.port, flush=True)
     srv.httpd.serve_forever()

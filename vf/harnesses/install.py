@@ -1,0 +1,191 @@
+"""A third-party agent program, installed once on the host at a pinned version, for every rollout.
+
+The agent runs inside the rollout's runtime, which (for vf's `sandbox`) has no network: so the
+program is installed here, on the host, into a virtual environment under the cache directory
+(`$VF_AGENT_CACHE`, else `$VF_CACHE_DIR/agents`, else `~/.cache/vf/agents`), and the runtime
+sees that directory read-only (`runtime.add_read_only`). The network is needed only for the first
+install of a version; every later rollout, in this run or the next, reuses it.
+
+The environment is made with the interpreter the sandbox itself has (`/usr/bin/python3` by
+default, which the sandbox mounts with `/usr`), so its `bin/python` resolves the same inside and
+out. A program that needs a newer Python than the runtime has (harbor needs 3.12; Debian 12's is
+3.11) names a host interpreter with `copy_python`: its installation (`sys.base_prefix`, less its
+test suite) is copied into the program's directory and the environment made from the copy, so
+the runtime runs it from the same read-only mount (`env` gives the library path a shared
+`libpython` needs there). One install per (name, version, requirements, interpreter): concurrent rollouts and
+concurrent runs take a file lock and the loser finds it done; a crash mid-install leaves no marker,
+so the next one starts over. When vf runs as root, sandboxed commands run as `nobody`, so the
+cache must be reachable by others: a root whose default cache is not (`/root/...`) uses
+`/var/cache/vf/agents` instead, and every install is made world-readable (never writable).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vf.errors import HarnessError
+
+ROOT_FALLBACK = Path("/var/cache/vf/agents")
+MARKER = "installed.json"
+"""Written last: an install directory without it is unfinished and is made again."""
+INSTALL_TIMEOUT = 1800.0
+"""Seconds one `pip install` may take (a cold cache downloads a few hundred MB)."""
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user who owns none of `path`'s directories can reach it (as the sandbox's nobody)."""
+    try:
+        return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
+    except OSError:
+        return False
+
+
+def cache_root() -> Path:
+    """Where agent installs live (see the module docstring)."""
+    if explicit := os.environ.get("VF_AGENT_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("VF_CACHE_DIR")
+    root = (Path(base) if base else Path.home() / ".cache" / "vf") / "agents"
+    if os.geteuid() == 0 and not _reachable_by_others(root):
+        return ROOT_FALLBACK
+    return root
+
+
+@dataclass(frozen=True)
+class PythonProgram:
+    """A pinned Python agent: `requirements` are pip requirement strings (exact pins)."""
+
+    name: str
+    version: str
+    requirements: tuple[str, ...]
+    python: str = "/usr/bin/python3"
+    """The interpreter the environment is made from: one the runtime can run too."""
+    root: Path = field(default_factory=cache_root)
+    copy_python: bool = False
+    """Copy `python`'s installation into the program's directory (a host interpreter the runtime
+    cannot see, like pyenv's under /root) and make the environment from the copy."""
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(json.dumps([self.requirements, self.python, self.copy_python]).encode()
+                                ).hexdigest()[:10]
+        return f"{self.name}-{self.version}-{digest}"
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.key
+
+    @property
+    def interpreter(self) -> str:
+        """The environment's python (a link to `python`, so the same path works in the sandbox)."""
+        return str(self.dir / "venv" / "bin" / "python")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables the program needs to start (a copied interpreter's shared libpython)."""
+        return {"LD_LIBRARY_PATH": str(self.dir / "python" / "lib")} if self.copy_python else {}
+
+    def installed(self) -> dict | None:
+        try:
+            return json.loads((self.dir / MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def ensure(self) -> dict:
+        """Install once (blocking; call it in a thread). Returns the marker: what was installed,
+        when, and how long it took. Raises `HarnessError` with pip's own words when the install
+        fails (no network on a cold cache, a version that does not exist)."""
+        if (done := self.installed()) is not None:
+            return done
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        with open(self.root / f"{self.key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the holder dies
+            if (done := self.installed()) is not None:
+                return done  # another rollout (or run) installed it while this one waited
+            return self._install()
+
+    def _install(self) -> dict:
+        shutil.rmtree(self.dir, ignore_errors=True)  # an earlier install that did not finish
+        started = time.monotonic()
+        venv = self.dir / "venv"
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", **self.env}
+        env.pop("PYTHONPATH", None)
+        python = self._copy_python() if self.copy_python else self.python
+        steps = [[python, "-m", "venv", str(venv)],
+                 [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *self.requirements]]
+        try:
+            for argv in steps:
+                done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                                      check=False)
+                if done.returncode != 0:
+                    shutil.rmtree(self.dir, ignore_errors=True)
+                    detail = "\n".join(line for line in (done.stderr or done.stdout).splitlines()
+                                       if not line.startswith("WARNING: Location"))[-1500:]
+                    raise HarnessError(f"installing {self.name}=={self.version} failed "
+                                       f"({' '.join(argv[:3])} ... exited {done.returncode}): {detail}")
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise HarnessError(f"installing {self.name}=={self.version} took over {INSTALL_TIMEOUT:.0f} s") from None
+        self._open_up()
+        marker = {"name": self.name, "version": self.version, "requirements": list(self.requirements),
+                  "python": self.python, "seconds": round(time.monotonic() - started, 1),
+                  "installed_at": time.time()}
+        (self.dir / MARKER).write_text(json.dumps(marker, indent=1))
+        (self.dir / MARKER).chmod(0o644)
+        return marker
+
+    def _copy_python(self) -> str:
+        """Copy `python`'s installation to `dir/python`; returns the copy's interpreter."""
+        probe = subprocess.run([self.python, "-c", "import sys; print(sys.base_prefix); print(sys.executable); "
+                                "print('%d.%d' % sys.version_info[:2])"],
+                               capture_output=True, text=True, timeout=60, check=False)
+        if probe.returncode != 0:
+            raise HarnessError(f"cannot run {self.python} for {self.name}: {probe.stderr.strip()[-500:]}")
+        prefix, executable, version = probe.stdout.split()
+        skip = shutil.ignore_patterns("test", "tests", "idle_test", "__pycache__", "site-packages", "*.a")
+        shutil.copytree(prefix, self.dir / "python", symlinks=True, ignore=skip)
+        (self.dir / "python" / "lib" / f"python{version}" / "site-packages").mkdir(exist_ok=True)
+        return str(self.dir / "python" / "bin" / f"python{version}")
+
+    def _open_up(self) -> None:
+        # the sandbox's user (nobody, under a root vf) reads and runs it, never writes it
+        for path in (self.dir, *self.dir.rglob("*")):
+            if not path.is_symlink():
+                mode = path.stat().st_mode
+                path.chmod((mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0)) & ~0o022)
+
+
+def find_python(minimum: tuple[int, int]) -> tuple[str, bool]:
+    """A host interpreter of at least `minimum`, and whether it must be copied for the runtime to
+    run it: the system's `/usr/bin/python3` when new enough (the sandbox has /usr), else the
+    newest `python3.N` on PATH, else the newest that pyenv or uv installed (a pyenv shim answers
+    only for the versions it is set to), to be copied. Raises `HarnessError`."""
+    minors = range(30, minimum[1] - 1, -1)
+    candidates = ["/usr/bin/python3", *(shutil.which(f"python3.{n}") for n in minors)]
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    uv = Path(os.environ.get("UV_PYTHON_INSTALL_DIR") or Path.home() / ".local" / "share" / "uv" / "python")
+    for n in minors:
+        candidates += sorted(map(str, pyenv.glob(f"3.{n}.*/bin/python3.{n}")), reverse=True)
+        candidates += sorted(map(str, uv.glob(f"cpython-3.{n}.*/bin/python3.{n}")), reverse=True)
+    for exe in filter(None, candidates):
+        try:
+            probe = subprocess.run([exe, "-c", "import sys; print('%d %d' % sys.version_info[:2]); "
+                                    "print(sys.base_prefix)"], capture_output=True, text=True, timeout=60, check=False)
+        except OSError:
+            continue
+        if probe.returncode != 0:
+            continue  # e.g. a pyenv shim for a version it is not set to
+        major, minor, prefix = probe.stdout.split()
+        if (int(major), int(minor)) >= minimum:
+            return exe, not prefix.startswith("/usr/")
+    raise HarnessError(f"no Python {minimum[0]}.{minimum[1]} or newer found on this host: install "
+                       f"python3.{minimum[1]} (or newer) on PATH, or name one in the harness's `python`")
