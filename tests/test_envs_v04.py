@@ -198,3 +198,43 @@ def test_judge_prompt_and_trace_record_hide_reasoning_and_keep_literal_braces():
     shared = JudgeTask.from_trace(task, trace, JudgeTaskConfig(include_hidden_reasoning=True), share_runtime=True)
     assert shared.artifacts == {} and "worked in this sandbox" in shared.data.prompt
     assert json.loads(shared.files[TRACE_FILE])["nodes"][0]["message"]["reasoning_content"] == "secret"
+
+
+def test_a_failed_solve_is_never_graded_or_judged(stub, tmp_path):
+    # no answer.txt: the required artifact is missing, so the solver's own trace fails
+    ep = run_eval(tmp_path / "a", stub, "echo skipped", {"id": "isolated-verifier", "agent": BASH})
+    (trace,) = ep.traces
+    assert not trace.ok and trace.errors[0].type == "SandboxError" and trace.rewards == {}
+    assert "verifier" not in trace.info
+    ep = run_eval(tmp_path / "b", stub, "echo skipped", judge_env("agentic-judge", verdict("true")))
+    assert [t.agent["name"] for t in ep.traces] == ["solver"] and "judge never ran" in ep.errors[0].message
+
+
+def test_links_planted_at_the_judges_file_names_are_not_followed(stub, tmp_path):
+    # the solver points the record's name at the checker: setup must replace the link, not write through it
+    plant = f"{HONEST}; ln -s check.sh .vf-judge-trace.json; ln -s /etc/hostname .vf-judge-verdict.json"
+    judge = verdict('[ ! -L .vf-judge-trace.json ] && grep -q nodes .vf-judge-trace.json '
+                    '&& [ "$(cat check.sh)" = \'test "$(cat answer.txt)" = 42\' ]')
+    ep = run_eval(tmp_path / "a", stub, plant, judge_env("shared-agentic-judge", judge, score={"task_weight": 1.0}))
+    solver, _ = ep.traces
+    assert ep.ok, ep.errors
+    assert solver.rewards["judge"].score == 1.0 and solver.rewards["passed"].score == 1.0
+    # a judge whose verdict is a link to a host file has written no verdict
+    ep = run_eval(tmp_path / "b", stub, HONEST, judge_env("agentic-judge", "ln -s /etc/hostname .vf-judge-verdict.json"))
+    assert not ep.ok and "wrote no verdict" in ep.traces[1].errors[0].message
+
+
+def test_vf_eval_cli_runs_the_envs_by_id(cli, stub, tmp_path):
+    path = tmp_path / "checked.py"
+    path.write_text(TASKSET.replace("FAIL_SETUP_AT", "set()"))
+    common = [str(path), "--client.base-url", stub.url, "--client.api-key-var", "FAKE_KEY", "--no-push", "--no-rich"]
+    proc = cli("vf-eval", *common, "--env.id", "isolated-verifier", "--env.agent.harness.id", "bash",
+               "--env.verifier.retries", "0", "-m", f"bash:{CHEAT}", "-o", str(tmp_path / "run"),
+               env={"FAKE_KEY": "sk-test"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (trace,) = Episode.model_validate_json((tmp_path / "run" / "traces.jsonl").read_text()).traces
+    assert scores(trace) == {"passed": 0.0, "planted": 0.0, "staged": 1.0}
+    # refused before any model call: a usage error (exit 2), no run dir
+    proc = cli("vf-eval", *common, "--env.id", "shared-agentic-judge", "--env.solver.runtime.type", "subprocess",
+               "-m", f"bash:{HONEST}", "-o", str(tmp_path / "run2"), env={"FAKE_KEY": "sk-test"})
+    assert proc.returncode == 2 and "isolated runtime" in proc.stderr and not (tmp_path / "run2").exists()
