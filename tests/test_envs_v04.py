@@ -42,6 +42,10 @@ class T(vf.Task[vf.TaskData]):
         return float((await runtime.run("test -e planted.txt")).exit_code == 0)
 
     @vf.metric
+    async def secret(self, runtime) -> float:
+        return float((await runtime.run("echo $GRADER_TOKEN")).stdout.strip() == "s3")
+
+    @vf.metric
     async def staged(self, runtime) -> float:
         return float((await runtime.run("cat hidden.txt")).stdout == "staged")
 
@@ -92,17 +96,26 @@ BASH = {"harness": {"id": "bash"}}
 def test_isolated_verifier_grades_only_the_declared_artifact_in_a_fresh_runtime(stub, tmp_path):
     # the same cheat in its own runtime: the rewritten checker passes (what the env exists to stop)
     own = run_eval(tmp_path / "own", stub, CHEAT, {"agent": BASH}).traces[0]
-    assert scores(own) == {"passed": 1.0, "planted": 1.0, "staged": 0.0}
+    assert scores(own) == {"passed": 1.0, "planted": 1.0, "secret": 0.0, "staged": 0.0}
     iso = run_eval(tmp_path / "iso", stub, CHEAT, {"id": "isolated-verifier", "agent": BASH})
     (trace,) = iso.traces
     assert trace.ok and iso.ok, (trace.errors, iso.errors)
     # fresh setup's checker, the agent's 7 restored, no planted file, the staged file is the task's
-    assert scores(trace) == {"passed": 0.0, "planted": 0.0, "staged": 1.0}
+    assert scores(trace) == {"passed": 0.0, "planted": 0.0, "secret": 0.0, "staged": 1.0}
     assert trace.info["verifier"] == {"runtime": "sandbox", "attempts": 1}
     assert [r["source"] for r in trace.info["artifacts"]] == ["answer.txt"]
     honest = run_eval(tmp_path / "honest", stub, HONEST, {"id": "isolated-verifier", "agent": BASH}).traces[0]
-    assert scores(honest) == {"passed": 1.0, "planted": 0.0, "staged": 1.0}
+    assert scores(honest) == {"passed": 1.0, "planted": 0.0, "secret": 0.0, "staged": 1.0}
     assert honest.reward == 1.0
+    assert honest.timing["verifier"]["end"] >= honest.timing["verifier"]["start"] > 0
+
+
+def test_the_verifier_env_reaches_only_the_verifiers_commands(stub, tmp_path):
+    leak = "echo 42 > answer.txt; echo $GRADER_TOKEN > seen.txt"
+    ep = run_eval(tmp_path, stub, leak, {"id": "isolated-verifier", "agent": BASH,
+                                        "verifier": {"env": {"GRADER_TOKEN": "s3"}}})
+    assert scores(ep.traces[0])["secret"] == 1.0
+    assert "s3" not in json.dumps([n.message for n in ep.traces[0].nodes])  # the solver saw an empty value
 
 
 def test_isolated_verifier_retries_a_failed_verifier_box_then_gives_up(stub, tmp_path):
@@ -233,7 +246,7 @@ def test_vf_eval_cli_runs_the_envs_by_id(cli, stub, tmp_path):
                env={"FAKE_KEY": "sk-test"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     (trace,) = Episode.model_validate_json((tmp_path / "run" / "traces.jsonl").read_text()).traces
-    assert scores(trace) == {"passed": 0.0, "planted": 0.0, "staged": 1.0}
+    assert scores(trace) == {"passed": 0.0, "planted": 0.0, "secret": 0.0, "staged": 1.0}
     # refused before any model call: a usage error (exit 2), no run dir
     proc = cli("vf-eval", *common, "--env.id", "shared-agentic-judge", "--env.solver.runtime.type", "subprocess",
                "-m", f"bash:{HONEST}", "-o", str(tmp_path / "run2"), env={"FAKE_KEY": "sk-test"})

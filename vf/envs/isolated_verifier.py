@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +43,9 @@ class VerifierConfig(BaseModel):
 
     runtime: RuntimeConfig | None = None
     """The verifier's runtime; None = a fresh one with the solver's runtime policy."""
+    env: dict[str, str] | None = None
+    """Extra process environment for every command the task's setup, staging and scoring hooks
+    run in the verifier's runtime (e.g. a token only the grader may hold); the solver never has it."""
     retries: int = Field(2, ge=0)
     """Extra fresh-runtime attempts after a setup, restore, staging or scoring failure."""
 
@@ -93,14 +97,16 @@ class IsolatedVerifierEnv(Env[IsolatedVerifierEnvConfig]):
                 logger.warning("isolated verifier attempt %d/%d failed (%s); retrying in %.1fs",
                                attempt, self.config.verifier.retries + 1, last, delay)
                 await asyncio.sleep(delay)
-            graded, fresh = copy.deepcopy(solution), copy.deepcopy(task)
+            graded, fresh, started = copy.deepcopy(solution), copy.deepcopy(task), time.time()
             try:
-                async with make_runtime(config) as runtime:
+                async with make_runtime(config) as box:
+                    runtime = WithEnv(box, self.config.verifier.env) if self.config.verifier.env else box
                     async with asyncio.timeout(deadlines["setup"]):
                         await self.stage(fresh, graded, runtime)
                     async with asyncio.timeout(deadlines["scoring"]):
                         await score(fresh, graded, runtime)
                 graded.info["verifier"] = {"runtime": config.type, "attempts": attempt + 1}
+                graded.timing["verifier"] = {"start": started, "end": time.time()}
                 return graded
             except Exception as e:  # noqa: BLE001 - retry the whole fresh box
                 last = e
@@ -110,3 +116,16 @@ class IsolatedVerifierEnv(Env[IsolatedVerifierEnvConfig]):
 
 def hook_args(task: Task, trace, runtime) -> dict:
     return {"task": task.data, "trace": trace, "state": trace.state, "config": task.config, "runtime": runtime}
+
+
+class WithEnv:
+    """A runtime whose every `run` also gets `env` (a caller's own variables win)."""
+
+    def __init__(self, runtime, env: dict[str, str]):
+        self._runtime, self._env = runtime, env
+
+    def __getattr__(self, name: str):
+        return getattr(self._runtime, name)
+
+    async def run(self, command, env: dict[str, str] | None = None, **kwargs):
+        return await self._runtime.run(command, {**self._env, **(env or {})}, **kwargs)
