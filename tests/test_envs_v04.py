@@ -153,6 +153,7 @@ def test_agentic_judge_verdict_becomes_the_solvers_reward(stub, tmp_path):
     assert judged.agent["trainable"] is False and judged.info["verdict"]["verdicts"][0]["verdict"] == "yes"
     assert solver.metrics["judge/solved"] == 1.0 and solver.rewards["judge"].score == 1.0
     assert solver.rewards["passed"].weight == 0.0 and solver.reward == 1.0  # judge-only by default
+    assert ep.reward == 1.0  # the episode's reward is the solver's: the judge is not trainable
     assert "Write 42 to answer.txt." in judged.nodes[1].message["content"]
     ep = run_eval(tmp_path / "b", stub, CHEAT, judge_env("agentic-judge", judge, score={"task_weight": 1.0}))
     solver = ep.traces[0]
@@ -192,7 +193,7 @@ def test_agentic_judge_refuses_a_tool_less_judge_and_the_subprocess_runtime():
 
 
 def test_judge_prompt_and_trace_record_hide_reasoning_and_keep_literal_braces():
-    from vf.envs.agentic_judge import JudgeTask, JudgeTaskConfig, TRACE_FILE
+    from vf.envs.agentic_judge import TRACE_FILE, JudgeTask, JudgeTaskConfig
     from vf.taskset import Task, TaskData
     from vf.trace import MessageNode, Trace, TraceTask
 

@@ -210,7 +210,7 @@ class JudgeTask(Task):
     async def finalize(self, trace, runtime) -> None:
         try:
             raw = await runtime.read(VERDICT_FILE, max_bytes=VERDICT_MAX_BYTES)
-        except Exception as e:  # noqa: BLE001 - absent, too big, or not a regular file
+        except Exception as e:
             raise ValueError(f"the judge wrote no verdict to {VERDICT_FILE}; its final act must be writing "
                              '{"verdicts": [{"name", "reason", "verdict"}, ...]} there') from e
         trace.info["verdict"] = RubricVerdicts.model_validate(load_json(raw)).model_dump()
