@@ -252,3 +252,21 @@ def test_vf_eval_cli_runs_the_envs_by_id(cli, stub, tmp_path):
     proc = cli("vf-eval", *common, "--env.id", "shared-agentic-judge", "--env.solver.runtime.type", "subprocess",
                "-m", f"bash:{HONEST}", "-o", str(tmp_path / "run2"), env={"FAKE_KEY": "sk-test"})
     assert proc.returncode == 2 and "isolated runtime" in proc.stderr and not (tmp_path / "run2").exists()
+
+
+def test_a_rubric_file_weights_the_judges_criteria(stub, tmp_path):
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text('[[criteria]]\nname = "correct"\ntext = "answer.txt holds 42"\nweight = 3.0\n'
+                      'choices = ["no", "partly", "yes"]\n\n'
+                      '[[criteria]]\nname = "tidy"\ntext = "no stray files"\n')
+    body = ('{"verdicts": [{"name": "correct", "reason": "r", "verdict": "partly"}, '
+            '{"name": "tidy", "reason": "r", "verdict": "yes"}]}')
+    ep = run_eval(tmp_path, stub, HONEST, judge_env("agentic-judge", f"printf '{body}' > .vf-judge-verdict.json",
+                                                    task={"rubric": str(rubric)}, score={"judge_weight": 2.0}))
+    solver, judged = ep.traces
+    assert ep.ok, ep.errors
+    assert solver.metrics["judge/correct"] == 0.5 and solver.metrics["judge/tidy"] == 1.0
+    assert solver.rewards["judge"].score == (3 * 0.5 + 1 * 1.0) / 4 and solver.rewards["judge"].weight == 2.0
+    assert solver.reward == 1.25
+    prompt = judged.nodes[1].message["content"]
+    assert "- correct: answer.txt holds 42 (answer one of, worst to best: no, partly, yes)" in prompt
