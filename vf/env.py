@@ -39,9 +39,9 @@ from typing import Any, Generic
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
-from vf.harness import HarnessConfig, Rollout, reply_text, segment_since
+from vf.harness import HarnessConfig, Rollout, reply_text, runtime_for_task, segment_since
 from vf.retries import RetryBudget, RetryConfig, backoff
-from vf.runtime import RuntimeConfig
+from vf.runtime import Runtime, RuntimeConfig, make_runtime
 from vf.taskset import Task, concrete_type
 
 
@@ -181,12 +181,17 @@ class Agent:
         self.name, self.config, self._episode = name, config, episode
         self.trainable = True
 
-    async def run(self, task: Task):
+    async def run(self, task: Task, *, scored: bool = True, runtime: Runtime | None = None):
         """One segment on the task's prompt (tool calls included), then finalize and score; run
-        again from scratch while the trace ends with an error `retries` allows."""
+        again from scratch while the trace ends with an error `retries` allows.
+
+        `scored=False` defers the task's metrics, rewards and judges (finalize and artifact
+        collection still run): an env scores the trace elsewhere (isolated-verifier).
+        `runtime` is a box the caller owns (`provision`): the rollout runs in it and leaves it
+        open, so a later seat can work in the same files (shared-agentic-judge)."""
         budget, history = RetryBudget(self.config.retries), []
         for attempt in range(budget.total + 1):
-            trace = await self._run_once(task)
+            trace = await self._run_once(task, scored, runtime)
             if trace.ok or attempt == budget.total or not budget.take(trace.errors):
                 break
             history.extend(trace.errors)
@@ -196,9 +201,9 @@ class Agent:
             trace.errors = history + trace.errors
         return trace
 
-    async def _run_once(self, task: Task):
+    async def _run_once(self, task: Task, scored: bool = True, runtime: Runtime | None = None):
         async with self._episode.gate:
-            rollout = await self._episode.open(self, task)
+            rollout = await self._episode.open(self, task, runtime=runtime)
             try:
                 if not rollout.done:
                     await rollout.turn()
@@ -206,7 +211,17 @@ class Agent:
             except BaseException:  # cancelled (episode timeout): the runner records it, unscored
                 await rollout.cleanup()
                 raise
-            return await self._episode.close(rollout)
+            return await self._episode.close(rollout, scored=scored)
+
+    @contextlib.asynccontextmanager
+    async def provision(self, task: Task):
+        """A runtime made from this seat's runtime policy for `task`, closed on leaving the block;
+        rollouts given it (`run(task, runtime=box)`) borrow it and never close it."""
+        runtime = make_runtime(runtime_for_task(self.config.runtime, task.data))
+        try:
+            yield runtime
+        finally:
+            await runtime.close()
 
     @contextlib.asynccontextmanager
     async def interaction(self, task: Task):
@@ -248,10 +263,12 @@ class EpisodeContext:
 
     gate: asyncio.Semaphore
 
-    async def open(self, agent: Agent, task: Task) -> Rollout:  # pragma: no cover - interface
+    async def open(self, agent: Agent, task: Task,
+                   runtime: Runtime | None = None) -> Rollout:  # pragma: no cover - interface
+        """`runtime`: a borrowed box the rollout uses instead of making (and closing) its own."""
         raise NotImplementedError
 
-    async def close(self, rollout: Rollout):  # pragma: no cover - interface
+    async def close(self, rollout: Rollout, scored: bool = True):  # pragma: no cover - interface
         raise NotImplementedError
 
     def discard(self, trace) -> None:  # pragma: no cover - interface

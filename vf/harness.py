@@ -216,8 +216,10 @@ class SeatSpec:
 class Rollout:
     """One seat's conversation on one task (see module docstring)."""
 
-    def __init__(self, task: Task, trace: Trace, spec: SeatSpec):
+    def __init__(self, task: Task, trace: Trace, spec: SeatSpec, runtime: Any = None):
         self.task, self.trace, self.spec = task, trace, spec
+        self._borrowed = runtime
+        """A runtime the caller owns (`Agent.provision`): used instead of a new one, never closed."""
         self.deadlines = stage_deadlines(spec.timeout, task.data.timeout)
         self.agent_budget = self.deadlines["agent"]
         """Seconds the agent has left: spent only while its own turns run."""
@@ -257,7 +259,9 @@ class Rollout:
 
     async def _open(self) -> None:
         """Runtime, toolsets, opening messages, `Task.setup` (under the setup deadline)."""
-        if self._wants_runtime():
+        if self._borrowed is not None:
+            self.runtime = self._borrowed
+        elif self._wants_runtime():
             from vf.runtime import make_runtime
 
             self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
@@ -318,7 +322,7 @@ class Rollout:
             if isinstance(self.spec.harness, Harness) and self.runtime is not None:
                 await self.spec.harness.cleanup(self.trace, self.runtime)
         runtime, self.runtime = self.runtime, None
-        if runtime is not None:
+        if runtime is not None and runtime is not self._borrowed:
             await runtime.close()
 
     async def _stage(self, stage: str, work, seconds: float | None) -> bool:

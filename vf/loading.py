@@ -249,8 +249,9 @@ def load_taskset(taskset_id: str, fields: dict[str, Any] | None = None,
 
 
 def chosen_env(taskset_cls: type[Taskset], env_fields: dict[str, Any] | None) -> type[Env]:
-    """`--env.id ID` picks a built-in env (`best-of-n`, `user-sim`, `single-agent`) over any
-    taskset; without it, the taskset's own (`env_class`)."""
+    """`--env.id ID` picks a built-in env (`best-of-n`, `user-sim`, `single-agent`,
+    `isolated-verifier`, `agentic-judge`, `shared-agentic-judge`; vf.envs) over any taskset;
+    without it, the taskset's own (`env_class`)."""
     from vf.envs import BUILTIN_ENVS
 
     env_id = (env_fields or {}).get("id")

@@ -105,13 +105,13 @@ class _EpisodeRun(EpisodeContext):
         self.completed: list[Trace] = []
         self.gate = asyncio.Semaphore(max_concurrent_agents)
 
-    async def open(self, agent: Agent, task: Task) -> Rollout:
+    async def open(self, agent: Agent, task: Task, runtime=None) -> Rollout:
         seat = seat_spec(self.spec, agent)
         trace = Trace(task=trace_task(task), agent={
             "name": agent.name, "trainable": agent.trainable, "engine": self.spec.engine.name,
             "config": {"model": seat.model, "sampling": seat.sampling.to_dict(), "max_turns": seat.max_turns,
                        "harness": {"id": seat.harness.config.id}}})
-        rollout = Rollout(task, trace, seat)
+        rollout = Rollout(task, trace, seat, runtime=runtime)
         self.rollouts.append(rollout)
         await rollout.open()
         return rollout
@@ -120,8 +120,8 @@ class _EpisodeRun(EpisodeContext):
         self.completed.remove(trace)
         self.rollouts = [r for r in self.rollouts if r.trace is not trace]
 
-    async def close(self, rollout: Rollout) -> Trace:
-        trace = await rollout.close()
+    async def close(self, rollout: Rollout, scored: bool = True) -> Trace:
+        trace = await rollout.close(scored=scored)
         trace.agent["trainable"] = rollout.spec.trainable
         self.completed.append(trace)
         return trace
