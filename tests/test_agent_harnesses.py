@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -84,7 +85,8 @@ async def episode(harness, script, runtime_config: RuntimeConfig, *, key: str = 
                   trajectory_path: str = TRAJECTORY):
     """One episode: the agent against the scripted server. Returns (result, runtime files, server
     requests, auth headers, exit status, seconds for setup and launch)."""
-    sock = os.path.join(socket_dir(), "model.sock")
+    sockets = socket_dir()
+    sock = os.path.join(sockets, "model.sock")
     with StubServer(script=script, api_key=SECRET, unix_socket=sock) as server:
         async with make_runtime(runtime_config) as rt:
             endpoint = rt.model_endpoint(server.url, sock) if bridged else server.url
@@ -99,11 +101,12 @@ async def episode(harness, script, runtime_config: RuntimeConfig, *, key: str = 
             trajectory = ((await rt.read(trajectory_path)).decode()
                           if (rt.workdir / trajectory_path).exists() else "")
             status = await harness.exit_status(rt) if hasattr(harness, "exit_status") else None
-        print(f"\nlaunch {launch_s:.1f} s (setup {setup_s:.2f} s), {len(server.requests)} calls, exit "
-              f"{result.exit_code}, status {status}")
-        return SimpleNamespace(result=result, files=files, requests=list(server.requests),
-                               auth=list(openai_stub.Handler.auth), status=status, trajectory=trajectory,
-                               setup_s=setup_s, launch_s=launch_s)
+        requests, auth = list(server.requests), list(openai_stub.Handler.auth)
+    shutil.rmtree(sockets, ignore_errors=True)
+    print(f"\nlaunch {launch_s:.1f} s (setup {setup_s:.2f} s), {len(requests)} calls, exit "
+          f"{result.exit_code}, status {status}")
+    return SimpleNamespace(result=result, files=files, requests=requests, auth=auth, status=status,
+                           trajectory=trajectory, setup_s=setup_s, launch_s=launch_s)
 
 
 HI_SCRIPT = [bash_call("echo hi > out.txt"), bash_call(SUBMIT)]
@@ -243,6 +246,7 @@ def test_concurrent_installs_make_one_environment(tmp_path, monkeypatch):
     assert len(runs) == 2
 
 
+@pytest.mark.agents
 def test_an_unfinished_install_is_made_again(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     program = PythonProgram("tiny", "1.0", (str(tiny_wheel(tmp_path)),), root=tmp_path / "cache")
@@ -408,3 +412,37 @@ def test_vf_eval_runs_the_agent_and_records_every_call(stub, tmp_path, cli, make
     assert len(trace["calls"]) == len(script) == len(stub.requests)  # each reached the policy once
     run_text = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
     assert "sk-provider" not in run_text
+
+
+@pytest.mark.agents
+def test_a_copied_python_runs_from_the_install_in_the_sandbox(tmp_path, monkeypatch):
+    """harbor needs Python >= 3.12: a host interpreter the sandbox cannot see (pyenv's, under
+    /root) is copied into the install, and the environment made from it runs inside."""
+    try:
+        python, _ = install.find_python((3, 12))
+    except HarnessError as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    root = Path(socket_dir())  # reachable by the sandbox's nobody, unlike pytest's tmp_path
+    program = PythonProgram("tiny312", "1.0", (str(tiny_wheel(tmp_path)),), python=python, copy_python=True,
+                            root=root / "cache")
+    try:
+        _check_copied_python(program)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # a copied Python: a few hundred MB
+
+
+def _check_copied_python(program) -> None:
+    program.ensure()
+    assert (program.dir / "python" / "bin").is_dir() and not list((program.dir / "python" / "lib").glob("*/test"))
+    code = "import sys, vf_tiny_agent; print(sys.version_info >= (3, 12), sys.base_prefix, vf_tiny_agent.ANSWER)"
+
+    async def run_inside():
+        async with make_runtime(RuntimeConfig(type="sandbox")) as rt:
+            rt.add_read_only(str(program.dir))
+            return await rt.run([program.interpreter, "-c", code], program.env)
+
+    if _bwrap_works():
+        result = asyncio.run(run_inside())
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.split() == ["True", str(program.dir / "python"), "42"]

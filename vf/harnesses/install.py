@@ -145,12 +145,11 @@ class PythonProgram:
 
     def _copy_python(self) -> str:
         """Copy `python`'s installation to `dir/python`; returns the copy's interpreter."""
-        probe = subprocess.run([self.python, "-c", "import sys; print(sys.base_prefix); print(sys.executable); "
-                                "print('%d.%d' % sys.version_info[:2])"],
-                               capture_output=True, text=True, timeout=60, check=False)
+        code = "import sys; print(sys.base_prefix); print('%d.%d' % sys.version_info[:2])"
+        probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
         if probe.returncode != 0:
             raise HarnessError(f"cannot run {self.python} for {self.name}: {probe.stderr.strip()[-500:]}")
-        prefix, executable, version = probe.stdout.split()
+        prefix, version = probe.stdout.split()
         skip = shutil.ignore_patterns("test", "tests", "idle_test", "__pycache__", "site-packages", "*.a")
         shutil.copytree(prefix, self.dir / "python", symlinks=True, ignore=skip)
         (self.dir / "python" / "lib" / f"python{version}" / "site-packages").mkdir(exist_ok=True)
@@ -178,8 +177,8 @@ def find_python(minimum: tuple[int, int]) -> tuple[str, bool]:
         candidates += sorted(map(str, uv.glob(f"cpython-3.{n}.*/bin/python3.{n}")), reverse=True)
     for exe in filter(None, candidates):
         try:
-            probe = subprocess.run([exe, "-c", "import sys; print('%d %d' % sys.version_info[:2]); "
-                                    "print(sys.base_prefix)"], capture_output=True, text=True, timeout=60, check=False)
+            code = "import sys; print('%d %d' % sys.version_info[:2]); print(sys.base_prefix)"
+            probe = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=60, check=False)
         except OSError:
             continue
         if probe.returncode != 0:
