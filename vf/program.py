@@ -49,6 +49,7 @@ from vf.errors import (
 from vf.interception.server import InterceptionServer
 from vf.runtimes import ProgramResult, Runtime
 from vf.taskset import TaskData, call_hook, concrete_type
+from vf.trace import nested_tool
 from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
 from vf.utils.exports import exported_subclasses
 
@@ -203,12 +204,12 @@ class RunInterception:
 
 
 def flat_tools_to_functions(tools: list | None) -> list[dict[str, Any]] | None:
-    """A call's tools (verifiers' flat `Tool`) as the OpenAI function schemas engines render."""
+    """A call's tools (verifiers' flat `Tool`) as the OpenAI function schemas engines render
+    (the trace's one converter, `vf.trace.nested_tool`)."""
     if not tools:
         return None
-    return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
-            for t in tools]
+    return [nested_tool({**t.model_dump(exclude_none=True),
+                         "parameters": t.parameters or {"type": "object", "properties": {}}}) for t in tools]
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
