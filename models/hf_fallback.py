@@ -18,6 +18,13 @@ What is slower than native: q/k/v and gate/up projections unfused, transformers'
 per step, and no lean decode step in the engine (`FastDecoder`). Refused (exit 2): logit
 soft-capping or scaling, an LM-head bias, attention soft-capping — our LM head and attention seam
 do not apply them — and sliding-window attention over sequences longer than the window.
+
+Never silently wrong: a model whose tokens also mix outside attention (recurrent DeltaNet or
+Mamba layers, convolutions) would carry that state across packed documents and, in the engine,
+lose it between decode steps (our cache holds only attention K/V). `load` probes for it — the
+second of two packed documents must equal the same document run alone — and such a model runs
+packed rows one document at a time (slower, exact) and refuses the engine's cache (exit 2:
+generate with vLLM or a native family). A model the probe forward itself fails on is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import torch
 from torch import nn
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError, read_json_object, under_root
-from vf.models.layers import positions_and_mask, sdpa
+from vf.models.layers import Documents, positions_and_mask, sdpa
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
@@ -40,11 +47,16 @@ _UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit
 
 # what the attention function should do during the current forward: (Documents | None, cache | None)
 _CONTEXT: contextvars.ContextVar[tuple[Any, Any]] = contextvars.ContextVar("vf_hf_attention", default=(None, None))
+# during `load`'s probe: the (kv heads, k dim, v dim) of every attention call, for the engine's cache layout
+_SHAPES: contextvars.ContextVar[set | None] = contextvars.ContextVar("vf_hf_attention_shapes", default=None)
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function signature: q [B,nh,T,hd], k/v [B,nkv,S,hd] -> ([B,T,nh,hd], None)."""
     docs, cache = _CONTEXT.get()
+    shapes = _SHAPES.get()
+    if shapes is not None:
+        shapes.add((key.shape[1], key.shape[-1], value.shape[-1]))
     window = kwargs.get("sliding_window")
     if window and cache is None and query.shape[2] > window:
         raise ModelLoadError(f"sliding-window attention ({window} tokens) over {query.shape[2]} tokens is not "
@@ -57,6 +69,17 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     else:
         out = sdpa(query, key, value, docs)
     return out.transpose(1, 2), None
+
+
+def _leak(packed: torch.Tensor, alone: torch.Tensor) -> float:
+    """Largest difference between a document's hidden states packed and alone, relative to their scale."""
+    return ((packed.float() - alone.float()).abs().max() / alone.float().abs().max().clamp_min(1e-6)).item()
+
+
+# relative difference above which the probe calls a document's states changed by its neighbour: the
+# attention seam gives ~1e-7 in fp32 (different GEMM shapes) and ~1e-2 in 16-bit; a leak gives ~1
+LEAK_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+LEAK_TOLERANCE_16BIT = 5e-2
 
 
 def _register() -> None:
@@ -90,6 +113,11 @@ class HFModel(nn.Module):
         self.hf = hf
         self.config = hf_model_config(hf.config)
         self.activation_checkpointing = False
+        self.cache_refusal: str | None = None
+        """Why the embedded engine must not run this model on its cache (None: it may); the engine
+        refuses with it. Set by `load`'s probe."""
+        self.unpack_documents = False
+        """Run packed rows one document at a time: state outside attention would cross documents."""
         if self.config.tie_word_embeddings:
             self._tie_state_dict()
 
@@ -143,7 +171,41 @@ class HFModel(nn.Module):
         if head is None or getattr(head, "bias", None) is not None:
             raise ModelLoadError(f"{path}: the LM head has a bias (or there is none); the transformers fallback "
                                  "needs a plain [V, H] head", hint="this family needs a native implementation")
-        return cls(hf.to(device)).eval()
+        return cls(hf.to(device)).eval()._probe(path)
+
+    def _probe(self, path: Path) -> HFModel:
+        """Run two packed documents and the second alone (see the module doc): a model that mixes
+        tokens outside the attention seam is unpacked and kept off the engine's cache."""
+        V = self.config.vocab_size
+        ids = torch.randint(V, (1, 12), generator=torch.Generator().manual_seed(0)).to(self.lm_head_weight.device)
+        positions = torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0).to(ids.device)
+        shapes: set = set()
+        token = _SHAPES.set(shapes)
+        try:
+            with torch.no_grad():
+                packed = self._decode(ids, positions, Documents(positions))[:, 7:]
+                alone = self._decode(ids[:, 7:], None, None)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # noqa: BLE001 (whatever the model's own code raises on our seam)
+            raise ModelLoadError(f"{path}: model_type {self.hf.config.model_type!r} does not run through the "
+                                 f"transformers fallback's attention seam ({type(e).__name__}: {e})",
+                                 hint="this family needs a native implementation in vf.models") from None
+        finally:
+            _SHAPES.reset(token)
+        dtype, kind = self.lm_head_weight.dtype, self.hf.config.model_type
+        cache_shape = (self.config.num_kv_heads, self.config.head_dim, self.config.head_dim)
+        if _leak(packed, alone) > LEAK_TOLERANCE.get(dtype, LEAK_TOLERANCE_16BIT):
+            self.unpack_documents = True
+            self.cache_refusal = (f"model_type {kind!r} keeps state outside attention (recurrent or "
+                                  "convolutional layers), which the embedded engine's KV cache cannot carry "
+                                  "through the transformers fallback")
+        elif shapes - {cache_shape}:
+            got = ", ".join(f"{h} kv heads of k dim {k} / v dim {v}" for h, k, v in sorted(shapes - {cache_shape}))
+            self.cache_refusal = (f"model_type {kind!r} attends with {got}, which the embedded engine's KV cache "
+                                  f"(laid out from config.json: {cache_shape[0]} kv heads of dim {cache_shape[1]}) "
+                                  "cannot hold through the transformers fallback")
+        return self
 
     @property
     def decoder(self):
@@ -158,18 +220,27 @@ class HFModel(nn.Module):
         return self.hf.get_output_embeddings().weight
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        if cache is not None and self.cache_refusal:
+            raise ModelLoadError(self.cache_refusal, hint="generate with --engine.type vllm")
         T = input_ids.shape[1]
         position_ids, docs = positions_and_mask(input_ids, position_ids, cache)
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             self.hf.gradient_checkpointing_enable({"use_reentrant": False})
-        token = _CONTEXT.set((docs, cache))
-        try:
-            out = self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        finally:
-            _CONTEXT.reset(token)
+        if self.unpack_documents and docs is not None and not docs.single:
+            return torch.cat([torch.cat([self._decode(input_ids[b:b + 1, s:e], position_ids[b:b + 1, s:e], None)
+                                         for s, e in row], dim=1) for b, row in enumerate(docs.spans)], dim=0)
+        out = self._decode(input_ids, position_ids, docs, cache)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
-        return out.last_hidden_state
+        return out
+
+    def _decode(self, input_ids, position_ids, docs, cache=None) -> torch.Tensor:
+        """The base model's final-normed hidden states, its attention routed through our seam."""
+        token = _CONTEXT.set((docs, cache))
+        try:
+            return self.decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        finally:
+            _CONTEXT.reset(token)
 
     def compute_logits(self, input_ids, position_ids=None, cache=None):
         return self.forward(input_ids, position_ids, cache) @ self.lm_head_weight.t()

@@ -133,3 +133,93 @@ def test_vf_train_runs_rl_steps_on_the_fallback(phi3_dir, tmp_path):
     rl = [r for r in rows if r["phase"] == "rl"]
     assert len(rl) == 2 and all(r["skipped_step"] == 0 for r in rl)
     assert rl[0]["mismatch_kl"] < 1e-6  # trainer and engine log-probs agree on the same weights
+
+
+def _native_family_checkpoints(root):
+    """family -> a tiny random checkpoint dir with the tiny tokenizer, one per native text family
+    (the builders of the families' own parity tests)."""
+    from test_models_deepseek_v4 import build as build_dsv4
+    from test_models_families import FAMILIES, build_family, save_with_tiny_tokenizer
+    from test_models_hybrid import FAMILIES as HYBRIDS
+    from test_models_hybrid import build_hybrid
+    from test_models_parity import make_hf
+
+    dense = {"qwen3": ("Qwen3", {"num_key_value_heads": 2, "intermediate_size": 96}),
+             "llama": ("Llama", {"num_key_value_heads": 2, "intermediate_size": 96}),
+             "qwen3_moe": ("Qwen3Moe", {"num_key_value_heads": 2, "intermediate_size": 96, "moe_intermediate_size": 16,
+                                        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1})}
+    out = {}
+    for family, (cls, kw) in dense.items():
+        out[family] = root / family
+        save_with_tiny_tokenizer(make_hf(cls, {**kw, "vocab_size": 512}), out[family])
+    for family in FAMILIES:
+        out[family] = root / family
+        build_family(family, out[family])
+    for family in HYBRIDS:
+        out[family] = root / family
+        build_hybrid(family, out[family])
+    out["deepseek_v4"] = root / "deepseek_v4"
+    build_dsv4(out["deepseek_v4"])
+    return out
+
+
+def test_every_native_family_through_the_fallback_matches_native_or_is_refused(tmp_path):
+    """`--model.impl hf` on each native family: packed-row logits and the engine's greedy tokens and
+    log-probs equal the native model's, or the fallback refuses (exit-2 errors); never silently off.
+    The recurrent hybrids must come out exact on packed rows (run one document at a time) and be
+    refused by the engine (their state is not in our KV cache)."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+    from vf.errors import UsageError
+    from vf.models import ModelLoadError, load_model
+    from vf.models.config import HYBRID_FAMILIES
+
+    from vf.engines.base import Sampling
+    from vf.engines.local import LocalEngine
+
+    def greedy(model, d, prompt):
+        engine = LocalEngine(model, AutoTokenizer.from_pretrained(str(d)), max_batch=2, path=d)
+        try:
+            return asyncio.run(engine.generate_ids(prompt, Sampling(temperature=0.0, max_tokens=6), ignore_eos=True))
+        finally:
+            asyncio.run(engine.close())
+
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randint(3, 500, (9,), generator=g), torch.randint(3, 500, (14,), generator=g)
+    packed, pos = torch.cat([a, b])[None], torch.cat([torch.arange(9), torch.arange(14)])[None]
+    outcome = {}
+    for family, d in _native_family_checkpoints(tmp_path).items():
+        native = load_model(d, impl="native")
+        try:
+            fallback = load_model(d, impl="hf")
+        except ModelLoadError:
+            outcome[family] = "refused at load"
+            continue
+        with torch.no_grad():
+            diff = (fallback.compute_logits(packed, pos) - native.compute_logits(packed, pos)).abs().max().item()
+        assert diff <= 1e-4, f"{family}: packed logits through the fallback differ by {diff}"
+        try:
+            got = greedy(fallback, d, a.tolist())
+        except UsageError as e:
+            assert "through the transformers fallback" in e.message
+            outcome[family] = "engine refused: " + ("state" if "state outside attention" in e.message else "cache layout")
+            continue
+        want = greedy(native, d, a.tolist())
+        assert got.token_ids == want.token_ids, family
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 1e-4, family
+        outcome[family] = "matches"
+    assert {f for f, o in outcome.items() if o == "engine refused: state"} == set(HYBRID_FAMILIES), outcome
+    assert outcome["qwen3"] == outcome["llama"] == outcome["qwen3_moe"] == "matches", outcome
+    assert outcome["deepseek_v3"] == "engine refused: cache layout", outcome  # MLA: k dim 20, v dim 10
+
+
+def test_vf_train_refuses_a_recurrent_model_on_the_fallback_engine_with_exit_2(tmp_path, cli):
+    from test_models_hybrid import build_hybrid
+
+    build_hybrid("qwen3_next", tmp_path / "m")
+    proc = cli("vf-train", "--model", str(tmp_path / "m"), "--model.impl", "hf", "--steps", "1",
+               "-o", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "keeps state outside attention" in proc.stderr and "--engine.type vllm" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -106,6 +106,9 @@ class LocalEngine:
             raise UsageError(f"router replay needs a MoE model; {model_name or 'this model'} has no MoE layers "
                              f"(of vf's MoE runtime)", hint="drop --model.router-replay for dense models")
         self.router_replay = bool(router_replay)
+        refusal = getattr(model, "cache_refusal", None)  # a model our KV cache cannot run exactly
+        if refusal:
+            raise UsageError(refusal, hint="generate with --engine.type vllm (or serve a native family)")
 
         self.model = model.eval()
         # a vision-language model reads image parts: data URLs, or local files under image_roots (default: cwd)
