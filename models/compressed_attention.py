@@ -16,7 +16,7 @@ Entry w holds tokens up to w·m+m-1: query at position p may see it iff w < (p +
 Indexer (CSA only): index queries q_i = wq_b(q latent) [ni, di] roped at the query position, index
 keys = the indexer compressor's entries, weights w = weights_proj(x) / sqrt(ni);
   score(t, s) = Σ_h w_h(t) · relu(q_i,h(t) · k_s) / sqrt(di)
-and query t attends to the top `index_topk` visible entries (a stable sort: exact ties go to the
+and query t attends to the top `index_topk` visible entries (dsa.top_k_mask: exact ties go to the
 earlier entry, where transformers' torch.topk leaves the order open). The selection is a hard,
 non-differentiable choice, so the indexer's parameters get no gradient (transformers' indexer
 returns only the indices) and training leaves them as loaded.
@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
+from vf.models.dsa import top_k_mask
 from vf.models.layers import RMSNorm
 
 
@@ -108,10 +109,12 @@ class Indexer(nn.Module):
         return q, self.weights_proj(x).float() * self.ni**-0.5
 
     @torch.no_grad()
-    def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def index_scores(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor):
         """q [B, T, ni, di], weights [B, T, ni], index keys [B, Nw, di], visible bool [B, T, Nw]
-        -> bool [B, T, Nw]: each query's top-k visible entries."""
+        -> fp32 [B, T, Nw]: each query's score of every entry, -inf where it may not look."""
         scores = torch.relu(q.float() @ keys.float().transpose(-1, -2)[:, None]) * self.di**-0.5  # [B, T, ni, Nw]
-        index = (scores * weights[..., None]).sum(dim=2).masked_fill(~visible, float("-inf"))  # [B, T, Nw]
-        top = index.sort(dim=-1, descending=True, stable=True).indices[..., : self.topk]
-        return torch.zeros_like(visible).scatter_(-1, top, True) & visible
+        return (scores * weights[..., None]).sum(dim=2).masked_fill(~visible, float("-inf"))  # [B, T, Nw]
+
+    def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """As `index_scores` -> bool [B, T, Nw]: each query's top-k visible entries."""
+        return top_k_mask(self.index_scores(q, weights, keys, visible), self.topk)

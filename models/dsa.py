@@ -10,7 +10,8 @@ Per query t and visible key s (transformers' GlmMoeDsaIndexer):
   both rope'd on their FIRST dr dims (interleaved pairs, like MLA's rope part), the rest pass
   score(t, s) = sum_h w_h(t) * relu(q_i,h(t)·k_i(s) / sqrt(di)),   w(t) = weights_proj(x_t) / sqrt(ni)
   selected(t) = top-k of score(t, ·) over the keys t may see (k = min(index_topk, S); exact ties
-                go to the earlier key, where transformers' torch.topk leaves the order unspecified)
+                go to the earlier key, where transformers' torch.topk leaves the order unspecified:
+                see `top_k_mask`)
 The attention mask is then visible & selected; everything else is MLA unchanged. The selection is
 a hard, non-differentiable choice (transformers runs the indexer under no_grad), so the indexer
 weights get no gradient and training leaves them as loaded.
@@ -51,19 +52,32 @@ class Indexer(nn.Module):
         return self._rope(self.k_norm(self.wk(x))[:, None], cos, sin)
 
     @torch.no_grad()
-    def select(self, x, q_lat, keys, cos, sin, visible):
+    def index_scores(self, x, q_lat, keys, cos, sin, visible):
         """x [B, T, H], q_lat [B, T, rq], keys [B, 1, S, di], visible bool [B|1, 1, T, S]
-        -> bool [B, 1, T, S]: the top-k visible keys of each query."""
+        -> fp32 [B, T, S]: each query's score of every key, -inf where it may not look."""
         B, T, _ = x.shape
         q = self._rope(self.wq_b(q_lat).view(B, T, self.ni, self.di).transpose(1, 2), cos, sin)  # [B, ni, T, di]
         scores = F.relu(q.transpose(1, 2).float() @ keys.float().transpose(-1, -2) * self.di**-0.5)  # [B, T, ni, S]
         w = F.linear(x.float(), self.weights_proj.weight.float()) * self.ni**-0.5  # [B, T, ni]
         index = (w.unsqueeze(-2) @ scores).squeeze(-2)  # [B, T, S]
-        index = index.masked_fill(~visible[:, 0], float("-inf"))
-        # a stable sort breaks exact ties (e.g. all-zero relu scores) towards the earlier key, the same
-        # in a packed row as in a separate document; torch.topk's tie order depends on the row layout
-        top = index.sort(dim=-1, descending=True, stable=True).indices[..., : self.topk]
-        return torch.zeros_like(index, dtype=torch.bool).scatter_(-1, top, True)[:, None]
+        return index.masked_fill(~visible[:, 0], float("-inf"))
+
+    def select(self, x, q_lat, keys, cos, sin, visible):
+        """As `index_scores` -> bool [B, 1, T, S]: the top-k visible keys of each query."""
+        return top_k_mask(self.index_scores(x, q_lat, keys, cos, sin, visible), self.topk)[:, None]
+
+
+def top_k_mask(index: torch.Tensor, k: int) -> torch.Tensor:
+    """index scores [..., S] (-inf: not visible) -> bool [..., S]: the k highest visible entries.
+
+    A stable sort gives exact ties to the earlier key, whatever the row's length or padding, so a
+    packed row, a padded engine batch and a cached decode step all pick what a lone full forward
+    picks. transformers' `torch.topk` leaves the order of ties unspecified (on CPU it depends on the
+    row length, so its own cached generate and full forward can disagree); ties are exact only
+    where every index head's ReLU is 0 (score 0), which tiny configs with few index heads hit often
+    and real ones (32-64 index heads) practically never."""
+    top = index.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.zeros_like(index, dtype=torch.bool).scatter_(-1, top, True) & (index > float("-inf"))
 
 
 class DSAttention(MLAttention):

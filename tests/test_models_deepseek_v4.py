@@ -1,6 +1,7 @@
 """DeepSeek-V4 (`deepseek_v4`) against transformers on a random-initialised tiny config: fp32 logits,
 packed rows, HF round trip, the engine's cached greedy decode and log-probs, each mechanism
-mattering, broken checkpoints, and vf-train."""
+mattering, broken checkpoints, and vf-train; plus a sweep of configs from transformers' defaults
+(logits up to the order of exact top-k ties, packed rows, cached decode)."""
 
 import json
 import shutil
@@ -11,12 +12,16 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from test_models_families import (
+    SWEEP_IDS,
+    check_cached_decode,
     check_engine_greedy,
-    check_packed_rows,
     check_logits_parity,
+    check_packed_rows,
+    check_parity_up_to_ties,
     check_refused,
     check_round_trip,
     check_vf_train,
+    randomize_buffers,
     save_with_tiny_tokenizer,
 )
 from test_models_parity import hf_logits, make_hf
@@ -41,18 +46,7 @@ IDS = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
 
 def build(out, seed=0, **overrides):
     """A random tiny DeepSeek-V4 HF checkpoint in `out` with the tiny tokenizer; returns the HF model."""
-    hf = make_hf("DeepseekV4", {**CONFIG, **overrides}, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    E, k = hf.config.n_routed_experts, hf.config.num_experts_per_tok
-    with torch.no_grad():  # transformers zero-inits these buffers: make them matter
-        for name, b in hf.named_buffers():
-            if name.endswith("tid2eid"):
-                b.copy_(torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(b.shape[0])]))
-            elif name.endswith("e_score_correction_bias"):
-                b.uniform_(-0.3, 0.3, generator=g)
-        for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
-            if name.endswith("weights_proj.weight"):  # whose order transformers leaves open
-                p.abs_()
+    hf = randomize_buffers(make_hf("DeepseekV4", {**CONFIG, **overrides}, seed=seed), seed)
     return save_with_tiny_tokenizer(hf, out)
 
 
@@ -81,6 +75,44 @@ def test_dsv4_default_layer_schedule_matches_transformers(tmp_path):
     model = load_model(tmp_path)
     with torch.no_grad():
         assert (model.compute_logits(IDS) - hf_logits(hf, IDS)).abs().max().item() <= 1e-4
+
+
+# ---- a sweep of configs against transformers --------------------------------------------------------
+# transformers' defaults (DeepseekV4Config) with only the sizes shrunk: one layer of each kind, default
+# compress rates (HCA 128: no entry closes in 48 tokens), 4 hyper-connection streams, 20 Sinkhorn
+# iterations, 6 of 8 experts, sqrt-softplus, rope on 1/8 of the head, swiglu_limit 10, o_groups 2,
+# sliding window 8, index_topk 8, 4 index heads (few heads: exact top-k ties happen)
+SHRUNK = {
+    "vocab_size": V, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "head_dim": 16,
+    "q_lora_rank": 24, "moe_intermediate_size": 16, "n_routed_experts": 8, "layer_types": [SLIDING, CSA, HCA],
+    "mlp_layer_types": ["hash_moe", "moe", "moe"], "o_groups": 2, "o_lora_rank": 8, "sliding_window": 8,
+    "index_n_heads": 4, "index_head_dim": 8, "index_topk": 8, "max_position_embeddings": 256,
+}
+SWEEP = {
+    "shrunk_defaults": {},
+    "hca_pools": {"compress_rates": {CSA: 4, HCA: 8}},
+    "topk_above_entries": {"index_topk": 64, "compress_rates": {CSA: 4, HCA: 8}},
+    "default_schedule": {"num_hidden_layers": 4, "layer_types": None, "mlp_layer_types": None,
+                         "compress_rates": {CSA: 4, HCA: 16}},  # HCA, HCA, HCA, CSA; 3 hash layers
+    "yarn_half_rotary_two_streams": {"partial_rotary_factor": 0.5, "hc_mult": 2,
+                                     "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                         "original_max_position_embeddings": 64}},
+    "sigmoid_one_stream_clipped": {"scoring_func": "sigmoid", "hc_mult": 1, "swiglu_limit": 0.3,
+                                   "num_experts_per_tok": 2, "sliding_window": 64},
+}
+
+
+@pytest.mark.parametrize("case", list(SWEEP))
+def test_dsv4_sweep_matches_transformers(case, tmp_path):
+    """Each config of the sweep: logits (up to the order of exact top-k ties), packed rows, cached decode."""
+    hf = randomize_buffers(make_hf("DeepseekV4", {**SHRUNK, **SWEEP[case]}, seed=4), seed=4)
+    hf.save_pretrained(tmp_path)
+    csa = [la.self_attn.compressor.indexer for la in hf.model.layers if la.self_attn.layer_type == CSA]
+    check_parity_up_to_ties(hf, tmp_path, SWEEP_IDS, csa,
+                            lambda m: [la.attn.indexer for la in m.layers if la.attn.indexer is not None])
+    model = load_model(tmp_path)
+    check_packed_rows(model, SWEEP_IDS)
+    check_cached_decode(model, SWEEP_IDS, prefill=37)
 
 
 def test_dsv4_packed_rows_match_separate_documents(saved):

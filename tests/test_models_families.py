@@ -1,6 +1,8 @@
 """The MoE / attention-variant families (glm4_moe, deepseek_v3, gpt_oss) against transformers on
 random-initialised tiny configs: fp32 logits, packed rows, HF round trip, the embedded engine's
-greedy continuation and log-probs, broken checkpoints; plus the MoE runtime's router features."""
+greedy continuation and log-probs, broken checkpoints; a sweep of glm_moe_dsa configs from
+transformers' defaults (logits up to the order of exact top-k ties, packed rows, cached decode);
+plus the MoE runtime's router features."""
 
 import json
 import shutil
@@ -53,8 +55,8 @@ def build_family(family: str, out, seed: int = 0):
         for name, b in hf.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.uniform_(-0.3, 0.3, generator=torch.Generator().manual_seed(seed))
-        for name, p in hf.named_parameters():  # positive index-head weights: no exact top-k ties at 0,
-            if name.endswith("indexer.weights_proj.weight"):  # whose order transformers leaves open
+        for name, p in hf.named_parameters():  # positive index-head weights, as randomize_buffers (this
+            if name.endswith("indexer.weights_proj.weight"):  # config's seed has no tied top-k selection)
                 p.abs_()
     return save_with_tiny_tokenizer(hf, out)
 
@@ -174,6 +176,127 @@ def test_dsa_shared_indexer_layers_match_transformers(tmp_path):
         steps = [model.compute_logits(IDS[:, :30], cache=cache)]
         steps += [model.compute_logits(IDS[:, t : t + 1], cache=cache) for t in range(30, 40)]
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
+# ---- indexed sparse attention against transformers on a sweep of configs ---------------------------
+# transformers' defaults (GlmMoeDsaConfig) with only the sizes shrunk: one dense and one MoE layer,
+# 4 index heads (few heads: exact top-k ties happen, see check_parity_up_to_ties), index_topk 8 on
+# 48-token rows, 16 experts with the default 8 per token, 1 shared expert, n_group 1, default rope
+DSA_SHRUNK = {
+    "vocab_size": V, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+    "first_k_dense_replace": 1, "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 16,
+    "q_lora_rank": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
+    "index_head_dim": 16, "index_n_heads": 4, "index_topk": 8, "max_position_embeddings": 256,
+}
+DSA_SWEEP = {
+    "shrunk_defaults": {},
+    "topk_above_prompt": {"index_topk": 64},  # every visible key selected: dense MLA
+    "shared_indexer_layers": {"num_hidden_layers": 3, "indexer_types": ["full", "shared", "full"]},
+    "moe_first_then_dense": {"mlp_layer_types": ["sparse", "dense"]},
+    "yarn_mscale_biased": {"attention_bias": True, "rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0}},
+    "grouped_router_unnormed": {"n_group": 4, "topk_group": 2, "num_experts_per_tok": 3, "norm_topk_prob": False,
+                                "n_shared_experts": 2, "routed_scaling_factor": 1.0, "tie_word_embeddings": True},
+}
+SWEEP_IDS = torch.randint(0, V, (2, 48), generator=torch.Generator().manual_seed(2))
+
+
+def randomize_buffers(hf, seed):
+    """transformers zero-inits the expert-selection bias and the hash table (buffers the tests' make_hf
+    leaves alone): random values so they matter. Index-head weights made positive: a score then ties
+    only where every head's ReLU is 0 (those ties remain: see check_parity_up_to_ties)."""
+    g = torch.Generator().manual_seed(seed)
+    E, k = hf.config.n_routed_experts, hf.config.num_experts_per_tok
+    with torch.no_grad():
+        for name, b in hf.named_buffers():
+            if name.endswith("tid2eid"):
+                b.copy_(torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(b.shape[0])]))
+            elif name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.3, 0.3, generator=g)
+        for name, p in hf.named_parameters():
+            if name.endswith("weights_proj.weight"):
+                p.abs_()
+    return hf
+
+
+def check_parity_up_to_ties(hf, d, ids, hf_indexers, native_indexers):
+    """fp32 logits of our model (loaded from `d`) against `hf` for a model with top-k indexers.
+
+    `hf_indexers`: transformers' indexer modules (forward -> top-k indices [B, T, k], -1 = none);
+    `native_indexers`: ours, in the same order. An exact tie at the k-th score (every index head's
+    ReLU at 0) has no defined order in transformers (torch.topk), and ours gives it to the earlier key
+    (dsa.top_k_mask), so: (1) run with transformers' selections, ours gives its logits within 1e-4
+    (the rest of the model agrees, ties or not); (2) in that run every key transformers selects and
+    ours would not (or the reverse) scores exactly the row's k-th best: a tie, nothing else; (3) with
+    no such tie, our own logits match within 1e-4 too. A later layer's selection is compared on the
+    forced run because one tie resolved otherwise changes every later layer's input.
+    Returns (ties, own max diff) for the caller's figures."""
+    from vf.models.dsa import top_k_mask
+
+    native = load_model(d)
+    indexers = native_indexers(native)
+    assert len(indexers) == len(hf_indexers) > 0
+    picked = {}
+    hooks = [m.register_forward_hook(lambda m, a, out, i=i: picked.__setitem__(i, out.long()))
+             for i, m in enumerate(hf_indexers)]
+    try:
+        ref = hf_logits(hf, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    with torch.no_grad():
+        own = (native.compute_logits(ids) - ref).abs().max().item()
+    scores, theirs = {}, {}
+
+    def forced(i, ix, *a):  # transformers' selection; our scores of the same (up to rounding) inputs
+        s = scores[i] = type(ix).index_scores(ix, *a)  # [B, T, S], -inf where not visible
+        idx = picked[i].where(picked[i] >= 0, s.shape[-1])
+        theirs[i] = torch.zeros(*s.shape[:-1], s.shape[-1] + 1, dtype=torch.bool).scatter_(-1, idx, True)[..., :-1]
+        return (theirs[i] & (s > float("-inf"))).view_as(type(ix).select(ix, *a))
+
+    for i, ix in enumerate(indexers):
+        ix.select = lambda *a, i=i, ix=ix: forced(i, ix, *a)
+    with torch.no_grad():
+        diff = (native.compute_logits(ids) - ref).abs().max().item()
+    assert diff <= 1e-4, f"with transformers' selections: max abs logit diff {diff}"
+    ties = 0
+    for i, s in scores.items():
+        k = min(indexers[i].topk, s.shape[-1])
+        differ = (theirs[i] & (s > float("-inf"))) ^ top_k_mask(s, k)
+        kth = s.sort(dim=-1, descending=True).values[..., k - 1 : k].expand_as(s)
+        assert torch.equal(s[differ], kth[differ]), f"indexer {i}: a selection differs beyond a tie"
+        ties += int(differ.any(-1).sum())
+    if ties == 0:
+        assert own <= 1e-4, f"no tied selections, max abs logit diff {own}"
+    print(f"tied rows {ties}, own max abs logit diff {own:.1e}, with transformers' selections {diff:.1e}")
+    return ties, own
+
+
+def check_cached_decode(model, ids, prefill, tol=1e-5):
+    """A prefill of `prefill` tokens then single tokens through a KV cache give the full forward's
+    logits: the selection does not depend on the row layout, ties included."""
+    from vf.models.cache import SimpleKVCache
+
+    with torch.no_grad():
+        full = model.compute_logits(ids)
+        cache = SimpleKVCache(batch=ids.shape[0])
+        steps = [model.compute_logits(ids[:, :prefill], cache=cache)]
+        steps += [model.compute_logits(ids[:, t : t + 1], cache=cache) for t in range(prefill, ids.shape[1])]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("case", list(DSA_SWEEP))
+def test_dsa_sweep_matches_transformers(case, tmp_path):
+    """glm_moe_dsa on each config of the sweep: logits (up to tie order), packed rows, cached decode."""
+    hf = randomize_buffers(make_hf("GlmMoeDsa", {**DSA_SHRUNK, **DSA_SWEEP[case]}, seed=4), seed=4)
+    hf.save_pretrained(tmp_path)
+    check_parity_up_to_ties(hf, tmp_path, SWEEP_IDS, [la.self_attn.indexer for la in hf.model.layers
+                                                        if la.self_attn.indexer is not None],
+                            lambda m: [la.attn.indexer for la in m.layers if la.attn.indexer is not None])
+    model = load_model(tmp_path)
+    check_packed_rows(model, SWEEP_IDS)
+    check_cached_decode(model, SWEEP_IDS, prefill=40)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
