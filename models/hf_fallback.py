@@ -1,7 +1,9 @@
 """Any causal LM that `transformers` implements, run through our trainer and embedded engine when
 no native family exists for its `model_type` (`--model.impl auto|hf`).
 
-    HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM
+    HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM,
+                                                      or a vision-language checkpoint's own
+                                                      `…ForConditionalGeneration` class (text prompts)
       forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
       lm_head_weight [V, H];  config (a ModelConfig of the fields trainer and engine read);  save(path)
 
@@ -10,9 +12,12 @@ under the name "vf" (transformers' `AttentionInterface`), which hands q/k/v (aft
 projections, norms and rotary) to the same seams the native layers use: `layers.sdpa` with a
 `Documents` layout for packed training rows, or the embedded engine's KV cache
 (`cache.attend(layer_idx, q, k, v)`) for prefill and decode — so generation runs on the engine's
-cache, not a full recompute. transformers builds no mask for a custom attention function. The base
-model returns the final-normed hidden states, so log-probs and losses go through our chunked/fused
-LM head unchanged.
+cache, not a full recompute. transformers builds no mask for a custom attention function, so a mask
+that reaches the seam is the model's own key selection (GLM-5-Next's DSA top-k): packed rows apply
+it (kept causal and within documents), the engine's cache refuses the model (exit 2). The base model
+returns the final-normed hidden states, so log-probs and losses go through our chunked/fused LM head
+unchanged. A vision-language model's base model takes text-only ids like a causal LM's (its M-RoPE
+positions are the text positions on all axes); image prompts are not served by the fallback.
 
 What is slower than native: q/k/v and gate/up projections unfused, transformers' module overhead
 per step, and no lean decode step in the engine (`FastDecoder`). Refused (exit 2): logit
@@ -142,7 +147,7 @@ def _model_class(raw: dict):
 
 
 class HFModel(nn.Module):
-    """An `AutoModelForCausalLM` behind the NativeModel interface (see the module doc)."""
+    """A transformers causal or vision-language LM behind the NativeModel interface (see the module doc)."""
 
     is_hf_fallback = True
 

@@ -407,3 +407,22 @@ def test_a_model_built_mask_is_applied_within_documents_and_an_additive_bias_is_
     assert torch.equal(single, torch.ones(T, T).tril().bool() & allow[0, 0])
     with pytest.raises(ModelLoadError, match="adds a bias"):
         _visible(additive + 0.5, None, T)
+
+
+@pytest.mark.slow
+def test_vf_train_runs_rl_steps_on_a_vision_language_checkpoint_through_the_fallback(tmp_path):
+    """qwen3_vl_moe (the one the engine's cache serves, see CG_OUTCOME) trains on text prompts."""
+    import subprocess
+    import sys
+
+    build_conditional_generation("qwen3_vl_moe", tmp_path / "m")
+    run = tmp_path / "train"
+    proc = subprocess.run([sys.executable, "-m", "vf.commands.train", "-o", str(run), "--model", str(tmp_path / "m"),
+                           "--model.impl", "hf", "--warmup.steps", "1", "--warmup.batch-size", "8", "--batch-size", "8",
+                           "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false", "--steps", "2",
+                           "--trainer.threads", "1"], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert len(rl) == 2 and all(r["skipped_step"] == 0 for r in rl)
+    assert rl[0]["mismatch_kl"] < 1e-6  # trainer and engine log-probs agree on the same weights
