@@ -1,7 +1,9 @@
 """Any causal LM that `transformers` implements, run through our trainer and embedded engine when
 no native family exists for its `model_type` (`--model.impl auto|hf`).
 
-    HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM
+    HFModel.load(path, dtype, device) -> HFModel      the NativeModel interface over AutoModelForCausalLM,
+                                                      or a vision-language checkpoint's own
+                                                      `…ForConditionalGeneration` class (text prompts)
       forward(input_ids [B,T], position_ids [B,T] | None, cache) -> hidden [B,T,H] (final norm applied)
       lm_head_weight [V, H];  config (a ModelConfig of the fields trainer and engine read);  save(path)
 
@@ -10,9 +12,12 @@ under the name "vf" (transformers' `AttentionInterface`), which hands q/k/v (aft
 projections, norms and rotary) to the same seams the native layers use: `layers.sdpa` with a
 `Documents` layout for packed training rows, or the embedded engine's KV cache
 (`cache.attend(layer_idx, q, k, v)`) for prefill and decode — so generation runs on the engine's
-cache, not a full recompute. transformers builds no mask for a custom attention function. The base
-model returns the final-normed hidden states, so log-probs and losses go through our chunked/fused
-LM head unchanged.
+cache, not a full recompute. transformers builds no mask for a custom attention function, so a mask
+that reaches the seam is the model's own key selection (GLM-5-Next's DSA top-k): packed rows apply
+it (kept causal and within documents), the engine's cache refuses the model (exit 2). The base model
+returns the final-normed hidden states, so log-probs and losses go through our chunked/fused LM head
+unchanged. A vision-language model's base model takes text-only ids like a causal LM's (its M-RoPE
+positions are the text positions on all axes); image prompts are not served by the fallback.
 
 What is slower than native: q/k/v and gate/up projections unfused, transformers' module overhead
 per step, and no lean decode step in the engine (`FastDecoder`). Refused (exit 2): logit
@@ -47,7 +52,9 @@ _UNSUPPORTED_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logit
 
 # what the attention function should do during the current forward: (Documents | None, cache | None)
 _CONTEXT: contextvars.ContextVar[tuple[Any, Any]] = contextvars.ContextVar("vf_hf_attention", default=(None, None))
-# during `load`'s probe: the (kv heads, k dim, v dim) of every attention call, for the engine's cache layout
+# during `load`'s probe: the (kv heads, k dim, v dim) of every attention call, for the engine's cache
+# layout, or SELECTS_KEYS for a call that brought its own mask
+SELECTS_KEYS = "selects keys"
 _SHAPES: contextvars.ContextVar[set | None] = contextvars.ContextVar("vf_hf_attention_shapes", default=None)
 
 
@@ -56,7 +63,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     docs, cache = _CONTEXT.get()
     shapes = _SHAPES.get()
     if shapes is not None:
-        shapes.add((key.shape[1], key.shape[-1], value.shape[-1]))
+        shapes.add((key.shape[1], key.shape[-1], value.shape[-1]) if attention_mask is None else SELECTS_KEYS)
     window = kwargs.get("sliding_window")
     if window and cache is None and query.shape[2] > window:
         raise ModelLoadError(f"sliding-window attention ({window} tokens) over {query.shape[2]} tokens is not "
@@ -64,11 +71,34 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     hd = query.shape[-1]
     if scaling is not None and not math.isclose(scaling, hd ** -0.5, rel_tol=1e-6):
         query = query * (scaling * math.sqrt(hd))  # SDPA and the cache scale by 1/sqrt(hd)
-    if cache is not None:
+    if attention_mask is not None:
+        if cache is not None:  # the probe refuses the cache for such a model; never attend without the mask
+            raise ModelLoadError("an attention layer selects its keys with its own mask, which the embedded "
+                                 "engine's cache does not apply", hint="generate with --engine.type vllm")
+        out = sdpa(query, key, value, _visible(attention_mask, docs, query.shape[2]))
+    elif cache is not None:
         out = cache.attend(module.layer_idx, query, key, value)
     else:
         out = sdpa(query, key, value, docs)
     return out.transpose(1, 2), None
+
+
+def _visible(mask: torch.Tensor, docs: Documents | None, T: int) -> torch.Tensor:
+    """bool [B,1,T,T] (True = attend): a mask the model built itself — transformers builds none for our
+    attention function, so this is a model's own key selection (e.g. GLM-5-Next's DSA top-k), as
+    bool or additive 0/-inf — kept causal and within packed documents. An additive mask carrying
+    any other bias is refused: our attention adds none."""
+    if mask.dtype != torch.bool:
+        low = mask <= torch.finfo(mask.dtype).min / 2
+        if not bool(((mask == 0) | low).all()):
+            raise ModelLoadError("an attention layer adds a bias to its scores (an additive mask other than "
+                                 "0/-inf), which the transformers fallback's attention seam does not apply",
+                                 hint="this family needs a native implementation in vf.models")
+        mask = ~low
+    mask = mask[..., -T:, -T:]
+    within = docs.dense() if docs is not None and not docs.single else \
+        torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return mask & within
 
 
 def _leak(packed: torch.Tensor, alone: torch.Tensor) -> float:
@@ -103,8 +133,21 @@ def hf_model_config(hf_config) -> ModelConfig:
         bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=getattr(c, "eos_token_id", None))
 
 
+def _model_class(raw: dict):
+    """The transformers class to load config.json `raw` with: the checkpoint's own
+    `…ForConditionalGeneration` class (a vision-language model: its text decoder and LM head serve text
+    prompts), else `AutoModelForCausalLM` (whose error names a config it does not know)."""
+    import transformers
+
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+    if arch.endswith("ForConditionalGeneration") and hasattr(transformers, arch):
+        return getattr(transformers, arch)
+    return transformers.AutoModelForCausalLM
+
+
 class HFModel(nn.Module):
-    """An `AutoModelForCausalLM` behind the NativeModel interface (see the module doc)."""
+    """A transformers causal or vision-language LM behind the NativeModel interface (see the module doc)."""
 
     is_hf_fallback = True
 
@@ -143,8 +186,6 @@ class HFModel(nn.Module):
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu",
              root: Path | None = None) -> HFModel:
         """`root`: the weights root every file read must resolve under (`load_model` checks the shards)."""
-        from transformers import AutoModelForCausalLM
-
         path = Path(path)
         cfg_file = under_root(path / "config.json", root)
         raw = read_json_object(cfg_file)
@@ -155,7 +196,7 @@ class HFModel(nn.Module):
                                  hint="this family needs a native implementation in vf.models")
         _register()
         try:
-            hf, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=ATTN_NAME,
+            hf, info = _model_class(raw).from_pretrained(str(path), dtype=dtype, attn_implementation=ATTN_NAME,
                                                             output_loading_info=True)
         except (ValueError, KeyError, OSError) as e:
             raise ModelLoadError(f"transformers cannot load {path}: {e}",
@@ -199,6 +240,10 @@ class HFModel(nn.Module):
             self.unpack_documents = True
             self.cache_refusal = (f"model_type {kind!r} keeps state outside attention (recurrent or "
                                   "convolutional layers), which the embedded engine's KV cache cannot carry "
+                                  "through the transformers fallback")
+        elif SELECTS_KEYS in shapes:
+            self.cache_refusal = (f"model_type {kind!r} selects each query's keys with its own attention mask "
+                                  "(sparse attention), which the embedded engine's KV cache does not apply "
                                   "through the transformers fallback")
         elif shapes - {cache_shape}:
             got = ", ".join(f"{h} kv heads of k dim {k} / v dim {v}" for h, k, v in sorted(shapes - {cache_shape}))
