@@ -15,10 +15,14 @@ interception server, one shell command, scoring, run-dir append.
   cloud sandboxes).
 
 Figures per side, from one process: `ms_per_episode` = (last episode end − first start) ÷
-episodes from its traces (start-up excluded), `command_wall_s` = the whole process (a CI user's
-run, start-up included), `outside_span_s` = the difference, and the mean `setup_ms` / `agent_ms`
-stages (where each side spends an episode). vf's best of `repeats + 1` runs (the first also warms
-the page cache), verifiers' best of `max(1, repeats)`.
+episodes from its traces (start-up excluded); `command_wall_s` = the whole process (a CI user's
+run, start-up included); `outside_span_s` = the difference; `setup_ms` / `agent_ms` = the mean
+stages (where each side spends an episode); `cpu_ms_per_episode` = CPU time of the whole process
+tree (programs, sandboxes, uv included) ÷ episodes, which other work on a shared machine does not
+inflate. vf: best of `repeats` runs after a warm-up run, alternating with as many runs of the bare
+program (`run_bare`, the floor under any harness that runs it). verifiers: best of
+`max(1, repeats)` runs; its uv cache must already hold the program's dependencies (offline, uv
+cannot fetch them).
 
 `no_torch` check: one more vf run, under `PYTHONPROFILEIMPORTTIME`, imports no `torch` module:
 `vf-eval` against a remote endpoint must not pay torch's import (seconds) at start-up.
@@ -35,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vf.bench.harness_peer import peer_python, run_cli, run_peer, write_package
+from vf.bench.harness_peer import children_cpu_s, peer_python, run_cli, run_peer, write_package
 from vf.bench.serve import free_port
 from vf.configs.harness import HarnessConfig
 from vf.program import Harness
@@ -159,13 +163,16 @@ def run_bare(root: Path, url: str, episodes: int, concurrency: int) -> dict[str,
                 return await p.wait()
         return await asyncio.gather(*[one(i) for i in range(episodes)])
 
+    cpu0 = children_cpu_s()
     t = time.perf_counter()
     codes = asyncio.run(go())
     wall = time.perf_counter() - t
+    cpu = children_cpu_s() - cpu0
     ok = sum(c == 0 and (root / "bare" / str(i) / "out.txt").read_text().strip() == "hi"
              for i, c in enumerate(codes))
     shutil.rmtree(root / "bare", ignore_errors=True)
-    return {"episodes": episodes, "ok": ok, "wall_s": round(wall, 3), "ms_per_episode": round(1000 * wall / episodes, 3)}
+    return {"episodes": episodes, "ok": ok, "wall_s": round(wall, 3), "ms_per_episode": round(1000 * wall / episodes, 3),
+            "cpu_s": round(cpu, 2), "cpu_ms_per_episode": round(1000 * cpu / episodes, 1)}
 
 
 def torch_imports(importtime_stderr: str) -> list[str]:
@@ -186,12 +193,13 @@ def measure(tasks: int, rollouts: int, concurrency: int, repeats: int, peer_time
             root = Path(tmp)
             for side in ("vf", "verifiers"):
                 write_package(root, side, PACKAGE, {"__init__.py": TASKSET})
-            runs = []
-            for i in range(repeats + 1):
+            runs, bares = [], []
+            for i in range(repeats + 1):  # alternating, so a burst of load on a shared machine hits both
                 runs.append(run_ours(root, url, tasks, rollouts, concurrency, peer_timeout, f"ours-{i}")[0])
                 shutil.rmtree(root / f"ours-{i}", ignore_errors=True)
+                bares.append(run_bare(root, url, tasks * rollouts, concurrency))
             out: dict[str, Any] = {"ours": min(runs[1:] or runs, key=lambda r: r["ms_per_episode"]),
-                                   "bare": run_bare(root, url, tasks * rollouts, concurrency)}
+                                   "bare": min(bares[1:] or bares, key=lambda r: r["ms_per_episode"])}
             _, stderr = run_ours(root, url, 1, 1, 1, peer_timeout, "ours-importtime", {"PYTHONPROFILEIMPORTTIME": "1"})
             lines = torch_imports(stderr)
             # a run whose import log lacks vf's own modules proves nothing about torch
