@@ -270,8 +270,6 @@ def test_program_case_runs_the_agent_in_the_sandbox(monkeypatch):
     assert (ours["episodes"], ours["mean_reward"], ours["errors"]) == (2, 1.0, 0)
     assert ours["command_wall_s"] > ours["span_s"] > 0 and ours["outside_span_s"] > 0
     assert ours["agent_ms"] > 0 and ours["setup_ms"] is not None
-    # the process tree's CPU: vf-eval's own and its sandboxed programs', more than the programs alone
-    assert ours["cpu_s"] > res["bare"]["cpu_s"] > 0 and ours["cpu_ms_per_episode"] > 0
     assert res["bare"]["ok"] == 2 and res["no_torch"] is True and res["torch_lines"] == []
     assert "VF_VERIFIERS_PYTHON" in res["skipped"] and "peer" not in res
 
@@ -283,4 +281,4 @@ def test_program_case_peer_still_gives_the_recorded_figures():
     assert "skipped" not in res, res.get("skipped")
     peer = res["peer"]
     assert {k: peer[k] for k in PEER_PROGRAM} == PEER_PROGRAM
-    assert peer["setup_ms"] > 0 and peer["command_wall_s"] > peer["span_s"] > 0 and peer["cpu_s"] > 0
+    assert peer["setup_ms"] > 0 and peer["command_wall_s"] > peer["span_s"] > 0

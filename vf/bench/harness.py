@@ -176,13 +176,11 @@ def program_cases(p: dict[str, Any], notes: list[str]) -> list[Case]:
         peer["overhead_ms_per_episode"] = round(peer["ms_per_episode"] - bare["ms_per_episode"], 3)
     per_episode = ratio(peer.get("ms_per_episode"), ours["ms_per_episode"])
     process = ratio(peer.get("command_wall_s"), ours["command_wall_s"])
-    cpu = ratio(peer.get("cpu_ms_per_episode"), ours["cpu_ms_per_episode"])
     target = PEER_TARGET if per_episode is not None else None  # a skipped peer is not a missed target
     cases.append(Case(name=f"program harness vs verifiers 0.4.0 bash ({flags})", ours=ours, ref=peer,
                       ours_label="vf-eval", ref_label="verifiers 0.4.0 vf-eval, bash harness, subprocess runtime",
                       ratios={"vs_verifiers": Ratio(round(per_episode, 1) if per_episode else None, "higher", target),
-                              "vs_verifiers_process": Ratio(round(process, 1) if process else None, "higher", target),
-                              "vs_verifiers_cpu": Ratio(round(cpu, 1) if cpu else None, "higher")},
+                              "vs_verifiers_process": Ratio(round(process, 1) if process else None, "higher", target)},
                       checks=checks, note=f"skipped: {res['skipped']}" if res.get("skipped") else ""))
     if res.get("skipped"):
         notes.append(f"program harness vs verifiers: reference skipped: {res['skipped']}")
@@ -191,6 +189,5 @@ def program_cases(p: dict[str, Any], notes: list[str]) -> list[Case]:
     notes.append(f"program cases: {p['tasks'] * p['rollouts']} episodes ({flags}), each a real agent program "
                  "(two model calls through the interception server, one shell command); vs_verifiers = per-episode "
                  "wall time from traces (start-up excluded), vs_verifiers_process = whole vf-eval process wall "
-                 "time (start-up included), vs_verifiers_cpu = CPU time of each whole process tree (robust to other load); "
-                 "overhead = ms_per_episode - the bare program's")
+                 "time (start-up included); overhead = ms_per_episode - the bare program's")
     return cases

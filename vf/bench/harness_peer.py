@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -164,14 +163,10 @@ def read_traces(out: Path) -> list[dict[str, Any]]:
 def run_cli(cmd: list[str], out: Path, env: dict[str, str], cwd: Path, timeout: float, who: str,
             stages: tuple[str, ...] = (), stderr: Path | None = None) -> dict[str, Any]:
     """One whole `vf-eval` process (either side's); figures from the traces it wrote under `out`.
-    `stderr`: also keep the process's whole stderr in this file. `cpu_s`: the CPU seconds (user +
-    system) of the process and every child it waited for (its programs, sandboxes, uv), the
-    figure a shared machine's load does not inflate."""
-    cpu0 = children_cpu_s()
+    `stderr`: also keep the process's whole stderr in this file."""
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd, check=False)
     wall = time.perf_counter() - t
-    cpu = children_cpu_s() - cpu0
     if stderr is not None:
         stderr.write_text(p.stderr)
     traces = read_traces(out)
@@ -179,14 +174,7 @@ def run_cli(cmd: list[str], out: Path, env: dict[str, str], cwd: Path, timeout: 
         tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-12:])
         raise RuntimeError(f"{who} vf-eval failed (exit {p.returncode}):\n{tail}")
     errors = sum(1 for t in traces if not t.get("ok", True))
-    return {**timing_figures(traces, wall, stages), "cpu_s": round(cpu, 2),
-            "cpu_ms_per_episode": round(1000 * cpu / len(traces), 1), "errors": errors}
-
-
-def children_cpu_s() -> float:
-    """User + system CPU seconds of this process's waited-for children so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    return {**timing_figures(traces, wall, stages), "errors": errors}
 
 
 def run_peer(py: str, root: Path, module: str, model: str, url: str, tasks: int, rollouts: int,

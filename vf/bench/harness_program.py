@@ -17,9 +17,9 @@ interception server, one shell command, scoring, run-dir append.
 Figures per side, from one process: `ms_per_episode` = (last episode end − first start) ÷
 episodes from its traces (start-up excluded); `command_wall_s` = the whole process (a CI user's
 run, start-up included); `outside_span_s` = the difference; `setup_ms` / `agent_ms` = the mean
-stages (where each side spends an episode); `cpu_ms_per_episode` = CPU time of the whole process
-tree (programs, sandboxes, uv included) ÷ episodes, which other work on a shared machine does not
-inflate. vf: best of `repeats` runs after a warm-up run, alternating with as many runs of the bare
+stages (where each side spends an episode). (No CPU figure: the processes of vf's sandbox runtime
+are not in its parent's RUSAGE_CHILDREN, so a process tree's CPU time would leave them out.)
+vf: best of `repeats` runs after a warm-up run, alternating with as many runs of the bare
 program (`run_bare`, the floor under any harness that runs it). verifiers: best of
 `max(1, repeats)` runs; its uv cache must already hold the program's dependencies (offline, uv
 cannot fetch them).
@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vf.bench.harness_peer import children_cpu_s, peer_python, run_cli, run_peer, write_package
+from vf.bench.harness_peer import peer_python, run_cli, run_peer, write_package
 from vf.bench.serve import free_port
 from vf.configs.harness import HarnessConfig
 from vf.program import Harness
@@ -163,16 +163,13 @@ def run_bare(root: Path, url: str, episodes: int, concurrency: int) -> dict[str,
                 return await p.wait()
         return await asyncio.gather(*[one(i) for i in range(episodes)])
 
-    cpu0 = children_cpu_s()
     t = time.perf_counter()
     codes = asyncio.run(go())
     wall = time.perf_counter() - t
-    cpu = children_cpu_s() - cpu0
     ok = sum(c == 0 and (root / "bare" / str(i) / "out.txt").read_text().strip() == "hi"
              for i, c in enumerate(codes))
     shutil.rmtree(root / "bare", ignore_errors=True)
-    return {"episodes": episodes, "ok": ok, "wall_s": round(wall, 3), "ms_per_episode": round(1000 * wall / episodes, 3),
-            "cpu_s": round(cpu, 2), "cpu_ms_per_episode": round(1000 * cpu / episodes, 1)}
+    return {"episodes": episodes, "ok": ok, "wall_s": round(wall, 3), "ms_per_episode": round(1000 * wall / episodes, 3)}
 
 
 def torch_imports(importtime_stderr: str) -> list[str]:
