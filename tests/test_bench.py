@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +174,111 @@ def test_engine_costs_count_flops_and_bytes():
     assert f["decode_mfu"] == round(w["decode_flops"] / 2.0 / 1e10, 3)
     assert f["decode_bw_util"] == round(w["step_bytes"] / 1.0 / 1e10, 3)
     assert f["decode_limit_frac"] == max(f["decode_mfu"], f["decode_bw_util"])
+
+
+# -- vf-eval against a remote endpoint: no torch; the harness suite's program cases -------------
+
+HERE = Path(__file__).parent
+needs_bwrap = pytest.importorskip("test_runtime_sandbox").needs_bwrap
+needs_peer = pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"),
+                                reason="set VF_VERIFIERS_PYTHON to a python with verifiers==0.4.0")
+SCRIPT_ENV = HERE / "program_envs" / "script_agent.py"
+
+
+@pytest.mark.parametrize("path", [
+    "in-process",
+    pytest.param("program", marks=needs_bwrap),
+])
+def test_vf_eval_against_a_remote_endpoint_imports_no_torch(cli, stub, tmp_path, path):
+    """A whole `vf-eval ... --client.base-url URL` process, every import logged
+    (PYTHONPROFILEIMPORTTIME): neither the in-process chat loop nor a program harness (a real agent
+    program in the default sandbox runtime, its calls through the interception server) imports
+    torch, whose import alone costs seconds of a CI run's start-up."""
+    from vf.bench.harness_program import torch_imports
+
+    if path == "in-process":
+        args, control = ["reverse-text", "-m", "reverse", "-n", "2"], "vf.evaluate"
+    else:
+        args = [str(SCRIPT_ENV), "-m", "bash:echo hi > out.txt", "--env.agent.harness.id", f"{SCRIPT_ENV}:ScriptAgent"]
+        control = "vf.runtime.sandbox"  # the program ran in vf's default runtime
+    out = tmp_path / "run"
+    proc = cli("vf-eval", *args, "--client.base-url", stub.url, "--client.api-key-var", "FAKE_KEY", "-o", str(out),
+               env={"FAKE_KEY": "sk-test", "PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the log is real (it names the path's own modules), so an empty torch list means something
+    assert re.search(rf"\|\s*{re.escape(control)}$", proc.stderr, re.MULTILINE), proc.stderr[-2000:]
+    assert torch_imports(proc.stderr) == []
+    episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 and all(t["ok"] for e in episodes for t in e["traces"])
+    if path == "program":  # the program's own bash tool call went through interception onto the trace
+        calls = [n["message"].get("tool_calls") for e in episodes for n in e["traces"][0]["nodes"] if n.get("message")]
+        assert any(c and c[0]["name"] == "bash" for c in calls)  # verifiers' flat wire shape
+
+
+def test_torch_import_lines_are_recognised():
+    from vf.bench.harness_program import torch_imports
+
+    log = ("import time:       120 |        120 |   vf.evaluate\n"
+           "import time:      3000 |     900000 | torch\n"
+           "import time:        50 |         50 |     torch._C\n"
+           "import time:        10 |         10 |   vf.bench.torchless\n"
+           "import time:        10 |         10 |   mytorch\n")
+    assert [line.split("|")[-1].strip() for line in torch_imports(log)] == ["torch", "torch._C"]
+
+
+def test_bench_stub_bash_model_calls_then_relays():
+    """vf.bench.stub_server's `bash:CMD`: a bash tool call with CMD, then the tool's output."""
+    from vf.bench.stub_server import respond
+
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    msgs = [{"role": "user", "content": "go"}]
+    _, _, body = respond("POST", "/v1/chat/completions",
+                         json.dumps({"model": "bash:echo hi > out.txt", "messages": msgs, "tools": tools}).encode())
+    choice = json.loads(body)["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == {"command": "echo hi > out.txt"}
+    msgs += [{"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": call["id"], "content": "hi\n"}]
+    _, _, body = respond("POST", "/v1/chat/completions",
+                         json.dumps({"model": "bash:echo hi > out.txt", "messages": msgs, "tools": tools}).encode())
+    choice = json.loads(body)["choices"][0]
+    assert choice["message"]["content"] == "hi\n" and "tool_calls" not in choice["message"]
+
+
+def _program_measure(env: dict[str, str]) -> dict:
+    from vf.bench.common import run_child
+
+    return run_child("vf.bench.harness_program:measure",
+                     {"tasks": 2, "rollouts": 1, "concurrency": 2, "repeats": 0, "peer_timeout": 300}, timeout=900, env=env)
+
+
+# verifiers 0.4.0's bash harness on the bench taskset (recorded 2026-12-04 with /work/venvs/v04):
+# every episode ends with the relayed "hi", no errors; its setup stage (uv sync of the program)
+# runs once per rollout
+PEER_PROGRAM = {"episodes": 2, "mean_reward": 1.0, "errors": 0}
+
+
+@needs_bwrap
+def test_program_case_runs_the_agent_in_the_sandbox(monkeypatch):
+    """The bench's program case on vf alone: every episode of the real agent program is rewarded
+    (its command ran, its reply came through interception), the bare program does the same work,
+    no torch; without a peer the reference is skipped, saying why."""
+    monkeypatch.delenv("VF_VERIFIERS_PYTHON", raising=False)
+    res = _program_measure({"VF_VERIFIERS_PYTHON": ""})
+    ours = res["ours"]
+    assert (ours["episodes"], ours["mean_reward"], ours["errors"]) == (2, 1.0, 0)
+    assert ours["command_wall_s"] > ours["span_s"] > 0 and ours["outside_span_s"] > 0
+    assert ours["agent_ms"] > 0 and ours["setup_ms"] is not None
+    assert res["bare"]["ok"] == 2 and res["no_torch"] is True and res["torch_lines"] == []
+    assert "VF_VERIFIERS_PYTHON" in res["skipped"] and "peer" not in res
+
+
+@needs_bwrap
+@needs_peer
+def test_program_case_peer_still_gives_the_recorded_figures():
+    res = _program_measure({})
+    assert "skipped" not in res, res.get("skipped")
+    peer = res["peer"]
+    assert {k: peer[k] for k in PEER_PROGRAM} == PEER_PROGRAM
+    assert peer["setup_ms"] > 0 and peer["command_wall_s"] > peer["span_s"] > 0

@@ -19,7 +19,8 @@ SUITES: dict[str, str] = {
     "loss": "chunked vs naive LM-head log-probs at 32k and 152k vocab: time and peak memory",
     "engine": "decode tokens/s: embedded engine vs transformers generate (and vLLM where installed)",
     "serve": "requests/s and latency percentiles through vf-serve with the openai client",
-    "harness": "episodes/s of the eval harness vs bare engine calls against a zero-latency server",
+    "harness": ("episodes/s of the eval harness vs bare engine calls against a zero-latency server; program "
+                "harnesses and whole vf-eval processes vs verifiers 0.4.0"),
     "stability": "a short RL run with injected drift/staleness under ipo/icepop/ppo/cispo/no-mask",
     "stability_real": "the same losses with real drift: a bf16 engine, staleness up to 64 steps, a higher LR",
 }

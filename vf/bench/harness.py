@@ -7,6 +7,11 @@ no scoring, no file).
 `vs_bare` = harness episodes/s ÷ bare calls/s (1.0 would be a free harness; the rest is
 overhead). Both sides share the engine class and the server, so the ratio isolates the harness.
 
+Program cases (`vf.bench.harness_program`): episodes that run a real agent program through the
+interception server in vf's sandbox runtime, against the bare program and against verifiers
+0.4.0's `bash` harness; per-episode and whole-process (start-up included) wall time, and a check
+that `vf-eval` against a remote endpoint imports no torch.
+
 Peer cases (`vf.bench.harness_peer`): the same v1 taskset run by verifiers 0.4.0's `vf-eval` and by
 ours at `-r 10 -c 32`, plain and with an MCP toolset; `vs_verifiers` = verifiers' per-episode wall
 time ÷ ours (target ≥ 100). Skipped, saying why, without `VF_VERIFIERS_PYTHON`.
@@ -21,11 +26,14 @@ from vf.bench.common import Case, Ratio, ratio, run_child, suite_result
 
 SIZES = {
     "full": {"episodes": 512, "concurrency": [1, 32], "repeats": 3, "taskset": "reverse-text",
-             "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 2, "peer_timeout": 1800}},
+             "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 2, "peer_timeout": 1800},
+             "program": {"tasks": 10, "rollouts": 3, "concurrency": 32, "repeats": 2, "peer_timeout": 1200}},
     "quick": {"episodes": 128, "concurrency": [1, 32], "repeats": 1, "taskset": "reverse-text",
-              "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 1, "peer_timeout": 900}},
+              "peer": {"tasks": 10, "rollouts": 10, "concurrency": 32, "repeats": 1, "peer_timeout": 900},
+              "program": {"tasks": 10, "rollouts": 3, "concurrency": 32, "repeats": 1, "peer_timeout": 900}},
     "tiny": {"episodes": 8, "concurrency": [4], "repeats": 1, "taskset": "reverse-text",
-             "peer": {"tasks": 2, "rollouts": 2, "concurrency": 4, "repeats": 0, "peer_timeout": 600}},
+             "peer": {"tasks": 2, "rollouts": 2, "concurrency": 4, "repeats": 0, "peer_timeout": 600},
+             "program": {"tasks": 2, "rollouts": 1, "concurrency": 2, "repeats": 0, "peer_timeout": 600}},
 }
 PEER_TARGET = 100.0  # the issue's target: ours at least 100x faster per episode
 
@@ -147,4 +155,39 @@ def run(size: str = "full", **_: Any) -> dict[str, Any]:
                  "ms_per_episode = (last episode end - first start) / episodes from each side's traces; "
                  "verifiers runs its null harness with the subprocess runtime, its MCP toolset as a server per "
                  "rollout; vf calls the toolset in-process")
+    cases += program_cases(cfg["program"], notes)
     return suite_result("harness", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))
+
+
+def program_cases(p: dict[str, Any], notes: list[str]) -> list[Case]:
+    """The program-harness cases (`vf.bench.harness_program`): vf vs the bare agent program, and vf
+    vs verifiers 0.4.0's `bash` harness, per episode and as whole 30-episode processes."""
+    res = run_child("vf.bench.harness_program:measure", p, timeout=6 * p["peer_timeout"])
+    ours, bare = dict(res["ours"]), res["bare"]
+    flags = f"-n {p['tasks']} -r {p['rollouts']} -c {p['concurrency']}"
+    ours["overhead_ms_per_episode"] = round(ours["ms_per_episode"] - bare["ms_per_episode"], 3)
+    checks = {"no_torch": res["no_torch"]}
+    cases = [Case(name=f"program harness vs the bare program ({flags})", ours=ours, ref=bare,
+                  ours_label="vf-eval, BenchAgent in the sandbox runtime", ref_label="the agent program alone",
+                  ratios={"vs_bare": Ratio(ratio(bare["ms_per_episode"], ours["ms_per_episode"]), "higher")},
+                  checks=checks)]
+    peer = dict(res.get("peer") or {"skipped": res.get("skipped")})
+    if res.get("peer"):
+        peer["overhead_ms_per_episode"] = round(peer["ms_per_episode"] - bare["ms_per_episode"], 3)
+    per_episode = ratio(peer.get("ms_per_episode"), ours["ms_per_episode"])
+    process = ratio(peer.get("command_wall_s"), ours["command_wall_s"])
+    target = PEER_TARGET if per_episode is not None else None  # a skipped peer is not a missed target
+    cases.append(Case(name=f"program harness vs verifiers 0.4.0 bash ({flags})", ours=ours, ref=peer,
+                      ours_label="vf-eval", ref_label="verifiers 0.4.0 vf-eval, bash harness, subprocess runtime",
+                      ratios={"vs_verifiers": Ratio(round(per_episode, 1) if per_episode else None, "higher", target),
+                              "vs_verifiers_process": Ratio(round(process, 1) if process else None, "higher", target)},
+                      checks=checks, note=f"skipped: {res['skipped']}" if res.get("skipped") else ""))
+    if res.get("skipped"):
+        notes.append(f"program harness vs verifiers: reference skipped: {res['skipped']}")
+    if res.get("torch_lines"):
+        notes.append(f"vf-eval imported torch: {res['torch_lines']}")
+    notes.append(f"program cases: {p['tasks'] * p['rollouts']} episodes ({flags}), each a real agent program "
+                 "(two model calls through the interception server, one shell command); vs_verifiers = per-episode "
+                 "wall time from traces (start-up excluded), vs_verifiers_process = whole vf-eval process wall "
+                 "time (start-up included); overhead = ms_per_episode - the bare program's")
+    return cases

@@ -87,17 +87,23 @@ else:
 IMPORTS = {"verifiers": "import verifiers.v1 as vf", "vf": "import vf"}
 
 
+def write_package(root: Path, side: str, pkg: str, files: dict[str, str]) -> str:
+    """Write package `pkg` for `side` ("vf" or "verifiers") under `root`: each file's IMPORT_LINE
+    becomes that side's import of the v1 API, so both sides run the same source."""
+    d = root / side / pkg
+    d.mkdir(parents=True, exist_ok=True)
+    for name, source in files.items():
+        (d / name).write_text(source.replace("IMPORT_LINE", IMPORTS[side]))
+    return pkg
+
+
 def write_taskset(root: Path, side: str, mcp: bool) -> str:
     """Write the bench taskset package for `side` under `root`; return its module name."""
     pkg = "vf_bench_echo_mcp" if mcp else "vf_bench_echo"
-    d = root / side / pkg
-    d.mkdir(parents=True, exist_ok=True)
-    source = TASKSET.replace("IMPORT_LINE", IMPORTS[side])
+    files = {"__init__.py": TASKSET + (WIRE_TOOLS.replace("PKG", pkg) if mcp else "") + '\n__all__ = ["EchoTaskset"]\n'}
     if mcp:
-        (d / "tools.py").write_text(TOOLS.replace("IMPORT_LINE", IMPORTS[side]))
-        source += WIRE_TOOLS.replace("PKG", pkg)
-    (d / "__init__.py").write_text(source + '\n__all__ = ["EchoTaskset"]\n')
-    return pkg
+        files["tools.py"] = TOOLS
+    return write_package(root, side, pkg, files)
 
 
 def peer_python() -> tuple[str | None, str | None]:
@@ -112,8 +118,12 @@ def peer_python() -> tuple[str | None, str | None]:
     return py, None
 
 
-def timing_figures(traces: list[dict[str, Any]], wall_s: float | None = None) -> dict[str, Any]:
-    """Per-episode wall time from trace timings: span ÷ episodes, and mean episode latency."""
+def timing_figures(traces: list[dict[str, Any]], wall_s: float | None = None,
+                   stages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Per-episode wall time from trace timings: span ÷ episodes, and mean episode latency.
+    `stages`: also the mean duration of these timing stages (e.g. "setup", "agent") as
+    `<stage>_ms`. With `wall_s` (the whole command): `command_wall_s`, and `outside_span_s` =
+    wall − span, the process's start-up (imports, config, server start) and shutdown."""
     starts, ends = [], []
     for t in traces:
         timing = t.get("timing") or {}
@@ -129,32 +139,56 @@ def timing_figures(traces: list[dict[str, Any]], wall_s: float | None = None) ->
            "mean_reward": round(statistics.mean(sum(r["score"] * r.get("weight", 1.0)
                                                     for r in (t.get("rewards") or {}).values() if r)
                                                 for t in traces), 3) if traces else None}
+    for stage in stages:
+        spans = [s["end"] - s["start"] for t in traces
+                 if isinstance(s := (t.get("timing") or {}).get(stage), dict) and s.get("start") and s.get("end")]
+        out[f"{stage}_ms"] = round(1000 * statistics.mean(spans), 1) if spans else None
     if wall_s is not None:
-        out["command_wall_s"] = round(wall_s, 1)
+        out["command_wall_s"] = round(wall_s, 2)
+        if span is not None:
+            out["outside_span_s"] = round(wall_s - span, 2)
     return out
 
 
+def read_traces(out: Path) -> list[dict[str, Any]]:
+    """Every trace of the newest traces.jsonl under a run's `-o` folder (vf writes it there,
+    verifiers one folder down)."""
+    files = sorted([*out.glob("traces.jsonl"), *out.glob("*/traces.jsonl")], key=lambda f: f.stat().st_mtime)
+    if not files:
+        return []
+    episodes = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    return [t for e in episodes for t in e.get("traces", [])]
+
+
+def run_cli(cmd: list[str], out: Path, env: dict[str, str], cwd: Path, timeout: float, who: str,
+            stages: tuple[str, ...] = (), stderr: Path | None = None) -> dict[str, Any]:
+    """One whole `vf-eval` process (either side's); figures from the traces it wrote under `out`.
+    `stderr`: also keep the process's whole stderr in this file."""
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd, check=False)
+    wall = time.perf_counter() - t
+    if stderr is not None:
+        stderr.write_text(p.stderr)
+    traces = read_traces(out)
+    if p.returncode != 0 or not traces:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-12:])
+        raise RuntimeError(f"{who} vf-eval failed (exit {p.returncode}):\n{tail}")
+    errors = sum(1 for t in traces if not t.get("ok", True))
+    return {**timing_figures(traces, wall, stages), "errors": errors}
+
+
 def run_peer(py: str, root: Path, module: str, model: str, url: str, tasks: int, rollouts: int,
-             concurrency: int, timeout: float) -> dict[str, Any]:
+             concurrency: int, timeout: float, harness: str = "null", stages: tuple[str, ...] = (),
+             out_name: str = "peer-out") -> dict[str, Any]:
     """verifiers' vf-eval on the bench taskset; figures from its traces.jsonl."""
-    out = root / "peer-out"
+    out = root / out_name
     cmd = [str(Path(py).parent / "vf-eval"), module.replace("_", "-"), "-n", str(tasks), "-r", str(rollouts),
            "-c", str(concurrency), "-m", model, "--client.base-url", url, "--client.api-key-var", "VF_BENCH_KEY",
-           "--no-push", "--no-rich", "--env.agent.runtime.type", "subprocess", "--env.agent.harness.id", "null",
+           "--no-push", "--no-rich", "--env.agent.runtime.type", "subprocess", "--env.agent.harness.id", harness,
            "-o", str(out)]
     env = {**os.environ, "PYTHONPATH": str(root / "verifiers"), "VF_BENCH_KEY": "sk-bench",
            "PATH": f"{Path(py).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
-    wall = time.perf_counter() - t
-    files = sorted(out.glob("*/traces.jsonl"))
-    if p.returncode != 0 or not files:
-        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-12:])
-        raise RuntimeError(f"verifiers vf-eval failed (exit {p.returncode}):\n{tail}")
-    episodes = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
-    traces = [t for e in episodes for t in e.get("traces", [])]
-    errors = sum(1 for t in traces if not t.get("ok", True))
-    return {**timing_figures(traces, wall), "errors": errors}
+    return run_cli(cmd, out, env, root, timeout, "verifiers", stages)
 
 
 def run_ours(root: Path, module: str, model: str, url: str, tasks: int, rollouts: int,

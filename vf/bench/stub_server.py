@@ -7,7 +7,9 @@ Answers every /v1/chat/completions at once, streamed (SSE, with a usage chunk wh
   client does the same parsing work as against a real server;
 - `echo`: the last user message;
 - `tool`: when tools are offered and none was called yet, a call of the first tool with
-  {"text": <last user message>}; after a tool result, that result as the reply.
+  {"text": <last user message>}; after a tool result, that result as the reply;
+- `bash:CMD`: first a call of the `bash` tool with {"command": CMD}; after a tool result, that
+  result as the reply (tests/openai_stub.py's model of the same name, for agent programs).
 
     python -m vf.bench.stub_server PORT      # serves until killed; prints "ready" when bound
 """
@@ -104,6 +106,13 @@ def _reply(model: str, messages: list, tools: list) -> tuple[str, list | None]:
     last = _last_user(messages)
     if model == "echo":
         return last, None
+    if model.startswith("bash:"):
+        results = [m for m in messages if m.get("role") == "tool"]
+        if results:
+            c = results[-1].get("content")
+            return (c if isinstance(c, str) else json.dumps(c)), None
+        return "", [{"id": "call_0", "type": "function",
+                     "function": {"name": "bash", "arguments": json.dumps({"command": model[5:]})}}]
     if model == "tool":
         results = [m for m in messages if m.get("role") == "tool"]
         if results:
