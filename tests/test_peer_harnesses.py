@@ -88,7 +88,7 @@ def _content(message: dict):
     if message["role"] == "tool" and isinstance(content, str) and content.startswith("{"):
         return {"returncode": json.loads(content).get("returncode")}
     if isinstance(content, str):
-        return re.sub(r"<system_information>.*?</system_information>", "<system_information/>", content, flags=re.S)
+        return re.sub(r"<system_information>.*?</system_information>", "<system_information/>", content, flags=re.DOTALL)
     return content
 
 

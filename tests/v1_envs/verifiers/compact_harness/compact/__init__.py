@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from pydantic import Field
-
 from verifiers.v1.clients import ModelContext
 from verifiers.v1.configs.harness import HarnessConfig
 from verifiers.v1.harness import Harness

@@ -43,7 +43,7 @@ def chat(model, messages, tools):
 
 def run_bash(call):
     command = json.loads(call["function"].get("arguments") or "{}").get("command", "")
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False)
     return (done.stdout + done.stderr).strip()
 
 

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from pydantic import Field
-
 from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig
 from vf.harness import Harness
