@@ -234,7 +234,9 @@ class Handler(BaseHTTPRequestHandler):
             choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in out_ids]}
         if body.get("return_token_ids") and model != "notokens":
             choice["token_ids"] = out_ids
-        resp = {"id": "cmpl-stub", "object": "chat.completion", "model": model, "choices": [choice],
+        # `created` as OpenAI sends it: verifiers' interception validates a non-streamed reply with it
+        resp = {"id": "cmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out_ids),
                           "total_tokens": len(prompt_ids) + len(out_ids)}}
         if body.get("return_token_ids") and model != "notokens":

@@ -21,7 +21,7 @@ from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validat
 from vf.errors import UsageError
 from vf.loading import load_taskset
 from vf.rundir import RunDir, counted
-from vf.runner import make_engine, make_plan, make_spec, retype_kept, run_plan
+from vf.runner import check_harnesses, make_engine, make_plan, make_spec, retype_kept, run_plan
 from vf.summary import summarize
 from vf.taskset import as_task_data
 from vf.trace import Episode
@@ -101,6 +101,8 @@ def _execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream
     # everything that can be refused is checked before the run dir is written
     loaded = load_taskset(config.taskset.get("id", ""), config.taskset, config.env)
     plan = make_plan(loaded, config, kept)
+    if plan.owed:
+        check_harnesses(loaded)
     engine = make_engine(config) if plan.owed else None
     try:
         if engine is not None and config.command == "rollout" and not engine.supports_tokens:

@@ -82,6 +82,15 @@ def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
                     interception=spec.interception)
 
 
+def check_harnesses(loaded: LoadedTaskset) -> None:
+    """Build each seat's harness once before the run: an unknown harness id or a knob its config
+    refuses stops the command (exit 2), as verifiers 0.4 refuses it when it validates the config,
+    instead of failing every episode alike."""
+    if loaded.env is not None:
+        for cfg in loaded.env.seats().values():
+            make_harness(cfg.harness)
+
+
 def trace_task(task: Task) -> TraceTask:
     """The trace's record of `task`: its row typed (the taskset's TaskData instance itself)."""
     return TraceTask(type=type(task).__name__, data=task.data, key=task.data.key, hash=task.data.hash)

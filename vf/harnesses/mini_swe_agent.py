@@ -117,4 +117,9 @@ class MiniSweAgentHarness(Harness[MiniSweAgentConfig]):
         return ((traj or {}).get("info") or {}).get("exit_status") or None
 
 
+# verifiers 0.4's names, for code that imports or subclasses its `mini_swe_agent` harness (kept out
+# of `__all__`: the module exports one Harness subclass)
+MiniSWEAgentHarness = MiniSweAgentHarness
+MiniSWEAgentHarnessConfig = MiniSweAgentConfig
+
 __all__ = ["MiniSweAgentConfig", "MiniSweAgentHarness"]

@@ -66,6 +66,8 @@ class RuntimeConfig(BaseModel):
 LIMITS = ("wall_time", "cpu_time", "memory", "processes", "output", "disk", "total_memory")
 ROLLOUT_LIMITS = ("disk", "total_memory")
 """Limits on what a rollout holds in all (not one command's own): a harness ends the rollout."""
+PROGRAM_TIMEOUT = 86400.0
+"""A harness's main program has no wall-time limit of its own: the rollout's agent budget ends it."""
 
 
 class RuntimeLimitError(SandboxError):
@@ -123,6 +125,12 @@ class Runtime(ABC):
                   input: str | None = None) -> CommandResult:
         """Run a shell command (a string) or an argv list in the working directory. `env` is
         second and positional, as verifiers' `runtime.run(argv, env)` calls it."""
+
+    async def run_program(self, argv: list[str], env: dict[str, str] | None = None, *,
+                          input: str | None = None) -> CommandResult:
+        """Run a harness's main program (verifiers' `runtime.run_program(argv, env)`, which harness
+        packages call from `launch`): `run` without the per-command time limit."""
+        return await self.run(argv, env, timeout=PROGRAM_TIMEOUT, input=input)
 
     async def write(self, path: str, data: str | bytes) -> None:
         """Put `data` at `path` (parents made as needed). A symlink or hard link at that name is
