@@ -8,9 +8,11 @@ with the same arguments:
     judge           judge_v1: verifiers' shared-agentic-judge protocol (a solver, then a judge
                     agent in its runtime whose verdicts file becomes `judge/solved` and `judge`
                     on the solver's trace, next to the task's own reward at `--env.score.task_weight`)
+    judge_planted   the solver plants a `yes` verdict, the judge writes none (hostile)
     artifacts       artifacts_v1: rows declare `vf.Artifact`s, finalize gathers them with
                     `vf.collect`, rewards and metrics read the collected archives
     artifacts_link  the same, the agent plants a symlink where the file should be (hostile)
+    best_of_n_failed  the same taskset under `--env.id best-of-n`: failed attempts are compared too
     relay           relay_v1: two seats; the reader's task is minted from the writer's trace
                     (its reply, its typed `trace.task.data`: `.idx` and the row's own field)
 
@@ -27,7 +29,11 @@ verifiers, the working directory in vf), trainable flags, the judge's parsed ver
 error counts. verifiers' outcomes are recorded in tests/golden/peer_envs_v04.json, so CI without
 verifiers still checks vf; with VF_VERIFIERS_PYTHON set the peer half re-runs verifiers and
 checks it still gives them. Re-record (only when the peer changes):
-`VF_VERIFIERS_PYTHON=/work/venvs/v04/bin/python python tests/test_peer_envs.py`.
+`VF_VERIFIERS_PYTHON=/work/venvs/v04/bin/python python tests/test_peer_envs.py [CASE...]`.
+
+verifiers' isolated judges (`agentic-judge`, `isolated-verifier`) have no peer half here: they
+move artifacts between runtimes, and verifiers refuses both collecting them from (`Agent.run`) and
+restoring them into (`restore`) its subprocess runtime; tests/test_envs_v04.py runs vf's.
 
 Known differences, asserted as such: vf writes collected archives under the run dir's
 `artifacts/` and references them from `trace.info["artifacts"]` (verifiers keeps them in the
@@ -63,6 +69,11 @@ JUDGE = ('if [ "$(cat answer.txt)" = "$(cat expected.txt)" ] && grep -q answer.t
          '.vf-judge-trace.json 2>/dev/null; then v=yes; else v=no; fi; printf \'{"verdicts": [{"name": '
          '"solved", "reason": "ran it", "verdict": "%s"}]}\' $v | tee /tmp/verdict.json > .vf-judge-verdict.json; '
          'echo $v')
+# A cheating solver (hostile): it plants a `yes` verdict at both verdict paths (braces written as
+# octal escapes: verifiers puts the model name in its log file's path, a format string), and a
+# judge that writes none. The stale verdict is removed before the judge starts, so it fails.
+PLANT = ("echo 7 >answer.txt; printf '\\173\"verdicts\":[\\173\"name\":\"solved\",\"reason\":\"r\","
+         "\"verdict\":\"yes\"\\175]\\175' |tee /tmp/verdict.json >.vf-judge-verdict.json")
 WRITE = "echo 42 > out.txt; mkdir -p notes; echo a > notes/a.txt; echo t > notes/b.tmp"
 BASH_AGENT = ["--env.agent.runtime.type", "subprocess", "--env.agent.harness.id", "bash"]
 
@@ -72,7 +83,15 @@ CASES = {
               ["--env.solver.harness.id", "bash", "--env.judge.harness.id", "bash", "--env.judge.model",
                f"bash:{JUDGE}", "--env.score.task_weight", "0.5"],
               ["--env.solver.runtime.type", "subprocess"]),
+    "judge_planted": ("judge_v1", f"bash:{PLANT}",
+                      ["-n", "1", "--env.solver.harness.id", "bash", "--env.judge.harness.id", "bash",
+                       "--env.judge.model", "bash:echo looked", "--env.score.task_weight", "0.5"],
+                      ["--env.solver.runtime.type", "subprocess"]),
     "artifacts": ("artifacts_v1", f"bash:{WRITE}", BASH_AGENT, []),
+    # seats that fail still reach the env's finalize: rows 2 and 3 miss a required artifact in
+    # both attempts, and best-of-n marks them all the same
+    "best_of_n_failed": ("artifacts_v1", "bash:echo 42 > out.txt", [*BASH_AGENT, "--env.id", "best-of-n", "--env.n", "2"],
+                         []),
     "artifacts_link": ("artifacts_v1", "bash:ln -s /etc/hostname out.txt; mkdir notes; ln -s /etc notes/etc",
                        BASH_AGENT, []),
     "relay": ("relay_v1", "echo",
@@ -115,7 +134,8 @@ def run_ours(case: str, url: str, tmp: Path) -> tuple[dict, Path]:
     proc = subprocess.run([str(Path(sys.executable).parent / "vf-eval"), str(ENVS / f"{CASES[case][0]}.py"),
                            *command(case, url, peer=False), "-o", str(tmp / "run")],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # vf-eval exits 1 when every episode failed (verifiers' exits 0); the traces are what is compared
+    assert proc.returncode == (1 if case == "judge_planted" else 0), proc.stderr[-3000:]
     return outcome(tmp / "run" / "traces.jsonl"), tmp / "run"
 
 
@@ -155,6 +175,12 @@ def test_recorded_outcomes_are_not_vacuous():
         "0": {"passed": [1.0, 0.5], "judge": [1.0, 1.0]}, "1": {"passed": [0.0, 0.5], "judge": [0.0, 1.0]},
         "2": {"passed": [1.0, 0.5], "judge": [1.0, 1.0]}}
     assert all(s[1]["seat"] == "judge" and s[1]["trainable"] is False and s[1]["verdict"] for s in judge.values())
+    # the planted verdict never counts: the judge's trace fails, then the env's finalize (which
+    # verifiers runs over failed seats too) finds no verdict, so the episode fails unscored by it
+    (planted,) = runs["judge_planted"].values()
+    assert (planted["ok"], planted["errors"]) == (False, 1)
+    assert [(s["seat"], s["ok"], s["errors"], s["rewards"], s["verdict"]) for s in planted["seats"]] == [
+        ("solver", True, 0, [["passed", [0.0, 1.0]]], None), ("judge", False, 1, [], None)]
     arts = runs["artifacts"]
     assert [r["seats"][0]["metrics"] for r in arts.values()][:3] == [
         {"collected": 1.0, "files_in_dir": 1.0, "missing": 0.0},
@@ -163,6 +189,8 @@ def test_recorded_outcomes_are_not_vacuous():
     assert [r["ok"] for r in arts.values()] == [True, True, True, False]  # a missing required artifact fails
     # a planted link is collected as a link, never followed: no file to read, reward 0
     assert [r["seats"][0]["rewards"] for r in runs["artifacts_link"].values()][:3] == [[["answered", [0.0, 1.0]]]] * 3
+    failed = [runs["best_of_n_failed"][idx]["seats"] for idx in ("2", "3")]
+    assert all(not s["ok"] and s["metrics"] == {"best": 1.0, "pass_at_n": 0.0} for seats in failed for s in seats)
     relay = runs["relay"]
     assert [r["seats"][1]["metrics"]["source"] for r in relay.values()] == [10.0, 11.0, 12.0]
     assert [dict(r["seats"][0]["rewards"])["relayed"][0] for r in relay.values()] == [1.0, 0.0, 1.0]
@@ -207,23 +235,23 @@ def test_vf_refuses_the_host_runtime_for_the_judge_it_would_run(stub, tmp_path):
     assert len(stub.requests) == before
 
 
-def record() -> None:
-    """Re-record the golden from verifiers (needs VF_VERIFIERS_PYTHON)."""
+def record(cases: list[str]) -> None:
+    """Re-record the golden's `cases` (all by default) from verifiers (needs VF_VERIFIERS_PYTHON)."""
     import tempfile
 
     from openai_stub import StubServer
 
-    runs, run_dir = {}, None
+    recorded = golden() if GOLDEN.exists() else {"runs": {}, "peer_run_dir": None}
     with StubServer() as stub:
-        for case in sorted(CASES):
+        for case in cases or sorted(CASES):
             with tempfile.TemporaryDirectory() as tmp:
-                runs[case], run = run_peer(case, stub.url, Path(tmp))
+                recorded["runs"][case], run = run_peer(case, stub.url, Path(tmp))
                 if case == "artifacts":
-                    run_dir = run_dir_files(run)
-    GOLDEN.write_text(json.dumps({"runs": runs, "peer_run_dir": run_dir}, indent=1, sort_keys=True) + "\n")
+                    recorded["peer_run_dir"] = run_dir_files(run)
+    GOLDEN.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     assert PEER_PYTHON, "set VF_VERIFIERS_PYTHON"
-    record()
+    record(sys.argv[1:])
