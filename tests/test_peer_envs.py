@@ -95,8 +95,8 @@ CASES = {
     "artifacts_link": ("artifacts_v1", "bash:ln -s /etc/hostname out.txt; mkdir notes; ln -s /etc notes/etc",
                        BASH_AGENT, []),
     "relay": ("relay_v1", "echo",
-              [f"--env.{seat}.{k}" if i % 2 == 0 else k for seat in ("writer", "reader")
-               for i, k in enumerate(["runtime.type", "subprocess", "harness.id", "null"])], []),
+              ["--env.writer.runtime.type", "subprocess", "--env.writer.harness.id", "null",
+               "--env.reader.runtime.type", "subprocess", "--env.reader.harness.id", "null"], []),
 }
 
 
