@@ -198,18 +198,18 @@ def test_judge_prompt_and_trace_record_hide_reasoning_and_keep_literal_braces():
     from vf.trace import MessageNode, Trace, TraceTask
 
     task = Task(TaskData(prompt="Solve {x}.", artifacts=["a"]))
-    trace = Trace(task=TraceTask(), nodes=[MessageNode(message={"role": "assistant", "content": "hi",
+    trace = Trace(task=TraceTask(data=task.data), nodes=[MessageNode(message={"role": "assistant", "content": "hi",
                                                                 "reasoning_content": "secret"})])
     trace.state = type("S", (), {"artifacts": {"a": b"tar"}})()
     cfg = JudgeTaskConfig(prompt="Policy {not_a_field} for: {prompt}", hint="look at {prompt}")
-    jt = JudgeTask.from_trace(task, trace, cfg, share_runtime=False)
+    jt = JudgeTask.from_trace(trace, cfg, share_runtime=False)
     text = jt.data.prompt
     assert text.startswith("Policy {not_a_field} for: Solve {x}.") and "## Hints\n\nlook at {prompt}" in text
     assert "fresh sandbox" in text and jt.artifacts == {"a": b"tar"}
     assert "network_allow" not in jt.data.model_fields_set  # the solver's default (no network) stays
     record = json.loads(jt.files[TRACE_FILE])
     assert "reasoning_content" not in record["nodes"][0]["message"]
-    shared = JudgeTask.from_trace(task, trace, JudgeTaskConfig(include_hidden_reasoning=True), share_runtime=True)
+    shared = JudgeTask.from_trace(trace, JudgeTaskConfig(include_hidden_reasoning=True), share_runtime=True)
     assert shared.artifacts == {} and "worked in this sandbox" in shared.data.prompt
     assert json.loads(shared.files[TRACE_FILE])["nodes"][0]["message"]["reasoning_content"] == "secret"
 

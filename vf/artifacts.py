@@ -59,9 +59,13 @@ def _relative(runtime: Runtime, source: str) -> str:
 
 
 async def collect(runtime: Runtime, artifacts: list[Artifact | dict | str] | None = None, *,
-                  max_bytes: int = MAX_ARTIFACT_BYTES) -> dict[str, bytes | None]:
+                  max_bytes: int = MAX_ARTIFACT_BYTES, sweep: bool = True) -> dict[str, bytes | None]:
     """Tar each declared path out of `runtime`, keyed by its source, in declaration order,
-    within `max_bytes` in all. A missing required artifact raises `SandboxError`."""
+    within `max_bytes` in all. A missing required artifact raises `SandboxError`.
+
+    `sweep` is verifiers' switch for also collecting its `/logs/artifacts` convention dir; it is
+    accepted so its tasks' calls run, and changes nothing here: only the working directory
+    persists in vf's runtimes, so there is no convention dir outside it to sweep."""
     items = [a if isinstance(a, Artifact) else Artifact(source=a) if isinstance(a, str) else Artifact(**a)
              for a in artifacts or []]
     collected: dict[str, bytes | None] = {}

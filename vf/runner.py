@@ -5,7 +5,8 @@ evaluator, and `vf-bench harness` all run episodes through `run_episode` / `run_
 `Env.setup(agents)`, `Env.run(task, agents)`, then `Env.finalize(task, episode)`. Every seat's
 finished trace joins the episode in completion order, stamped with its seat name and
 `trainable`. An env `run()` that raises, or an episode past its timeout, is recorded on the
-episode (`errors`: type, message) and the run goes on; `--resume` redoes such episodes.
+episode (`errors`: type, message), `finalize` is skipped, and the run goes on; `--resume` redoes
+such episodes. A `run()` that returns runs `finalize` even when a seat's trace failed.
 
 `run_plan` runs many (task, rollout) pairs with at most `max_concurrent` in flight and tells
 each observer about every finished episode the moment it finishes (progress displays, run-dir
@@ -218,7 +219,7 @@ async def _run_episode(task: Task, spec: EpisodeSpec, rollout: int) -> Episode:
             r.trace.agent["trainable"] = r.spec.trainable
             run.completed.append(r.trace)
     episode.traces = run.completed
-    if not episode.errors and all(t.ok for t in episode.traces):
+    if not episode.errors:  # as verifiers: a failed seat's trace is the env's to handle, not a skip
         try:
             await env.finalize(task, episode)
         except Exception as e:  # noqa: BLE001

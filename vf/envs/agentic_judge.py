@@ -179,8 +179,9 @@ class JudgeTask(Task):
         self.files, self.artifacts = files, artifacts
 
     @classmethod
-    def from_trace(cls, task: Task, solution, config: JudgeTaskConfig, share_runtime: bool) -> JudgeTask:
-        solved = task.data
+    def from_trace(cls, solution, config: JudgeTaskConfig, share_runtime: bool = True) -> JudgeTask:
+        """verifiers' signature: the solver's task is its trace's typed row (`solution.task.data`)."""
+        solved = solution.task.data
         record = solution.model_dump(mode="json")
         if not config.include_hidden_reasoning:
             for node in record.get("nodes", []):
@@ -273,7 +274,7 @@ class SharedAgenticJudgeEnv(AgenticJudgeEnv):
             solution = await agents.solver.run(task, runtime=box)
             if not solution.ok:
                 raise RuntimeError("the solver's rollout failed, so the judge never ran")
-            await agents.judge.run(JudgeTask.from_trace(task, solution, self.config.task, share_runtime=True), runtime=box)
+            await agents.judge.run(JudgeTask.from_trace(solution, self.config.task, share_runtime=True), runtime=box)
 
 
 class IsolatedAgenticJudgeEnv(AgenticJudgeEnv):
@@ -283,4 +284,4 @@ class IsolatedAgenticJudgeEnv(AgenticJudgeEnv):
         solution = await agents.solver.run(task)
         if not solution.ok:
             raise RuntimeError("the solver's rollout failed, so the judge never ran")
-        await agents.judge.run(JudgeTask.from_trace(task, solution, self.config.task, share_runtime=False))
+        await agents.judge.run(JudgeTask.from_trace(solution, self.config.task, share_runtime=False))
