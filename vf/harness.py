@@ -288,7 +288,7 @@ class Rollout:
         self.closed = True
         trace = self.trace
         if self.runtime is not None:
-            trace.agent["runtime"] = {"type": self.runtime.type, "workdir": str(self.runtime.workdir)}
+            trace.agent["runtime"] = self.runtime.wire_info(borrowed=self.runtime is self._borrowed)
         try:
             agent = trace.timing.setdefault("agent", {"start": time.time()})
             agent["end"] = time.time()

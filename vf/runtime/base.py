@@ -138,6 +138,14 @@ class Runtime(ABC):
         cap = max_bytes if max_bytes is not None else self.config.max_read_mb << 20
         return read_beneath(self._fd(), self._parts(path), path, cap)
 
+    def wire_info(self, borrowed: bool = False) -> dict:
+        """What a trace records as `agent.runtime`: verifiers' `RuntimeInfo` (a closed union keyed
+        by `type`, no extra keys), whose `subprocess` kind is a host process in a host working
+        directory, its `id` that directory. The sandbox is that kind too (bubblewrap is host
+        processes in the working directory, isolated): verifiers has no `sandbox` kind, and the
+        run dir's config.yaml names the runtime vf used."""
+        return {"type": "subprocess", "id": str(self.workdir), "borrowed": borrowed}
+
     def model_endpoint(self, url: str, socket: str) -> str:
         """The base URL by which a program inside this runtime reaches the interception server
         that listens at `url` (TCP on the host's loopback) and on the Unix socket `socket`.

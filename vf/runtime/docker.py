@@ -50,6 +50,11 @@ class DockerRuntime(SubprocessRuntime):
         self._model_socket = socket
         return f"http://127.0.0.1:{bridge.PORT}/v1"
 
+    def wire_info(self, borrowed: bool = False) -> dict:
+        """verifiers' `docker` RuntimeInfo: the image and the working directory inside it."""
+        return {"type": "docker", "image": self.config.image, "workdir": MOUNT, "id": str(self.workdir),
+                "borrowed": borrowed}
+
     def _warn(self) -> None:
         pass
 
