@@ -5,8 +5,8 @@ both that and the OpenAI nested shape its older run dirs hold; `trace.task.data`
 typed TaskData (a `vf.WireTaskData` when read from a file); `vf.errors` has verifiers' error
 names, and a rollout ended by one stops as verifiers' condition (`TaskError` → `task_error`).
 
-The episodes vf writes (tools, images, two seats, an intercepted agent program) are validated by verifiers 0.4.0's own
-`WireEpisode` reader in a subprocess when VF_VERIFIERS_PYTHON names a python that has it; the
+The episodes vf writes (tools, images, two seats, an intercepted agent program) are validated by
+verifiers 0.4.0's own `WireEpisode` reader in a subprocess when VF_VERIFIERS_PYTHON names a python that has it; the
 golden-line, typed-data and error tests run without it.
 """
 
