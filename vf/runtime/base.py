@@ -106,6 +106,9 @@ class Runtime(ABC):
     """One rollout's place to run commands: a working directory plus the processes in it."""
 
     type: ClassVar[str]
+    RESOURCES: ClassVar[frozenset[str]] = frozenset()
+    """The `TaskData.resources` this type enforces (vf.runtime.resources); others are ignored, with
+    a warning."""
 
     def __init__(self, config: RuntimeConfig, workdir: Path | None = None):
         self.config = config
@@ -212,11 +215,14 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     return cls
 
 
-def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
-    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
+def runtime_type(name: str) -> type[Runtime]:
     from vf.runtime import docker, sandbox, subprocess  # noqa: F401  (register their types)
 
-    if config.type not in _TYPES:
-        raise UsageError(f"unknown runtime type {config.type!r}",
-                         hint=f"choose one of: {', '.join(sorted(_TYPES))}")
-    return _TYPES[config.type](config, workdir)
+    if name not in _TYPES:
+        raise UsageError(f"unknown runtime type {name!r}", hint=f"choose one of: {', '.join(sorted(_TYPES))}")
+    return _TYPES[name]
+
+
+def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
+    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
+    return runtime_type(config.type)(config, workdir)

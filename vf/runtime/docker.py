@@ -34,6 +34,7 @@ def docker_available() -> bool:
 @register_runtime
 class DockerRuntime(SubprocessRuntime):
     type = "docker"
+    RESOURCES = frozenset({"disk", "memory"})
 
     def __init__(self, *args, **kwargs):
         if not docker_available():

@@ -120,6 +120,7 @@ def bwrap_for_nobody(bwrap: str) -> str:
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
+    RESOURCES = frozenset({"disk", "memory"})
 
     def __init__(self, config, workdir: Path | None = None):
         self.bwrap = find_bwrap()
