@@ -240,3 +240,54 @@ def test_a_stuck_program_is_stopped_at_the_agent_deadline_and_leaves_no_process(
         subprocess.run(["pkill", "-f", marker], check=False)  # not waited for); the run went on
     else:
         assert left == [], f"processes outlived their episode: {left}"
+
+
+HOOK_BUGS = '''
+
+class Buggy(FileTask):
+    @vf.intercept
+    def bad_request(self, task, request: vf.Request):
+        if task.prompt == "request" and request.messages[-1].role == "tool":
+            raise ValueError("hook bug on the tool result")
+
+    @vf.intercept
+    def bad_response(self, task, response: vf.Response):
+        if task.prompt == "response":
+            return {"not": "a response"}
+
+
+class BuggyTaskset(vf.Taskset[Buggy]):
+    def load(self):
+        return [Buggy(Data(prompt=p, expected="hi")) for p in ("request", "response", "fine")]
+
+
+__all__ = ["BuggyTaskset", "ScriptAgent"]
+'''
+
+
+def test_an_intercept_hook_that_raises_is_the_tasks_error_and_the_run_goes_on(stub, tmp_path):
+    """As verifiers 0.4.0 (session.rewrite_request / rewrite_response): a hook's untyped error is a
+    TaskError named by its boundary, recorded on the trace (stop `task_error`) in place of the
+    program's exit that it caused; the other rollouts run as usual."""
+    env = tmp_path / "buggy.py"
+    env.write_text(ENV.read_text() + HOOK_BUGS)
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = {"taskset": {"id": str(env)}, "model": "bash:echo hi > out.txt",
+            "engine": {"base_url": stub.url, "api_key_var": "FAKE_KEY"},
+            "env": {"agent": {"harness": {"id": f"{env}:ScriptAgent"}, "runtime": {"type": "subprocess"}}}}
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, deep_merge(over, {})), over,
+                                    str(tmp_path / "run"), None)
+    summary = execute(config, run, kept)
+    traces = {t.task.data["prompt"]: t for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()
+              for t in Episode.model_validate_json(line).traces}
+    request, response = traces["request"], traces["response"]
+    assert (request.stop_condition, request.ok, [e.type for e in request.errors]) == ("task_error", False, ["TaskError"])
+    assert request.errors[0].message == "request interception failed: ValueError: hook bug on the tool result"
+    assert len(request.calls) == 1 and request.rewards == {}  # the first call was answered; not scored
+    assert (response.stop_condition, [e.type for e in response.errors]) == ("task_error", ["TaskError"])
+    assert response.errors[0].message == ("response interception failed: TypeError: @vf.intercept bad_response "
+                                          "returned dict, not vf.Response")
+    assert traces["fine"].ok and traces["fine"].rewards["wrote_file"].score == 1.0
+    assert summary["num_errors"] == 2
