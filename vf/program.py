@@ -6,7 +6,9 @@ program in `setup(runtime)` and runs it in `launch(ctx, trace, runtime, endpoint
 mcp_urls, data)`: the program must send every model call to `endpoint` with `secret` as its key.
 `endpoint` is the run's interception server (vf.interception) as seen from inside the runtime:
 on the host's loopback for `subprocess`, bridged through a Unix socket into the `sandbox`, which
-keeps no network of its own (vf.runtime.bridge).
+keeps no network of its own (vf.runtime.bridge). `mcp_urls` are the task's toolsets as MCP
+servers the program can reach (vf.mcp.client.program_tool_urls; none where the runtime has no
+route to the host).
 
 `ProgramDriver` is the rollout's side: it registers the rollout with the server, and answers each
 call the program makes (`answer`): `@vf.intercept` request hooks, then the rollout's one model
@@ -50,8 +52,9 @@ from vf.errors import (
     boundary,
 )
 from vf.interception.server import InterceptionServer
+from vf.mcp.client import program_tool_urls
 from vf.runtimes import ProgramResult, Runtime
-from vf.taskset import TaskData, call_hook, concrete_type
+from vf.taskset import TaskData, call_hook, concrete_type, task_toolsets
 from vf.trace import nested_tool
 from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
 from vf.utils.exports import exported_subclasses
@@ -249,8 +252,9 @@ class ProgramDriver:
             endpoint = rollout.runtime.model_endpoint(registration.url, registration.socket)
             ctx = ModelContext(model=rollout.spec.model, client=rollout.spec.engine,
                                sampling=rollout.spec.sampling.to_dict())
-            result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
-                                          {}, rollout.task.data)
+            async with program_tool_urls(task_toolsets(rollout.task), rollout.runtime) as mcp_urls:
+                result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
+                                              mcp_urls, rollout.task.data)
             try:
                 await harness.check_result(rollout.trace, rollout.runtime, result)
             except RolloutError as e:

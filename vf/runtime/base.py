@@ -149,6 +149,11 @@ class Runtime(ABC):
         run dir's config.yaml names the runtime vf used."""
         return {"type": "subprocess", "id": str(self.workdir), "borrowed": borrowed}
 
+    def host_url(self, url: str) -> str | None:
+        """The URL by which a program inside this runtime reaches `url`, a server on the host's
+        loopback (verifiers' `Runtime.host_url`); None where it cannot (no route to the host)."""
+        return url
+
     def model_endpoint(self, url: str, socket: str) -> str:
         """The base URL by which a program inside this runtime reaches the interception server
         that listens at `url` (TCP on the host's loopback) and on the Unix socket `socket`.

@@ -51,6 +51,9 @@ class DockerRuntime(SubprocessRuntime):
         self._model_socket = socket
         return f"http://127.0.0.1:{bridge.PORT}/v1"
 
+    def host_url(self, url: str) -> str | None:
+        return None  # a container's loopback is its own; only the model endpoint is bridged in
+
     def wire_info(self, borrowed: bool = False) -> dict:
         """verifiers' `docker` RuntimeInfo: the image and the working directory inside it."""
         return {"type": "docker", "image": self.config.image, "workdir": MOUNT, "id": str(self.workdir),

@@ -122,6 +122,11 @@ class SandboxRuntime(SubprocessRuntime):
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
     RESOURCES = frozenset({"disk", "memory"})
 
+    def host_url(self, url: str) -> str | None:
+        """The host's loopback only with the host's network (`network_allow`); else no route (only
+        the model endpoint is bridged in, vf.runtime.bridge)."""
+        return url if self.config.network_allow else None
+
     def __init__(self, config, workdir: Path | None = None):
         self.bwrap = find_bwrap()
         if self.bwrap is None:
