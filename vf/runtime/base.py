@@ -106,9 +106,9 @@ class Runtime(ABC):
     """One rollout's place to run commands: a working directory plus the processes in it."""
 
     type: ClassVar[str]
-    RESOURCES: ClassVar[frozenset[str]] = frozenset()
-    """The `TaskData.resources` this type enforces (vf.runtime.resources); others are ignored, with
-    a warning."""
+    RESOURCES: ClassVar[dict[str, str]] = {}
+    """`TaskData.resources` field → the `RuntimeConfig` limit (MiB) by which this type enforces it
+    (vf.runtime.resources); the others are ignored, with a warning."""
 
     def __init__(self, config: RuntimeConfig, workdir: Path | None = None):
         self.config = config

@@ -34,7 +34,7 @@ def docker_available() -> bool:
 @register_runtime
 class DockerRuntime(SubprocessRuntime):
     type = "docker"
-    RESOURCES = frozenset({"disk", "memory"})
+    RESOURCES = {"disk": "disk_mb", "memory": "memory_mb"}  # memory_mb is the container's memory
 
     def __init__(self, *args, **kwargs):
         if not docker_available():

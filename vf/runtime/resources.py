@@ -2,11 +2,12 @@
 
 verifiers 0.4.0 (`resolve_runtime_config`) gives each task's requested resources to the runtime
 fields of the same name where the runtime has them, and warns once per (runtime, resource) it
-cannot honour. vf's runtimes have limits instead (vf.runtime.base.RuntimeConfig), in MiB:
+cannot honour. vf's runtimes have limits instead (vf.runtime.base.RuntimeConfig), in MiB; each
+type says which one enforces a resource (`Runtime.RESOURCES`):
 
-    memory GB  →  total_memory_mb (all of a command's processes together) and memory_mb (each
-                  process's address space; docker's container memory), never above either
-    disk GB    →  disk_mb (the working directory), and so the sandbox's file-size cap
+    memory GB  →  sandbox: total_memory_mb (the resident memory of all a command's processes);
+                  docker: memory_mb (the container's); subprocess: not enforced
+    disk GB    →  disk_mb (the working directory; in the sandbox also the file-size cap)
     cpu, gpu   →  no vf runtime enforces them: ignored, with a warning
 
 The run's limits are a ceiling: a task asking for less gets less (restrictions compose, as in
@@ -23,9 +24,6 @@ from typing import Any
 
 from vf.errors import TaskError
 from vf.runtime.base import RuntimeConfig, runtime_type
-
-FIELDS = {"memory": ("total_memory_mb", "memory_mb"), "disk": ("disk_mb",)}
-"""TaskResources field → the RuntimeConfig limits (MiB) it sets."""
 
 _warned: set[tuple[str, ...]] = set()
 
@@ -49,12 +47,11 @@ def with_resources(config: RuntimeConfig, resources: Any) -> RuntimeConfig:
             continue
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise TaskError(f"task resource {name}={value!r} is not a positive number of GB")
-        mib = math.ceil(value * 1024)
-        for field in FIELDS[name]:
-            allowed = getattr(config, field)
-            if mib > allowed:
-                flag = "--env.agent.runtime." + field.replace("_", "-")
-                warn_once(config.type, name, field, message=f"a task asks for {name} {value:g} GB; {field} is "
-                          f"capped at the run's {allowed} MiB (raise it with {flag})")
-            updates[field] = min(mib, allowed)
+        mib, field = math.ceil(value * 1024), enforced[name]
+        allowed = getattr(config, field)
+        if mib > allowed:
+            flag = "--env.agent.runtime." + field.replace("_", "-")
+            warn_once(config.type, name, message=f"a task asks for {name} {value:g} GB; {field} is capped at "
+                      f"the run's {allowed} MiB (raise it with {flag})")
+        updates[field] = min(mib, allowed)
     return config.model_copy(update=updates) if updates else config

@@ -120,7 +120,10 @@ def bwrap_for_nobody(bwrap: str) -> str:
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
-    RESOURCES = frozenset({"disk", "memory"})
+    # memory is what all the command's processes hold together, as a container's: the resident
+    # sum, not the per-process address space (memory_mb), which runtimes such as node reserve
+    # far beyond what they use
+    RESOURCES = {"disk": "disk_mb", "memory": "total_memory_mb"}
 
     def host_url(self, url: str) -> str | None:
         """The host's loopback only with the host's network (`network_allow`); else no route (only
