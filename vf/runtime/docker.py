@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from typing import ClassVar
 
 from vf.runtime import bridge
 from vf.runtime.base import SandboxUnavailable, register_runtime
@@ -34,7 +35,7 @@ def docker_available() -> bool:
 @register_runtime
 class DockerRuntime(SubprocessRuntime):
     type = "docker"
-    RESOURCES = {"disk": "disk_mb", "memory": "memory_mb"}  # memory_mb is the container's memory
+    RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb", "memory": "memory_mb"}  # the container's memory
 
     def __init__(self, *args, **kwargs):
         if not docker_available():
