@@ -330,8 +330,8 @@ def test_anthropic_text_document_reads_as_text_and_pdf_is_refused(running, anthr
 
 
 def test_anthropic_mid_conversation_system_and_effort(running):
-    """Claude Code 2.1 sends environment notes as role "system" messages inside `messages`, and its
-    reasoning effort as output_config.effort."""
+    """Claude Code 2.1 sends environment notes as role "system" messages inside `messages` (read as
+    user messages, as verifiers does), and its reasoning effort as output_config.effort."""
     handler = Scripted(reply("ok"))
     reg = running.register(handler)
     body = {"model": "m", "max_tokens": 9, "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"},
@@ -342,7 +342,7 @@ def test_anthropic_mid_conversation_system_and_effort(running):
                    headers={"x-api-key": reg.secret, "anthropic-version": "2023-06-01"})
     assert r.status_code == 200 and r.json()["content"] == [{"type": "text", "text": "ok"}]
     (call,) = handler.calls
-    assert call.request.messages == [UserMessage(content="task"), SystemMessage(content="# Environment")]
+    assert call.request.messages == [UserMessage(content="task"), UserMessage(content="# Environment")]
     assert call.sampling == {"max_tokens": 9, "reasoning_effort": "high"}
 
 

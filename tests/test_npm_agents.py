@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tarfile
 import tempfile
 import time
@@ -339,19 +340,38 @@ def test_codex_gets_a_responses_provider_and_the_key_only_in_its_environment(tmp
     assert {"--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check", "--ephemeral"} <= set(argv)
 
 
-def test_the_anthropic_dialect_reads_claude_codes_system_turns():
+CLAUDE_CODE_BODY = {
+    "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude Code."}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "Write hi."}]},
+                 {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                 {"role": "assistant", "content": "ok"}, {"role": "system", "content": "note"}]}
+VERIFIERS_READS = [{"role": "system", "content": "You are Claude Code."}, {"role": "user", "content": "Write hi."},
+                   {"role": "user", "content": "# Environment"}, {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": "note"}]
+"""verifiers 0.4.0's `dialects.anthropic.parse_messages(CLAUDE_CODE_BODY)` (exclude_none dumps)."""
+
+
+def test_the_anthropic_dialect_reads_claude_codes_system_turns_as_verifiers_does():
     """Claude Code 2.1.3xx sends its environment as a `system` turn after the first user turn (a
-    dialect that refuses it fails every Claude Code call with 400); any other role is refused."""
+    dialect that refuses it fails every Claude Code call with 400). verifiers reads it as a user
+    message, so the one system message stays first (chat templates such as Qwen's refuse a system
+    message after the first turn); any other role is refused."""
     dialect = DIALECTS["anthropic"]
-    body = {"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are Claude Code."}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "Write hi."}]},
-                         {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}
-    messages = dialect.parse_object(body).request.messages
-    assert [m.role for m in messages] == ["system", "user", "system"]
-    assert "# Environment" in json.dumps(messages[-1].model_dump())
+    messages = dialect.parse_object(CLAUDE_CODE_BODY).request.messages
+    assert [m.model_dump(exclude_none=True) for m in messages] == VERIFIERS_READS
     for role in ("tool", "developer", None, ["user"]):
         with pytest.raises(DialectError, match="role must be"):
-            dialect.parse_object({**body, "messages": [{"role": role, "content": "x"}]})
+            dialect.parse_object({**CLAUDE_CODE_BODY, "messages": [{"role": role, "content": "x"}]})
+
+
+@pytest.mark.skipif(not os.environ.get("VF_VERIFIERS_PYTHON"), reason="set VF_VERIFIERS_PYTHON to verifiers 0.4.0's python")
+def test_verifiers_still_reads_claude_codes_system_turns_that_way():
+    code = ("import json, sys\nfrom verifiers.v1.dialects.anthropic import parse_messages\n"
+            "print(json.dumps([m.model_dump(exclude_none=True) for m in parse_messages(json.loads(sys.argv[1]))]))")
+    proc = subprocess.run([os.environ["VF_VERIFIERS_PYTHON"], "-c", code, json.dumps(CLAUDE_CODE_BODY)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == VERIFIERS_READS
 
 
 # ---- the npm install cache: once, under a lock, world-readable, failures leave nothing ----------

@@ -240,3 +240,139 @@ def test_a_stuck_program_is_stopped_at_the_agent_deadline_and_leaves_no_process(
         subprocess.run(["pkill", "-f", marker], check=False)  # not waited for); the run went on
     else:
         assert left == [], f"processes outlived their episode: {left}"
+
+
+HOOK_BUGS = '''
+
+class Buggy(FileTask):
+    @vf.intercept
+    def bad_request(self, task, request: vf.Request):
+        if task.prompt == "request" and request.messages[-1].role == "tool":
+            raise ValueError("hook bug on the tool result")
+
+    @vf.intercept
+    def bad_response(self, task, response: vf.Response):
+        if task.prompt == "response":
+            return {"not": "a response"}
+
+
+class BuggyTaskset(vf.Taskset[Buggy]):
+    def load(self):
+        return [Buggy(Data(prompt=p, expected="hi")) for p in ("request", "response", "fine")]
+
+
+__all__ = ["BuggyTaskset", "ScriptAgent"]
+'''
+
+
+def test_an_intercept_hook_that_raises_is_the_tasks_error_and_the_run_goes_on(stub, tmp_path):
+    """As verifiers 0.4.0 (session.rewrite_request / rewrite_response): a hook's untyped error is a
+    TaskError named by its boundary, recorded on the trace (stop `task_error`) in place of the
+    program's exit that it caused; the other rollouts run as usual."""
+    env = tmp_path / "buggy.py"
+    env.write_text(ENV.read_text() + HOOK_BUGS)
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = {"taskset": {"id": str(env)}, "model": "bash:echo hi > out.txt",
+            "engine": {"base_url": stub.url, "api_key_var": "FAKE_KEY"},
+            "env": {"agent": {"harness": {"id": f"{env}:ScriptAgent"}, "runtime": {"type": "subprocess"}}}}
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, deep_merge(over, {})), over,
+                                    str(tmp_path / "run"), None)
+    summary = execute(config, run, kept)
+    traces = {t.task.data["prompt"]: t for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()
+              for t in Episode.model_validate_json(line).traces}
+    request, response = traces["request"], traces["response"]
+    assert (request.stop_condition, request.ok, [e.type for e in request.errors]) == ("task_error", False, ["TaskError"])
+    assert request.errors[0].message == "request interception failed: ValueError: hook bug on the tool result"
+    assert len(request.calls) == 1 and request.rewards == {}  # the first call was answered; not scored
+    assert (response.stop_condition, [e.type for e in response.errors]) == ("task_error", ["TaskError"])
+    assert response.errors[0].message == ("response interception failed: TypeError: @vf.intercept bad_response "
+                                          "returned dict, not vf.Response")
+    assert traces["fine"].ok and traces["fine"].rewards["wrote_file"].score == 1.0
+    assert summary["num_errors"] == 2
+
+
+MCP_ENV = '''
+import json
+
+import vf
+from mcp_tools import Probe
+from vf.configs.harness import HarnessConfig
+from vf.harness import Harness
+
+CLIENT = r"""
+import json, sys, urllib.request
+out = {}
+for name, url in json.loads(sys.argv[1]).items():
+    def post(method, params):
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json",
+                                                     "Accept": "application/json, text/event-stream"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.load(reply)["result"]
+    echo = post("tools/call", {"name": "echo", "arguments": {"text": "from the program"}})
+    out[name] = {"tools": sorted(t["name"] for t in post("tools/list", {})["tools"]),
+                 "echo": echo["content"][0]["text"]}
+print(json.dumps(out))
+"""
+
+
+class McpAgent(Harness[HarnessConfig]):
+    """A program that lists and calls the MCP tool servers it is given (no model calls)."""
+
+    NEEDS_CONTAINER = False
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
+        result = await runtime.run(["python3", "-c", CLIENT, json.dumps(mcp_urls)], timeout=60)
+        trace.info["seen"] = json.loads(result.stdout) if result.exit_code == 0 else result.stderr[-800:]
+        return result
+
+
+class ToolTask(vf.Task):
+    toolsets = [Probe]
+
+    @vf.reward
+    async def one(self, trace) -> float:
+        return 1.0
+
+
+class ToolTaskset(vf.Taskset[ToolTask]):
+    def load(self):
+        yield ToolTask(vf.TaskData(prompt="closed"))
+        yield ToolTask(vf.TaskData(prompt="networked", network_allow=["*"]))
+
+
+__all__ = ["ToolTaskset", "McpAgent"]
+'''
+PROBE_TOOLS = ["boom", "crash", "echo", "hang", "image", "pid", "slow"]
+
+
+@pytest.mark.parametrize("runtime", [pytest.param("sandbox", marks=needs_bwrap), "subprocess"])
+def test_a_program_harness_reaches_the_tasks_mcp_tool_servers(stub, tmp_path, capsys, monkeypatch, runtime):
+    """verifiers passes a program the task's tool servers (`mcp_urls`, {server name: URL it can
+    reach}); vf starts each toolset as an MCP server on the host's loopback, reachable from the
+    subprocess runtime and from a sandbox with the host's network, and none from a closed sandbox."""
+    import vf.runtime.resources
+
+    monkeypatch.setattr(vf.runtime.resources, "_warned", set())  # the warning is once per run
+    env = tmp_path / "mcp_env.py"
+    env.write_text(MCP_ENV)
+    from vf.config import deep_merge
+    from vf.evaluate import execute, open_run, resolve_config
+
+    over = {"taskset": {"id": str(env)}, "model": "echo", "engine": {"base_url": stub.url, "api_key_var": "FAKE_KEY"},
+            "env": {"agent": {"harness": {"id": f"{env}:McpAgent"}, "runtime": {"type": runtime}}}}
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, deep_merge(over, {})), over,
+                                    str(tmp_path / "run"), None)
+    summary = execute(config, run, kept)
+    traces = {t.task.data["prompt"]: t for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()
+              for t in Episode.model_validate_json(line).traces}
+    assert summary["num_errors"] == 0, [t.errors for t in traces.values()]
+    served = {"probe": {"tools": PROBE_TOOLS, "echo": "hi from the program"}}  # Probe.setup ran in the server
+    assert traces["networked"].info["seen"] == served
+    if runtime == "subprocess":
+        assert traces["closed"].info["seen"] == served
+    else:
+        assert traces["closed"].info["seen"] == {}
+        assert "runtime 'sandbox' has no route to the host" in capsys.readouterr().err

@@ -5,8 +5,8 @@ both that and the OpenAI nested shape its older run dirs hold; `trace.task.data`
 typed TaskData (a `vf.WireTaskData` when read from a file); `vf.errors` has verifiers' error
 names, and a rollout ended by one stops as verifiers' condition (`TaskError` → `task_error`).
 
-The episodes vf writes (tools, images, two seats) are validated by verifiers 0.4.0's own
-`WireEpisode` reader in a subprocess when VF_VERIFIERS_PYTHON names a python that has it; the
+The episodes vf writes (tools, images, two seats, an intercepted agent program) are validated by
+verifiers 0.4.0's own `WireEpisode` reader in a subprocess when VF_VERIFIERS_PYTHON names a python that has it; the
 golden-line, typed-data and error tests run without it.
 """
 
@@ -144,7 +144,9 @@ for path in sys.argv[1:]:
                            for p in n.message.content if p.type == "image_url") for t in ep.traces],
             "prompts": [t.task.data.prompt if isinstance(t.task.data.prompt, str) else None for t in ep.traces],
             "seat_idx": [t.task.data.idx for t in ep.traces],
-            "extra": getattr(ep.task.data, "answer", None)}))
+            "extra": getattr(ep.task.data, "answer", None),
+            "runtime": [t.agent.runtime and {"type": t.agent.runtime.type, "borrowed": t.agent.runtime.borrowed}
+                        for t in ep.traces]}))
 """
     proc = subprocess.run([VERIFIERS_PY, "-c", code, *map(str, paths)], capture_output=True, text=True, timeout=120,
                           check=False)
@@ -281,26 +283,52 @@ def test_verifiers_reads_vf_episodes_with_tools_images_and_two_seats(tmp_path, s
     assert seen[7]["tools"] == [["add"]] and seen[7]["calls"] == [["add"]] and seen[7]["extra"] == 5
 
 
-RUNTIME_GAP = ("open: a rollout that used a runtime records `agent.runtime` as {type, workdir} (vf/harness.py "
-               "Rollout.close); verifiers 0.4.0's RuntimeInfo forbids `workdir` and has no `sandbox` type")
+AGENT_ENV = Path(__file__).parent / "program_envs" / "script_agent.py"
+AGENT_GOLDEN = Path(__file__).parent / "golden" / "wire_v04_agent.jsonl"
+VERIFIERS_RUNTIME_KEYS = ["type", "id", "borrowed"]
+"""What verifiers 0.4.0 records as `agent.runtime` for its subprocess runtime (SubprocessRuntimeInfo:
+no other key is allowed, `workdir` included); `id` is the runtime's working directory."""
+
+
+def agent_run(tmp_path: Path, stub, runtime: str) -> Path:
+    """A program harness (tests/program_envs/script_agent.py) whose model calls went through the
+    interception server: the program's own `bash` tool and its calls, flat on disk."""
+    agent = {"harness": {"id": f"{AGENT_ENV}:ScriptAgent"}, "runtime": {"type": runtime}}
+    _, out = evaluate(str(AGENT_ENV), "bash:echo hi > out.txt", stub.url, tmp_path / "agent",
+                      extra={"env": {"agent": agent}})
+    return out / "traces.jsonl"
+
+
+def test_golden_agent_line_reads_and_rewrites_identically():
+    line = AGENT_GOLDEN.read_text().strip()
+    ep = parse_episode(line)
+    assert ep.to_json() == line
+    trace = ep.traces[0]
+    assert trace.agent.runtime == {"type": "subprocess", "id": trace.agent.runtime["id"], "borrowed": False}
+    assert [t["function"]["name"] for t in trace.tools] == ["bash"] and len(trace.calls) == 2
+
+
+@pytest.mark.parametrize("runtime", ["subprocess", "sandbox"])
+def test_an_intercepted_agent_records_its_runtime_as_verifiers_does(tmp_path, stub, runtime):
+    path = agent_run(tmp_path, stub, runtime)
+    episodes = read_episodes(path)  # vf's own reader: flat tools, both calls recorded
+    assert [t.tools[0]["function"]["name"] for e in episodes for t in e.traces] == ["bash", "bash"]
+    assert all('"name":"bash","arguments"' in line for line in path.read_text().splitlines())
+    for ep in episodes:
+        info = ep.traces[0].agent.runtime
+        assert list(info) == VERIFIERS_RUNTIME_KEYS and (info["type"], info["borrowed"]) == ("subprocess", False)
+        assert Path(info["id"]).name.startswith(f"vf-{runtime}-")  # the (removed) working directory
+        assert list(json.loads(AGENT_GOLDEN.read_text())["traces"][0]["agent"]["runtime"]) == list(info)
 
 
 @needs_verifiers
-@pytest.mark.xfail(strict=True, reason=RUNTIME_GAP)
 @pytest.mark.parametrize("runtime", ["subprocess", "sandbox"])
 def test_verifiers_reads_an_intercepted_agent_episode(tmp_path, stub, runtime):
-    """A program harness (tests/program_envs/script_agent.py) whose model calls went through the
-    interception server: the program's own `bash` tool and its calls, flat on disk."""
-    env = Path(__file__).parent / "program_envs" / "script_agent.py"
-    agent = {"harness": {"id": f"{env}:ScriptAgent"}, "runtime": {"type": runtime}}
-    _, out = evaluate(str(env), "bash:echo hi > out.txt", stub.url, tmp_path / "agent", extra={"env": {"agent": agent}})
-    episodes = read_episodes(out / "traces.jsonl")  # vf's own reader: flat tools, both calls recorded
-    assert [t.tools[0]["function"]["name"] for e in episodes for t in e.traces] == ["bash", "bash"]
-    assert all('"name":"bash","arguments"' in line for line in (out / "traces.jsonl").read_text().splitlines())
-    seen = verifiers_read(out / "traces.jsonl")
-    assert len(seen) == 2
+    seen = verifiers_read(agent_run(tmp_path, stub, runtime), AGENT_GOLDEN)
+    assert len(seen) == 3
     for ep in seen:
         assert ep["tools"] == [["bash"]] and ep["calls"] == [["bash"]]
+        assert ep["runtime"] == [{"type": "subprocess", "borrowed": False}]
 
 
 # ---- the error taxonomy -------------------------------------------------------------------------

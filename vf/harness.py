@@ -40,6 +40,7 @@ from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
 from vf.program import Harness, ProgramDriver, RunInterception, build_program_harness, harness_class
 from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
+from vf.runtime.resources import with_resources
 from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
 from vf.toolset import SharedTools, ToolError, ToolRunner, open_tools
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
@@ -288,7 +289,7 @@ class Rollout:
         self.closed = True
         trace = self.trace
         if self.runtime is not None:
-            trace.agent["runtime"] = {"type": self.runtime.type, "workdir": str(self.runtime.workdir)}
+            trace.agent["runtime"] = self.runtime.wire_info(borrowed=self.runtime is self._borrowed)
         try:
             agent = trace.timing.setdefault("agent", {"start": time.time()})
             agent["end"] = time.time()
@@ -551,7 +552,8 @@ class Rollout:
 
 
 def runtime_for_task(config: Any, data: Any) -> Any:
-    """The seat's runtime config, with network only when the task asks for it. TaskData's
+    """The seat's runtime config, with network only when the task asks for it and the task's
+    `resources` applied (vf.runtime.resources). TaskData's
     `network_allow` defaults to ["*"] (as in verifiers, whose task hashes we match), so only a
     value the task author set explicitly opens the sandbox's network."""
     from vf.runtime import RuntimeConfig
@@ -559,7 +561,7 @@ def runtime_for_task(config: Any, data: Any) -> Any:
     config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
     if "network_allow" in getattr(data, "model_fields_set", ()) and data.network_allow:
         config = config.model_copy(update={"network_allow": list(data.network_allow)})
-    return config
+    return with_resources(config, getattr(data, "resources", None))
 
 
 def segment_since(trace: Trace, start: int) -> list[Any]:

@@ -6,7 +6,9 @@ program in `setup(runtime)` and runs it in `launch(ctx, trace, runtime, endpoint
 mcp_urls, data)`: the program must send every model call to `endpoint` with `secret` as its key.
 `endpoint` is the run's interception server (vf.interception) as seen from inside the runtime:
 on the host's loopback for `subprocess`, bridged through a Unix socket into the `sandbox`, which
-keeps no network of its own (vf.runtime.bridge).
+keeps no network of its own (vf.runtime.bridge). `mcp_urls` are the task's toolsets as MCP
+servers the program can reach (vf.mcp.client.program_tool_urls; none where the runtime has no
+route to the host).
 
 `ProgramDriver` is the rollout's side: it registers the rollout with the server, and answers each
 call the program makes (`answer`): `@vf.intercept` request hooks, then the rollout's one model
@@ -43,12 +45,16 @@ from vf.errors import (
     ConfigError,
     HarnessError,
     InterceptionError,
+    RolloutError,
     SandboxError,
+    TaskError,
     UsageError,
+    boundary,
 )
 from vf.interception.server import InterceptionServer
+from vf.mcp.client import program_tool_urls
 from vf.runtimes import ProgramResult, Runtime
-from vf.taskset import TaskData, call_hook, concrete_type
+from vf.taskset import TaskData, call_hook, concrete_type, task_toolsets
 from vf.trace import nested_tool
 from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
 from vf.utils.exports import exported_subclasses
@@ -234,20 +240,37 @@ class ProgramDriver:
         """Reply node → the message a response hook turned it into (what the program saw)."""
         self.pinned: dict[str, dict[str, Any]] = {}
         """tool_call_id → the tool result a request hook rewrote (kept on later calls)."""
+        self.error: RolloutError | None = None
+        """The last call's failure (a hook's, the policy's): the program only sees an HTTP error, so
+        when it then fails, this is recorded instead of its exit (verifiers' `session.error`)."""
 
     async def run(self) -> None:
         rollout = self.rollout
         harness: Harness = rollout.spec.harness
-        registration = self.server.register(self.answer)
+        registration = self.server.register(self._answer_stashing)
         try:
             endpoint = rollout.runtime.model_endpoint(registration.url, registration.socket)
             ctx = ModelContext(model=rollout.spec.model, client=rollout.spec.engine,
                                sampling=rollout.spec.sampling.to_dict())
-            result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
-                                          {}, rollout.task.data)
-            await harness.check_result(rollout.trace, rollout.runtime, result)
+            async with program_tool_urls(task_toolsets(rollout.task), rollout.runtime) as mcp_urls:
+                result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
+                                              mcp_urls, rollout.task.data)
+            try:
+                await harness.check_result(rollout.trace, rollout.runtime, result)
+            except RolloutError as e:
+                if self.error is None:
+                    raise
+                raise self.error from e  # what broke, not the exit it caused
         finally:
             self.server.unregister(registration.secret)
+
+    async def _answer_stashing(self, call: Call) -> Response:
+        self.error = None  # a call that succeeds after a failed one: the program handled it
+        try:
+            return await self.answer(call)
+        except RolloutError as e:
+            self.error = e
+            raise
 
     async def answer(self, call: Call) -> Response:
         """One intercepted model call → the policy's reply, recorded on the trace."""
@@ -257,7 +280,8 @@ class ProgramDriver:
         if cap := rollout._cap_reached():
             rollout.finish(cap)
             raise DialectError(f"the rollout has ended ({cap})", status=400)
-        request = await self._rewrite(call.request)
+        async with boundary(TaskError, "request interception failed"):  # a hook's bug: the task's error
+            request = await self._rewrite(call.request)
         messages = [to_wire(m) for m in request.messages]
         messages = [self.pinned.get(m.get("tool_call_id"), m) if m.get("role") == "tool" else m for m in messages]
         tools = flat_tools_to_functions(request.tools)
@@ -267,16 +291,17 @@ class ProgramDriver:
         max_tokens = call.sampling.get("max_tokens")
         result = await rollout.generate(messages, tools, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
         response = self._response(result, call.model)
-        for hook in self.response_hooks:
-            changed = await self._invoke(hook, response.model_copy(deep=True))
-            if changed is not None:
-                if not isinstance(changed, Response):
-                    raise TypeError(f"@vf.intercept {hook.__name__} returned {type(changed).__name__}, not vf.Response")
-                response = changed
-                rollout.trace.info.setdefault("intercepts", []).append({"boundary": "response", "hook": hook.__name__})
-                # the trace keeps the policy's own reply (its tokens); the program resends the
-                # rewritten one, which must still match this node
-                self.seen_as[rollout.trace.calls[-1].node] = to_wire(response.message)
+        async with boundary(TaskError, "response interception failed"):
+            for hook in self.response_hooks:
+                changed = await self._invoke(hook, response.model_copy(deep=True))
+                if changed is not None:
+                    if not isinstance(changed, Response):
+                        raise TypeError(f"@vf.intercept {hook.__name__} returned {type(changed).__name__}, not vf.Response")
+                    response = changed
+                    rollout.trace.info.setdefault("intercepts", []).append({"boundary": "response", "hook": hook.__name__})
+                    # the trace keeps the policy's own reply (its tokens); the program resends the
+                    # rewritten one, which must still match this node
+                    self.seen_as[rollout.trace.calls[-1].node] = to_wire(response.message)
         await rollout._check_stops()
         return response
 

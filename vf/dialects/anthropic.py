@@ -1,7 +1,8 @@
 """Anthropic Messages (`POST /v1/messages`): Claude Code and the anthropic SDK.
 
 Auth is `x-api-key` (an `ANTHROPIC_AUTH_TOKEN` arrives as a Bearer token instead). The top-level
-`system` becomes a system message; an assistant turn's blocks fold into one assistant message
+`system` becomes a system message (the only one: a `system` turn inside `messages` is a user
+message, as in verifiers 0.4.0); an assistant turn's blocks fold into one assistant message
 (text -> content, thinking -> reasoning, tool_use -> tool calls with the block's id and its input
 as a JSON string); a user turn's tool_result blocks become role "tool" messages carrying the
 tool_use_id, the rest one user message; base64 image blocks become data-URL image parts.
@@ -139,7 +140,10 @@ def parse_messages(body: dict) -> list:
             message = parse_assistant(content, f"{where}.content")
             names.update((c.id, c.name) for c in message.tool_calls or [])
             out.append(message)
-        elif role == "user":
+        elif role in ("user", "system"):
+            # a `system` turn inside `messages` (Claude Code 2.1.x puts its environment notes there)
+            # is the user's, as verifiers 0.4.0 reads it: the Messages API has one system prompt, at
+            # the top, and chat templates refuse a system message after the first turn
             if isinstance(content, str):
                 out.append(UserMessage(content=content))
                 continue
@@ -155,11 +159,6 @@ def parse_messages(body: dict) -> list:
                     rest.append(block)
             if rest:
                 out.append(UserMessage(content=parse_blocks(rest, f"{where}.content")))
-        elif role == "system":  # Claude Code (2.1.x) puts environment notes mid-conversation this way
-            text = parse_blocks(content, f"{where}.content")
-            if not isinstance(text, str):
-                raise DialectError(f"{where}: a system message may hold text blocks only")
-            out.append(SystemMessage(content=text))
         else:
             raise DialectError(f"{where}.role must be user, assistant or system, got {str(role)[:40]!r}")
     return out

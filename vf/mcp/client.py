@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vf import reaper
+from vf.runtime.resources import warn_once
 from vf.toolset import TOOL_TIMEOUT, ToolError, Toolset, ToolsetError, apply_state, prefix_name
 
 STARTUP_TIMEOUT = 60.0
@@ -176,3 +177,30 @@ class RemoteTools:
             return list(result.content)
 
         return call
+
+
+@contextlib.asynccontextmanager
+async def program_tool_urls(toolsets: list[Toolset | type[Toolset]], runtime) -> AsyncIterator[dict[str, str]]:
+    """`{server_name: url}` of a rollout's toolsets for a program harness (verifiers' `mcp_urls`):
+    a toolset with a `url` is passed as it is; any other is started as an MCP server process on the
+    host's loopback (`start_server`), stopped on exit. Each URL is as the program in `runtime` sees
+    it (`Runtime.host_url`); a runtime with no route to the host gets none, with a warning.
+
+    Not carried: the rollout's typed state. A program's own calls reach the server without vf in
+    between, so what a tool writes to `self.state` stays in the server (verifiers relays it over
+    its interception server's `/task` channel)."""
+    async with contextlib.AsyncExitStack() as stack:
+        urls: dict[str, str] = {}
+        for item in toolsets:
+            ts = item() if isinstance(item, type) else item  # a class-level list names classes (open_tools)
+            name = ts.server_name or type(ts).__name__
+            if name in urls:
+                raise ToolsetError(f"two toolsets are named {name!r}; give one a distinct TOOL_PREFIX")
+            url = ts.config.url or await stack.enter_async_context(start_server(ts))
+            seen = runtime.host_url(url)
+            if seen is None:
+                warn_once(runtime.type, "mcp", message=f"runtime {runtime.type!r} has no route to the host, so "
+                          "program harnesses get no MCP tool servers (use subprocess, or network_allow)")
+                continue
+            urls[name] = seen
+        yield urls

@@ -126,6 +126,7 @@ def serve_forever(cls: type[Toolset], config: Any = None, *, host: str | None = 
     # the client's delayed ACK (~40 ms a call).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port if port is not None else int(os.environ.get("MCP_PORT", "0"))))
+    sock.listen(128)  # before the port is announced: a program's first call queues, never is refused
 
     async def main() -> None:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # not a log line per request

@@ -108,6 +108,9 @@ class Runtime(ABC):
     """One rollout's place to run commands: a working directory plus the processes in it."""
 
     type: ClassVar[str]
+    RESOURCES: ClassVar[dict[str, str]] = {}
+    """`TaskData.resources` field → the `RuntimeConfig` limit (MiB) by which this type enforces it
+    (vf.runtime.resources); the others are ignored, with a warning."""
 
     def __init__(self, config: RuntimeConfig, workdir: Path | None = None):
         self.config = config
@@ -145,6 +148,19 @@ class Runtime(ABC):
         vf.runtime.files)."""
         cap = max_bytes if max_bytes is not None else self.config.max_read_mb << 20
         return read_beneath(self._fd(), self._parts(path), path, cap)
+
+    def wire_info(self, borrowed: bool = False) -> dict:
+        """What a trace records as `agent.runtime`: verifiers' `RuntimeInfo` (a closed union keyed
+        by `type`, no extra keys), whose `subprocess` kind is a host process in a host working
+        directory, its `id` that directory. The sandbox is that kind too (bubblewrap is host
+        processes in the working directory, isolated): verifiers has no `sandbox` kind, and the
+        run dir's config.yaml names the runtime vf used."""
+        return {"type": "subprocess", "id": str(self.workdir), "borrowed": borrowed}
+
+    def host_url(self, url: str) -> str | None:
+        """The URL by which a program inside this runtime reaches `url`, a server on the host's
+        loopback (verifiers' `Runtime.host_url`); None where it cannot (no route to the host)."""
+        return url
 
     def model_endpoint(self, url: str, socket: str) -> str:
         """The base URL by which a program inside this runtime reaches the interception server
@@ -212,11 +228,14 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     return cls
 
 
-def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
-    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
+def runtime_type(name: str) -> type[Runtime]:
     from vf.runtime import docker, sandbox, subprocess  # noqa: F401  (register their types)
 
-    if config.type not in _TYPES:
-        raise UsageError(f"unknown runtime type {config.type!r}",
-                         hint=f"choose one of: {', '.join(sorted(_TYPES))}")
-    return _TYPES[config.type](config, workdir)
+    if name not in _TYPES:
+        raise UsageError(f"unknown runtime type {name!r}", hint=f"choose one of: {', '.join(sorted(_TYPES))}")
+    return _TYPES[name]
+
+
+def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
+    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
+    return runtime_type(config.type)(config, workdir)

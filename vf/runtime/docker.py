@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from typing import ClassVar
 
 from vf.runtime import bridge
 from vf.runtime.base import SandboxUnavailable, register_runtime
@@ -34,6 +35,7 @@ def docker_available() -> bool:
 @register_runtime
 class DockerRuntime(SubprocessRuntime):
     type = "docker"
+    RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb", "memory": "memory_mb"}  # the container's memory
 
     def __init__(self, *args, **kwargs):
         if not docker_available():
@@ -49,6 +51,14 @@ class DockerRuntime(SubprocessRuntime):
         docker daemon on the CI machines)."""
         self._model_socket = socket
         return f"http://127.0.0.1:{bridge.PORT}/v1"
+
+    def host_url(self, url: str) -> str | None:
+        return None  # a container's loopback is its own; only the model endpoint is bridged in
+
+    def wire_info(self, borrowed: bool = False) -> dict:
+        """verifiers' `docker` RuntimeInfo: the image and the working directory inside it."""
+        return {"type": "docker", "image": self.config.image, "workdir": MOUNT, "id": str(self.workdir),
+                "borrowed": borrowed}
 
     def _warn(self) -> None:
         pass

@@ -34,6 +34,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import ClassVar
 
 from vf import reaper
 from vf.runtime import bridge
@@ -120,6 +121,15 @@ def bwrap_for_nobody(bwrap: str) -> str:
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
+    # memory is what all the command's processes hold together, as a container's: the resident
+    # sum, not the per-process address space (memory_mb), which runtimes such as node reserve
+    # far beyond what they use
+    RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb", "memory": "total_memory_mb"}
+
+    def host_url(self, url: str) -> str | None:
+        """The host's loopback only with the host's network (`network_allow`); else no route (only
+        the model endpoint is bridged in, vf.runtime.bridge)."""
+        return url if self.config.network_allow else None
 
     def __init__(self, config, workdir: Path | None = None):
         self.bwrap = find_bwrap()

@@ -33,6 +33,7 @@ POLL = 0.1
 class SubprocessRuntime(Runtime):
     type = "subprocess"
     BACKGROUND_OUTLIVES: ClassVar[bool] = True
+    RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb"}  # `du`; nothing else is enforced on the host
     """Whether what a command left in the background lives on after it exits (on the host: until
     `close()` kills its group); a runtime whose commands take it all with them says False."""
 
