@@ -206,6 +206,46 @@ def test_a_hook_returning_nothing_or_the_same_records_nothing():
     assert request == _request() and stopped is None and "intercepts" not in trace.info
 
 
+def test_a_bad_hook_is_an_error_on_its_rollout_and_the_run_goes_on(stub, tmp_path):
+    """A hook that breaks the rules (adds a message) or raises fails only the rollouts it breaks."""
+    from vf.evaluate import execute, open_run, resolve_config
+    from vf.trace import read_episodes
+
+    env = tmp_path / "bad_hooks.py"
+    env.write_text('''
+import vf
+
+__all__ = ["BadTaskset"]
+
+
+class T(vf.Task[vf.TaskData]):
+    @vf.intercept
+    async def bad(self, request: vf.Request):
+        if "grow" in request.messages[-1].content:
+            request.messages.append(vf.UserMessage(content="extra"))
+            return request
+        if "raise" in request.messages[-1].content:
+            raise RuntimeError("hook broke")
+        return None
+
+    @vf.reward
+    async def replied(self, trace) -> float:
+        return float(trace.last_reply == "fine")
+
+
+class BadTaskset(vf.Taskset[T]):
+    def load(self):
+        return [T(vf.TaskData(prompt=p)) for p in ("grow", "raise", "fine")]
+''')
+    over = {"taskset": {"id": str(env)}, "model": "echo", "engine": {"base_url": stub.url, "api_key_var": "FAKE_KEY"}}
+    config, run, kept, _ = open_run(resolve_config({"command": "eval"}, over), over, str(tmp_path / "run"), None)
+    summary = execute(config, run, kept)
+    traces = {e.task.data["prompt"]: e.traces[0] for e in read_episodes(tmp_path / "run" / "traces.jsonl")}
+    assert summary["num_errors"] == 2 and traces["fine"].rewards["replied"].score == 1.0
+    assert "same number of messages" in traces["grow"].errors[0].message and not traces["grow"].calls
+    assert traces["raise"].errors[0].message == "hook broke"
+
+
 if __name__ == "__main__":  # print verifiers' outcome, to re-record PEER (needs VF_VERIFIERS_PYTHON)
     import tempfile
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+from functools import cached_property
 from typing import Any
 
 from vf.taskset import Task, call_hook
@@ -53,13 +54,22 @@ class Interceptors:
     (its `trace` gets each change noted in `info["intercepts"]`, in execution order)."""
 
     def __init__(self, task: Task, args):
-        hooks = [fn for _, fn, _ in task.hooks("intercept")]
-        stops = [(name, fn) for name, fn, _ in task.hooks("stop")]
-        self.request_hooks = [fn for fn in hooks if boundary(fn) is Request]
-        self.response_hooks = [fn for fn in hooks if boundary(fn) is Response]
-        self.request_stops = [(n, fn) for n, fn in stops if boundary(fn) is Request]
-        self.response_stops = [(n, fn) for n, fn in stops if boundary(fn) is Response]
-        self.args = args
+        self.task, self.args = task, args
+
+    @cached_property
+    def _hooks(self) -> tuple[list, list, list, list]:
+        # resolved at the first call, not when the rollout is made: a bad plugged stop is then
+        # an error on that rollout's trace, as the other hooks' are
+        hooks = [fn for _, fn, _ in self.task.hooks("intercept")]
+        stops = [(name, fn) for name, fn, _ in self.task.hooks("stop")]
+        return ([fn for fn in hooks if boundary(fn) is Request], [fn for fn in hooks if boundary(fn) is Response],
+                [(n, fn) for n, fn in stops if boundary(fn) is Request],
+                [(n, fn) for n, fn in stops if boundary(fn) is Response])
+
+    request_hooks = property(lambda self: self._hooks[0])
+    response_hooks = property(lambda self: self._hooks[1])
+    request_stops = property(lambda self: self._hooks[2])
+    response_stops = property(lambda self: self._hooks[3])
 
     def __bool__(self) -> bool:
         return bool(self.request_hooks or self.response_hooks or self.request_stops or self.response_stops)
