@@ -511,11 +511,12 @@ class Rollout:
         rewrite is what the model sees and what the trace keeps. None when a stop fired first."""
         if self.intercept.gates_tools:
             branch = self.trace.branch()
-            request, stopped = await self.intercept.request(
-                self._request(), {i for i, n in enumerate(branch) if n not in self._hooked})
-            for n, message in zip(branch, request.messages):
-                if to_wire(message) != self.trace.nodes[n].message:
-                    self.trace.nodes[n].message = to_wire(message)
+            new = {i for i, n in enumerate(branch) if n not in self._hooked}
+            before = self._request()
+            request, stopped = await self.intercept.request(before, new)
+            for i in new:  # only these may change; the rest keep their wire form as it was
+                if request.messages[i] != before.messages[i]:
+                    self.trace.nodes[branch[i]].message = to_wire(request.messages[i])
             self._hooked.update(branch)
             if stopped:
                 self.finish(stopped)
