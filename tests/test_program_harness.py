@@ -146,13 +146,13 @@ class Hooked(FileTask):
     def answer_bye(self, response: vf.Response):
         calls = response.message.tool_calls or []
         for call in calls:  # the program runs what the hook says, not what the policy said
-            call.arguments = json.dumps({"command": "echo bye > out.txt"})
+            call.arguments = json.dumps({"command": "echo bye > out.txt; echo done"})
         return response if calls else None
 
     @vf.intercept
     def redact(self, request: vf.Request):
         last = request.messages[-1]
-        if last.role == "tool":
+        if last.role == "tool" and last.content:  # an empty one is the tool gate's: filling it denies the call
             last.content = "REDACTED"
             return request
         return None

@@ -38,13 +38,14 @@ from vf.bounded import BoundsError, load_json
 from vf.configs.harness import HarnessConfig
 from vf.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from vf.errors import EngineError, UsageError
+from vf.intercept import Interceptors, boundary
 from vf.program import Harness, ProgramDriver, RunInterception, build_program_harness, harness_class
 from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
 from vf.runtime.resources import with_resources
 from vf.taskset import Task, call_hook, needs_runtime, score, task_toolsets
 from vf.toolset import SharedTools, ToolError, ToolRunner, open_tools
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace
-from vf.types import content_text, parse_message, to_wire
+from vf.types import Request, Tool, content_text, parse_message, to_wire
 
 
 class NullHarness:
@@ -234,6 +235,9 @@ class Rollout:
         self._extra: dict[str, Any] = {}
         self._seq: list[int] | None = None  # tokens of the current branch (prompt + completions)
         self._restarted = False
+        self.intercept = Interceptors(task, self.hook_args)
+        self._hooked: set[int] = set()
+        """Nodes the request hooks have already seen (or that a tool gate put there)."""
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def hook_args(self) -> dict[str, Any]:
@@ -422,6 +426,8 @@ class Rollout:
                 self.finish(cap)
                 return
             result = await self._call()
+            if self.done:  # a boundary @vf.stop fired at this call
+                return
             tool_calls = result.message.get("tool_calls") or []
             if tool_calls and (self.tools is not None or self._extra):
                 cap = self._cap_reached()
@@ -442,15 +448,23 @@ class Rollout:
 
     async def _check_stops(self) -> None:
         for name, fn, _ in self.task.hooks("stop"):
+            if boundary(fn) is not None:  # a request/response stop runs at the call (vf.intercept)
+                continue
             if await call_hook(fn, self.hook_args()):
                 self.finish(name)
                 return
 
     async def _run_tools(self, tool_calls: list[dict[str, Any]]) -> None:
         timeout = self.spec.harness.config.tool_timeout
-        for call in tool_calls:
+        verdicts = await self._gate(tool_calls)
+        for call, verdict in zip(tool_calls, verdicts):
             fn = call.get("function") or {}
             name = fn.get("name", "")
+            if self.done:  # a stop at the gate: no call of this reply runs
+                return
+            if verdict is not None:  # a hook denied the call: the model sees the hook's result
+                self._hooked.add(self.add(to_wire(verdict)))
+                continue
             try:
                 if name in self._extra:
                     args = load_json(fn.get("arguments") or "{}")
@@ -473,8 +487,53 @@ class Rollout:
                 content = json.dumps(content)
             self.add({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": content})
 
-    async def _call(self) -> GenerateResult:
-        return await self.generate(self.trace.wire_messages(), self.trace.tools or None)
+    def _request(self, extra: list[dict[str, Any]] = ()) -> Request:
+        """The latest branch (plus `extra`) and the tools, typed for the hooks."""
+        tools = [Tool(name=t["function"]["name"], description=t["function"].get("description") or "",
+                      parameters=t["function"].get("parameters") or {}) for t in self.trace.tools or []]
+        return Request(messages=[parse_message(m) for m in [*self.trace.wire_messages(), *extra]], tools=tools or None)
+
+    async def _gate(self, tool_calls: list[dict[str, Any]]) -> list[Any]:
+        """The request hooks' verdict on each call before any runs (vf.intercept: the tool gate)."""
+        if not self.intercept.gates_tools:
+            return [None] * len(tool_calls)
+        verdicts = []
+        for call in tool_calls:
+            probe = {"role": "tool", "tool_call_id": call.get("id"), "content": "",
+                     "name": (call.get("function") or {}).get("name", "")}
+            verdict, stopped = await self.intercept.gate(self._request([probe]))
+            if stopped:
+                self.finish(stopped)
+            verdicts.append(verdict)
+        return verdicts
+
+    async def _call(self) -> GenerateResult | None:
+        """One model call with the task's intercept hooks around it (vf.intercept): what they
+        rewrite is what the model sees and what the trace keeps. None when a stop fired first."""
+        if self.intercept.gates_tools:
+            branch = self.trace.branch()
+            new = {i for i, n in enumerate(branch) if n not in self._hooked}
+            before = self._request()
+            request, stopped = await self.intercept.request(before, new)
+            for i in new:  # only these may change; the rest keep their wire form as it was
+                if request.messages[i] != before.messages[i]:
+                    self.trace.nodes[branch[i]].message = to_wire(request.messages[i])
+            self._hooked.update(branch)
+            if stopped:
+                self.finish(stopped)
+                return None
+        result = await self.generate(self.trace.wire_messages(), self.trace.tools or None)
+        if self.intercept.response_hooks or self.intercept.response_stops:
+            node = self.trace.nodes[self.trace.calls[-1].node]
+            policy = ProgramDriver._response(result, self.spec.model)
+            response, stopped = await self.intercept.response(policy)
+            if response != policy:
+                # the trace keeps what the agent was given; the node's tokens stay the policy's sample
+                node.message = to_wire(response.message)
+                result = dataclasses.replace(result, message=node.message)
+            if stopped:
+                self.finish(stopped)
+        return result
 
     async def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                        max_tokens: int | None = None) -> GenerateResult:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
+import json
 import logging
 import time
-import typing
 import uuid
 from abc import ABC, abstractmethod
+from collections import Counter
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -54,9 +54,19 @@ from vf.errors import (
 from vf.interception.server import InterceptionServer
 from vf.mcp.client import program_tool_urls
 from vf.runtimes import ProgramResult, Runtime
-from vf.taskset import TaskData, call_hook, concrete_type, task_toolsets
+from vf.taskset import TaskData, concrete_type, task_toolsets
 from vf.trace import nested_tool
-from vf.types import AssistantMessage, Request, Response, ToolCall, Usage, content_text, to_wire
+from vf.types import (
+    AssistantMessage,
+    Request,
+    Response,
+    ToolCall,
+    Usage,
+    UserMessage,
+    content_text,
+    parse_message,
+    to_wire,
+)
 from vf.utils.exports import exported_subclasses
 
 if TYPE_CHECKING:
@@ -232,12 +242,11 @@ class ProgramDriver:
 
     def __init__(self, rollout: Rollout, server):
         self.rollout, self.server = rollout, server
-        task = rollout.task
-        hooks = [fn for _, fn, _ in task.hooks("intercept")]
-        self.request_hooks = [fn for fn in hooks if _boundary(fn) is Request]
-        self.response_hooks = [fn for fn in hooks if _boundary(fn) is Response]
+        self.intercept = rollout.intercept
         self.seen_as: dict[int, dict[str, Any]] = {}
         """Reply node → the message a response hook turned it into (what the program saw)."""
+        self.prepared: Counter[str] = Counter()
+        """User messages the request hooks rewrote before launch: not rewritten again when sent."""
         self.pinned: dict[str, dict[str, Any]] = {}
         """tool_call_id → the tool result a request hook rewrote (kept on later calls)."""
         self.error: RolloutError | None = None
@@ -254,7 +263,7 @@ class ProgramDriver:
                                sampling=rollout.spec.sampling.to_dict())
             async with program_tool_urls(task_toolsets(rollout.task), rollout.runtime) as mcp_urls:
                 result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
-                                              mcp_urls, rollout.task.data)
+                                              mcp_urls, await self._prepare(rollout.task.data))
             try:
                 await harness.check_result(rollout.trace, rollout.runtime, result)
             except RolloutError as e:
@@ -281,60 +290,77 @@ class ProgramDriver:
             rollout.finish(cap)
             raise DialectError(f"the rollout has ended ({cap})", status=400)
         async with boundary(TaskError, "request interception failed"):  # a hook's bug: the task's error
-            request = await self._rewrite(call.request)
+            request, stopped = await self._rewrite(call.request)
         messages = [to_wire(m) for m in request.messages]
         messages = [self.pinned.get(m.get("tool_call_id"), m) if m.get("role") == "tool" else m for m in messages]
         tools = flat_tools_to_functions(request.tools)
         if tools and not rollout.trace.tools:
             rollout.trace.tools = tools
         self._extend(messages)
+        if stopped:  # as verifiers: the prompt is kept, the program is refused
+            rollout.finish(stopped)
+            raise DialectError(f"the rollout has ended ({stopped})", status=400)
         max_tokens = call.sampling.get("max_tokens")
         result = await rollout.generate(messages, tools, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
-        response = self._response(result, call.model)
+        policy = self._response(result, call.model)
         async with boundary(TaskError, "response interception failed"):
-            for hook in self.response_hooks:
-                changed = await self._invoke(hook, response.model_copy(deep=True))
-                if changed is not None:
-                    if not isinstance(changed, Response):
-                        raise TypeError(f"@vf.intercept {hook.__name__} returned {type(changed).__name__}, not vf.Response")
-                    response = changed
-                    rollout.trace.info.setdefault("intercepts", []).append({"boundary": "response", "hook": hook.__name__})
-                    # the trace keeps the policy's own reply (its tokens); the program resends the
-                    # rewritten one, which must still match this node
-                    self.seen_as[rollout.trace.calls[-1].node] = to_wire(response.message)
+            response, stopped = await self.intercept.response(policy)
+        if response != policy:
+            # the trace keeps what the program was given (as verifiers records it), the node's
+            # tokens the policy's own sample; the program resends the rewrite, which matches it
+            node = rollout.trace.calls[-1].node
+            self.seen_as[node] = rollout.trace.nodes[node].message = to_wire(response.message)
+        if stopped is None and response.message.tool_calls and self.intercept.gates_tools:
+            stopped = await self._gate(response)
+        if stopped:
+            rollout.finish(stopped)
+            raise DialectError(f"the rollout has ended ({stopped})", status=400)
         await rollout._check_stops()
         return response
 
-    async def _rewrite(self, request: Request) -> Request:
-        """Request hooks: only the messages new to the trace, and only user or tool ones, may change."""
-        if not self.request_hooks:
-            return request
-        known = len(self.rollout.trace.branch())
-        for hook in self.request_hooks:
-            changed = await self._invoke(hook, request.model_copy(deep=True))
-            if changed is None:
-                continue
-            if not isinstance(changed, Request) or len(changed.messages) != len(request.messages):
-                raise TypeError(f"@vf.intercept {hook.__name__}: a request hook returns a vf.Request "
-                                "with the same number of messages")
-            for i, (before, after) in enumerate(zip(request.messages, changed.messages)):
-                if before != after and (i < known or before.role not in ("user", "tool") or after.role != before.role):
-                    raise ValueError(f"@vf.intercept {hook.__name__}: only new user or tool messages may change")
-                if before != after and after.role == "tool":
-                    self.pinned[after.tool_call_id] = to_wire(after)
-            if changed != request:
-                self.rollout.trace.info.setdefault("intercepts", []).append({"boundary": "request", "hook": hook.__name__})
-            request = changed
-        return request
+    async def _gate(self, response: Response) -> str | None:
+        """The tool gate (vf.intercept) for a program that runs its calls itself: vf's programs
+        cannot be told to skip one, so a hook that rewrites a call's result ends the rollout
+        before the call runs, named by that hook (as verifiers does for such a harness)."""
+        rollout = self.rollout
+        for call in response.message.tool_calls or []:
+            probe = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": ""}
+            verdict, stopped = await self.intercept.gate(rollout._request([probe]))
+            if stopped or verdict is not None:
+                return stopped or rollout.trace.info["intercepts"][-1]["hook"]
+        return None
 
-    async def _invoke(self, hook, value: Request | Response):
-        """A hook gets the boundary value by its annotation (as in verifiers) or parameter name,
-        and may also name `trace` and `task`."""
-        kind = "request" if isinstance(value, Request) else "response"
-        params = _params(hook)
-        available = {"trace": self.rollout.trace, "task": self.rollout.task.data, kind: value}
-        available.update({name: value for name, hint in params.items() if hint is type(value)})
-        return await call_hook(hook, available)
+    async def _prepare(self, data: TaskData) -> TaskData:
+        """The prompt as the request hooks rewrite it, given to the program (verifiers'
+        `prepare_users`): a program keeps and resends its own copy, so it must hold the rewrite."""
+        if not self.intercept.request_hooks or data.prompt is None:
+            return data
+        prompt = data.prompt
+        messages = [UserMessage(content=prompt)] if isinstance(prompt, str) else [parse_message(m) for m in prompt]
+        request, _ = await self.intercept.request(Request(messages=messages), set(range(len(messages))), stops=False)
+        self.prepared.update(json.dumps(to_wire(m), sort_keys=True) for m in request.messages if m.role == "user")
+        if isinstance(prompt, str) and isinstance(request.messages[0].content, str):
+            return data.model_copy(update={"prompt": request.messages[0].content})
+        return data.model_copy(update={"prompt": request.messages})
+
+    async def _rewrite(self, request: Request) -> tuple[Request, str | None]:
+        """Request hooks and stops (vf.intercept): only the messages new to the trace may change;
+        a rewritten tool result is kept on later calls."""
+        if not self.intercept.gates_tools:
+            return request, None
+        known = len(self.rollout.trace.branch())
+        new = set()
+        for i in range(known, len(request.messages)):
+            key = json.dumps(to_wire(request.messages[i]), sort_keys=True)
+            if request.messages[i].role == "user" and self.prepared[key]:
+                self.prepared[key] -= 1  # rewritten before launch already
+            else:
+                new.add(i)
+        changed, stopped = await self.intercept.request(request, new)
+        for before, after in zip(request.messages, changed.messages):
+            if before != after and after.role == "tool":
+                self.pinned[after.tool_call_id] = to_wire(after)
+        return changed, stopped
 
     def _extend(self, messages: list[dict[str, Any]]) -> None:
         """Put the call's prompt on the trace: what extends the latest branch is appended; a
@@ -370,21 +396,3 @@ class ProgramDriver:
                                     completion_tokens=result.usage.completion_tokens))
 
 
-def _params(fn) -> dict[str, Any]:
-    """Parameter name → its resolved annotation (None where there is none)."""
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: parameter names still work
-        hints = {}
-    return {name: hints.get(name) for name in inspect.signature(fn).parameters}
-
-
-def _boundary(fn) -> type | None:
-    """Which boundary an intercept hook watches: its parameter annotated `vf.Request` or
-    `vf.Response` (or named `request` / `response`)."""
-    for name, hint in _params(fn).items():
-        if hint is Request or name == "request":
-            return Request
-        if hint is Response or name == "response":
-            return Response
-    return None

@@ -249,7 +249,9 @@ def metric(fn: Callable | None = None, *, priority: int = 0, name: str | None = 
 
 
 def stop(fn: Callable | None = None, *, priority: int = 0, name: str | None = None):
-    """Mark a Task method as a stop condition, checked after every model reply."""
+    """Mark a Task method as a stop condition, checked after every model reply; one with a
+    `vf.Request` / `vf.Response` parameter runs at that boundary of each model call instead, after
+    the `@intercept` hooks, on what they made (vf.intercept)."""
     mark = _marker("stop", priority=priority, name=name)
     return mark(fn) if fn is not None else mark
 
@@ -257,8 +259,9 @@ def stop(fn: Callable | None = None, *, priority: int = 0, name: str | None = No
 def intercept(fn: Callable | None = None, *, priority: int = 0, name: str | None = None):
     """Mark a Task method that sees each intercepted model call: annotated with `vf.Request`, it
     gets the call's request and may return a replacement (only the new user and tool messages
-    may change); with `vf.Response`, the policy's reply before the program gets it. None leaves
-    it unchanged. Higher priority runs first."""
+    may change; an empty tool result is a call about to run, and filling it in denies the call);
+    with `vf.Response`, the policy's reply before the agent gets it. None leaves it unchanged.
+    Higher priority runs first. Every model call of every harness, in-process or a program (vf.intercept)."""
     mark = _marker("intercept", priority=priority, name=name)
     return mark(fn) if fn is not None else mark
 
