@@ -156,15 +156,17 @@ def test_filling_the_disk_ends_that_episode_with_a_sandbox_error_and_no_other(st
     trace = filled.traces[0]
     # 6 MB written past 2: the program was stopped, the error recorded as the sandbox's (a
     # RuntimeLimitError is verifiers' SandboxError; vf stops it as `limit`, as the bash harness does)
-    assert not trace.ok and [e.type for e in trace.errors] == ["RuntimeLimitError"]
+    assert not trace.ok and [e.type for e in trace.errors] == ["RuntimeLimitError"], trace.errors
     assert "disk limit" in trace.errors[0].message and issubclass(RuntimeLimitError, SandboxError)
     assert trace.stop_condition == "limit" and not trace.rewards  # errored: not scored
     # the next episode ran as if nothing happened (a fresh runtime, scored)
-    assert normal.traces[0].ok and normal.traces[0].rewards["wrote_hi"].score == 1.0
-    assert summary["num_errors"] == 1 and summary["num_episodes"] == 2
+    trace = normal.traces[0]
+    assert trace.ok and trace.rewards["wrote_hi"].score == 1.0, (trace.errors, trace.stop_condition)
+    assert summary["num_errors"] == 1 and summary["num_episodes"] == 2, summary
     # nothing outside the work dir changed: beside it (the work dir's parent) nothing is left,
     # the files the agent wrote there and into /tmp went to its private /tmp, the run dir holds no fill
-    assert left == [] and not Path(f"/tmp/escaped-{marker}").exists()
+    assert left == [], left
+    assert not Path(f"/tmp/escaped-{marker}").exists()
     assert sum(p.stat().st_size for p in (tmp_path / "run").rglob("*") if p.is_file()) < 1_000_000
 
 
