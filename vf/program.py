@@ -16,7 +16,9 @@ call (`Rollout.generate`, the same path the in-process loops take: token ids, in
 log-probs, policy versions), then the response hooks. The call's messages are matched against
 the trace's latest branch: what extends it is appended as nodes; a call that rewrites history
 (an agent that compacts its context) starts a new branch from the last common message, and its
-tokens start a new training sample (`token_reset`).
+tokens start a new training sample (`token_reset`); so does a call that resends an earlier prompt
+(a retry). Calls are answered one at a time (each is a turn of the one trace), and the rollout's
+key is blanked wherever the program echoes it (a tool that ran `env`, its own logs).
 
 Harness ids (`--env.agent.harness.id`): a built-in (`vf.harnesses.<id>`), an installed
 package's `vf.harnesses` entry point, a module exporting exactly one `Harness` subclass, or
@@ -26,6 +28,7 @@ package's `vf.harnesses` entry point, a module exporting exactly one `Harness` s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import logging
@@ -53,6 +56,7 @@ from vf.errors import (
 )
 from vf.interception.server import InterceptionServer
 from vf.mcp.client import program_tool_urls
+from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
 from vf.runtimes import ProgramResult, Runtime
 from vf.taskset import TaskData, concrete_type, task_toolsets
 from vf.trace import nested_tool
@@ -129,6 +133,8 @@ class Harness(ABC, Generic[ConfigT]):
 
     async def check_result(self, trace: Trace, runtime: Runtime, result: ProgramResult) -> None:
         """A failed program is an error on the trace, named by where it broke."""
+        if getattr(result, "limit", None) in ROLLOUT_LIMITS:  # it filled its runtime (killed, or exited
+            raise RuntimeLimitError(result)  # 0 before the check saw it): the sandbox's error, as bash's
         if trace.stop_condition is not None or result.exit_code == 0:
             return  # a cap or stop ended it: its exit is expected
         detail = (result.stderr or result.stdout).strip()[-2000:] or "<no output>"
@@ -252,11 +258,17 @@ class ProgramDriver:
         self.error: RolloutError | None = None
         """The last call's failure (a hook's, the policy's): the program only sees an HTTP error, so
         when it then fails, this is recorded instead of its exit (verifiers' `session.error`)."""
+        self.secret = ""
+        """The rollout's key: blanked wherever the program echoes it (`_blank`)."""
+        self.one_call = asyncio.Lock()
+        """Calls are answered one at a time: each is a turn on the one trace (its caps, nodes and
+        tokens), so a program's concurrent calls queue (past the server's in-flight cap: 429)."""
 
     async def run(self) -> None:
         rollout = self.rollout
         harness: Harness = rollout.spec.harness
         registration = self.server.register(self._answer_stashing)
+        self.secret = registration.secret
         try:
             endpoint = rollout.runtime.model_endpoint(registration.url, registration.socket)
             ctx = ModelContext(model=rollout.spec.model, client=rollout.spec.engine,
@@ -264,6 +276,9 @@ class ProgramDriver:
             async with program_tool_urls(task_toolsets(rollout.task), rollout.runtime) as mcp_urls:
                 result = await harness.launch(ctx, rollout.trace, rollout.runtime, endpoint, registration.secret,
                                               mcp_urls, await self._prepare(rollout.task.data))
+            if self.secret and self.secret in result.stdout + result.stderr:  # it logged its headers
+                result = dataclasses.replace(result, stdout=self._blank(result.stdout),
+                                             stderr=self._blank(result.stderr))
             try:
                 await harness.check_result(rollout.trace, rollout.runtime, result)
             except RolloutError as e:
@@ -281,8 +296,16 @@ class ProgramDriver:
             self.error = e
             raise
 
+    def _blank(self, text: str) -> str:
+        """`text` with the rollout's key blanked (the program may print it, or a tool its env)."""
+        return text.replace(self.secret, "***")
+
     async def answer(self, call: Call) -> Response:
         """One intercepted model call → the policy's reply, recorded on the trace."""
+        async with self.one_call:
+            return await self._answer(call)
+
+    async def _answer(self, call: Call) -> Response:
         rollout = self.rollout
         if rollout.done:
             raise DialectError(f"the rollout has ended ({rollout.trace.stop_condition})", status=400)
@@ -293,6 +316,8 @@ class ProgramDriver:
             request, stopped = await self._rewrite(call.request)
         messages = [to_wire(m) for m in request.messages]
         messages = [self.pinned.get(m.get("tool_call_id"), m) if m.get("role") == "tool" else m for m in messages]
+        if self.secret and self.secret in (wire := json.dumps(messages)):  # a tool ran `env`: the key never
+            messages = json.loads(self._blank(wire))  # reaches the policy or the trace (url-safe: no escapes)
         tools = flat_tools_to_functions(request.tools)
         if tools and not rollout.trace.tools:
             rollout.trace.tools = tools
@@ -374,6 +399,8 @@ class ProgramDriver:
                        if m is not None):
                 break
             shared += 1
+        if shared == len(messages) < len(branch):  # an earlier prompt again (a retry, concurrent calls): its
+            shared -= 1  # last message again on a new branch, so the reply follows it, not the earlier reply
         parent = branch[shared - 1] if shared else None
         if shared < len(branch):
             self.rollout.restart_tokens()
