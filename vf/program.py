@@ -336,7 +336,8 @@ class ProgramDriver:
             node = rollout.trace.calls[-1].node
             self.seen_as[node] = rollout.trace.nodes[node].message = to_wire(response.message)
         if stopped is None and response.message.tool_calls and self.intercept.gates_tools:
-            stopped = await self._gate(response)
+            async with boundary(TaskError, "request interception failed"):  # the gate runs the request hooks
+                stopped = await self._gate(response)
         if stopped:
             rollout.finish(stopped)
             raise DialectError(f"the rollout has ended ({stopped})", status=400)
