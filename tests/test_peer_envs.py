@@ -1,6 +1,6 @@
 """Envs beyond one seat and one reply, side by side with verifiers 0.4.0 (issue 23).
 
-Each case runs the SAME environment (tests/v1_envs/verifiers/ENV.py for verifiers, its port in
+Each case runs the SAME environment (`tests/v1_envs/verifiers/<env>.py` for verifiers, its port in
 tests/v1_envs/vf/) through verifiers 0.4.0's `vf-eval` and vf's against the scripted stub
 (tests/openai_stub.py: `echo` repeats, `bash:CMD` runs CMD with the bash harness's tool once),
 with the same arguments:

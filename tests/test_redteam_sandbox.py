@@ -231,10 +231,14 @@ def test_disk_fill_of_the_work_dir_ends_the_rollout_with_a_limit(command):
     async def go():
         rollout = await open_rollout(disk_mb=16)
         try:
-            reply = await call(rollout, "bash", command=command)
-            after = await call(rollout, "bash", command="echo more")  # a later call of the same turn
-            assert after == "error: the rollout has ended; the command was not run"
-            return reply, du_kib(rollout.runtime.workdir), rollout.trace
+            # a second call in the same reply: it must not run once the sandbox is full
+            await rollout._run_tools([
+                {"id": "a", "function": {"name": "bash", "arguments": json.dumps({"command": command})}},
+                {"id": "b", "function": {"name": "bash", "arguments": json.dumps({"command": "touch later"})}}])
+            tool_messages = [n.message for n in rollout.trace.nodes if n.message.get("role") == "tool"]
+            assert [m["tool_call_id"] for m in tool_messages] == ["a"]
+            assert not (rollout.runtime.workdir / "later").exists()
+            return tool_messages[0]["content"], du_kib(rollout.runtime.workdir), rollout.trace
         finally:
             await rollout.cleanup()
 

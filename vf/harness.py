@@ -105,8 +105,6 @@ class BashHarness(NullHarness):
             command = arguments.get("command")
             if not isinstance(command, str):
                 raise ToolError("bash needs a string argument 'command'")
-            if getattr(rollout, "done", False):  # a full sandbox ended it: later calls of the same turn
-                return "error: the rollout has ended; the command was not run"
             # the runtime stops the command at the tool's timeout; when the harness's own timeout
             # cancels the call first, the runtime still kills all of it before the call ends
             result = await rollout.runtime.run(command, rollout.task.runtime_env() or None,
