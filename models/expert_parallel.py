@@ -41,6 +41,7 @@ over the ranks so max_vio describes the global batch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,6 +53,12 @@ from vf.models.errors import ModelLoadError
 from vf.models.moe import MoE, check_impl, moe_layers, moe_stats
 
 from vf.errors import UsageError
+
+# torch 2.13 marks torch.distributed.nn.functional deprecated in favour of _functional_collectives;
+# its all_to_all_single is still the autograd-aware one with uneven splits that works eagerly on gloo
+# and NCCL alike. Silence that one warning (it would print once per process and call site).
+warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_to_all_single is deprecated",
+                        category=FutureWarning)
 
 # the per-expert tensors of a MoE layer (dim 0 = expert), the ones expert parallelism splits
 EXPERT_PARAMS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")

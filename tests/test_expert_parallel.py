@@ -22,9 +22,7 @@ from vf.errors import UsageError
 
 WORKER = Path(__file__).parent / "parallel" / "ep_worker.py"
 TOL = 1e-5
-# OMP_NUM_THREADS=1: torchrun's processes share a few cores; the FutureWarning is torch's deprecation
-# of torch.distributed.nn.functional (kept: it is the autograd-aware all_to_all_single)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # torchrun's processes share a few cores
 
 
 def torchrun() -> list[str]:
@@ -69,10 +67,12 @@ def test_ep2_grouped_matches_one_process(tmp_path):
     assert report["expert_bytes"] == 49152 and report["ref_expert_bytes"] == 98304
 
 
-def test_ep2_loop_shared_expert_and_router_replay(tmp_path):
+def test_ep2_loop_shared_expert_router_replay_and_checkpointing(tmp_path):
     """Replay ids on half the rows: the EP forward routes to exactly those experts (replay_ok), the
-    rest as the reference does (routing_ok), and the shared expert's grads reduce like any other."""
-    report = run_worker(tmp_path, 2, "--ep", "2", "--impl", "loop", "--shared", "--replay", "random")
+    rest as the reference does (routing_ok), and the shared expert's grads reduce like any other.
+    With activation checkpointing, whose backward recomputes each layer's exchanges."""
+    report = run_worker(tmp_path, 2, "--ep", "2", "--impl", "loop", "--shared", "--replay", "random", "--ckpt")
+    assert report["ckpt"]
     check(report, 2)
     assert "grad/layers.0.mlp.shared.down_proj.weight" in report["errors"]
 

@@ -17,7 +17,8 @@ expert weights and its round trip through `load_expert_state`.
 
 `--replay skew`: router replay sends every token to the last ep rank's experts (the other ranks send
 it all their rows, none to themselves, and receive none). `--replay random`: replay ids on half the
-rows (−1 elsewhere): the routed ids must equal them where given.
+rows (−1 elsewhere): the routed ids must equal them where given. `--ckpt`: activation checkpointing
+on the EP model (its backward re-runs each layer's forward, collectives included).
 
 Rank 0 writes {errors: {what: max error over ranks (`err`)}, ...} to OUT.json; exit 1 on a mismatch
 (errors > TOL, routing differing from the reference or the replay).
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", choices=["grouped", "loop"], default="grouped")
     ap.add_argument("--shared", action="store_true")
     ap.add_argument("--replay", choices=["none", "skew", "random"], default="none")
+    ap.add_argument("--ckpt", action="store_true", help="activation checkpointing on the EP model")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))  # a hung collective raises, not waits 30 min
@@ -116,6 +118,7 @@ def main(argv=None) -> int:
     ref = tiny_moe(args.impl, args.shared)
     model = copy.deepcopy(ref)
     sharded = shard_experts(model, ep_group)
+    model.activation_checkpointing = args.ckpt  # backward recomputes each layer: its exchanges run again
     g = torch.Generator().manual_seed(1)
     ids, pos, labels = packed_batch(g)
     routed = replay_ids(args.replay, ep, g)
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
     errors = dict(zip(errors, vals.tolist()))
     ok = max(errors.values()) <= TOL and bool(flags.min() == 1)
     if rank == 0:
-        report = {"world": world, "ep": ep, "impl": args.impl, "shared": args.shared, "replay": args.replay,
+        report = {"world": world, "ep": ep, "impl": args.impl, "shared": args.shared, "replay": args.replay, "ckpt": args.ckpt,
                   "layers_sharded": sharded, "loss": loss_ref.item(), "grad_max": grad_max,
                   "max_error": max(errors.values()), "errors": errors, "routing_ok": bool(flags[0] == 1),
                   "replay_ok": bool(flags[1] == 1), "expert_bytes": expert_bytes, "ref_expert_bytes": ref_bytes,
