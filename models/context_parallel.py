@@ -46,8 +46,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch.utils.checkpoint import checkpoint
-from vf.errors import UsageError
 from vf.models.layers import CONTEXT_SHARD, Documents, ShardedMask, sdpa
+
+from vf.errors import UsageError
 
 STYLES = ("ring", "ulysses")
 
@@ -83,6 +84,8 @@ class ContextShard:
     def __post_init__(self):
         if self.style not in STYLES:
             raise UsageError(f"unknown context-parallel style {self.style!r}", hint=f"one of {', '.join(STYLES)}")
+        if not 0 <= self.rank < self.size:
+            raise UsageError(f"context-parallel rank {self.rank} of {self.size} does not exist")
         shard_columns(self.position_ids.shape[1], self.size, self.rank)  # refuses a length it cannot split
 
     @classmethod
@@ -185,21 +188,43 @@ class _RingPass(torch.autograd.Function):
         return (None, *_exchange(grads, ctx.peers[1], ctx.peers[0], ctx.group))
 
 
-def _block(q, k, v, visible, scale):
-    """One block of keys: q [B, nh, Tq, d], k/v [B, nh, Tk, d|dv], visible bool [B, 1, Tq, Tk] ->
-    (out fp32 [B, nh, Tq, dv] normalised over this block, lse fp32 [B, nh, Tq]; -inf where the
-    query sees no key of the block, with out 0 there and finite gradients)."""
-    s = (q.float() @ k.float().transpose(-1, -2)) * scale
-    s = s.masked_fill(~visible, float("-inf"))
+Q_TILE = 256  # query rows per score tile: the transient scores are [B, nh, Q_TILE, T/size] fp32 (a few copies)
+
+
+def _tile(q, k, v, q_pos, k_pos, scale):
+    """One tile of queries against one block of keys. q [B, nkv, rep, Tq, d] (query head g·rep + j
+    is q[:, g, j]: GQA's h // rep), k/v [B, nkv, Tk, d|dv]; q_pos/k_pos = (document ids [B, T*],
+    global columns [T*]). Visible: same document and key column <= query column. Returns (out fp32
+    [B, nkv, rep, Tq, dv] normalised over this block, lse fp32 [B, nkv, rep, Tq]); a query that sees
+    no key of the block gets lse -inf and out 0, with finite gradients."""
+    (q_docs, q_cols), (k_docs, k_cols) = q_pos, k_pos
+    visible = (q_docs[:, :, None] == k_docs[:, None, :]) & (k_cols[None, :] <= q_cols[:, None])  # [B, Tq, Tk]
+    s = (q.float() @ k.float().transpose(-1, -2)[:, :, None]) * scale  # [B, nkv, rep, Tq, Tk]
+    s = s.masked_fill(~visible[:, None, None], float("-inf"))
     m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()  # any constant works: cancels
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()  # any constant works: it cancels
     p = torch.exp(s - m)  # 0 where masked
     denom = p.sum(-1, keepdim=True)
     seen = denom > 0
     safe = torch.where(seen, denom, torch.ones_like(denom))
-    out = (p @ v.float()) / safe
+    out = (p @ v.float()[:, :, None]) / safe
     lse = torch.where(seen, m + torch.log(safe), torch.full_like(m, float("-inf")))
     return out, lse.squeeze(-1)
+
+
+def _block(q, k, v, q_pos, k_pos, scale):
+    """`_tile` over the query rows Q_TILE at a time, each tile recomputed in backward
+    (torch.utils.checkpoint): what stays alive is the inputs and the [.., Tq, dv] outputs, and
+    the scores of one tile at a time, forward and backward."""
+    grad = torch.is_grad_enabled()
+    outs, lses = [], []
+    for t in range(0, q.shape[3], Q_TILE):
+        tile = slice(t, t + Q_TILE)
+        args = (q[:, :, :, tile], k, v, (q_pos[0][:, tile], q_pos[1][tile]), k_pos, scale)
+        o, l = checkpoint(_tile, *args, use_reentrant=False) if grad else _tile(*args)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs, 3), torch.cat(lses, 3)
 
 
 def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
@@ -208,15 +233,18 @@ def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
 
         lse = log(e^lse + e^lse_i),   out = out · e^(lse_old - lse) + out_i · e^(lse_i - lse)
 
-    in fp32, which is softmax over the union of the blocks. Each block's scores are recomputed in
-    backward (torch.utils.checkpoint), so a rank keeps its queries' outputs and the K/V blocks, not
-    the [T/size × T] score matrices. GQA: kv head h // (nh / nkv) serves query head h, as SDPA's
-    enable_gqa. Blocks are sent as stored (nkv heads), repeated after they arrive."""
+    in fp32, which is softmax over the union of the blocks. Scores are built a tile of queries at
+    a time and recomputed in backward (`_block`), so a rank keeps its queries' outputs and the K/V
+    blocks, never a [T/size × T] score matrix. GQA: kv head h // (nh / nkv) serves query head h,
+    as SDPA's enable_gqa, by broadcasting (the blocks travel and stay at nkv heads). The merge
+    keeps autograd's saved tensors per step ([B, nh, T/size, dv] fp32); a fused flash-style
+    backward (one custom Function re-running the ring) would keep only the final out and lse."""
     B, nh, Tq, d = q.shape
+    nkv = k.shape[1]
     scale = 1.0 / math.sqrt(d)
-    rep = nh // k.shape[1]
-    cols, docs = shard.columns, shard.doc_ids
-    q_docs = docs.index_select(1, cols)  # [B, Tq]
+    docs = shard.doc_ids
+    q_pos = (docs.index_select(1, shard.columns), shard.columns)
+    qg = q.view(B, nkv, nh // nkv, Tq, d)
     out = lse = None
     kv = (k, v)
     for step in range(shard.size):
@@ -224,17 +252,14 @@ def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
         if step:  # the next block; none is sent after the last step, so every received one is used
             kv = _RingPass.apply(shard, *kv)
         k_cols = shard.columns_of(src)
-        visible = (q_docs[:, :, None] == docs.index_select(1, k_cols)[:, None, :]) & (k_cols[None, :] <= cols[:, None])
-        kb, vb = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in kv)
-        args = (q, kb, vb, visible[:, None], scale)
-        o_i, l_i = checkpoint(_block, *args, use_reentrant=False) if torch.is_grad_enabled() else _block(*args)
+        o_i, l_i = _block(qg, *kv, q_pos, (docs.index_select(1, k_cols), k_cols), scale)
         if out is None:  # step 0 is the rank's own block: every query sees at least itself
             out, lse = o_i, l_i
             continue
         new = torch.logaddexp(lse, l_i)
         out = out * torch.exp(lse - new)[..., None] + o_i * torch.exp(l_i - new)[..., None]
         lse = new
-    return out.to(q.dtype)
+    return out.reshape(B, nh, Tq, -1).to(q.dtype)
 
 
 # ---- ulysses --------------------------------------------------------------------------------------

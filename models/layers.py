@@ -15,8 +15,9 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vf.errors import UsageError
 from vf.models.config import ModelConfig
+
+from vf.errors import UsageError
 
 
 class Embedding(nn.Embedding):

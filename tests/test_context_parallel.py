@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from vf.errors import UsageError
 from vf.models.config import ModelConfig
 from vf.models.context_parallel import ContextShard, context_parallel, shard_columns, split_sequence
 from vf.models.layers import CONTEXT_SHARD, Documents, positions_and_mask
 from vf.models.transformer import build_model
+
+from vf.errors import UsageError
 
 PY = sys.executable
 WORKER = Path(__file__).parent / "parallel" / "cp_worker.py"
@@ -48,6 +49,8 @@ def test_split_sequence_and_bad_lengths():
         shard_columns(10, 2, 0)
     with pytest.raises(UsageError, match="unknown context-parallel style"):
         ContextShard(None, 2, 0, "zigzag", torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(UsageError, match="rank 2 of 2"):
+        ContextShard(None, 2, 2, "ring", torch.zeros(1, 8, dtype=torch.long))
 
 
 def test_positions_and_mask_under_a_shard_checks_the_slice():
@@ -82,7 +85,8 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
 
 
 @pytest.mark.parametrize("style,model,extra", [
-    ("ring", "dense", ()), ("ring", "mla", ("--checkpointing",)), ("ulysses", "dense", ()), ("ulysses", "mla", ()),
+    ("ring", "dense", ()), ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()),
+    ("ulysses", "dense", ()), ("ulysses", "mla", ()),
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
@@ -96,16 +100,16 @@ def test_four_ranks_match_one_process(tmp_path, style):
 
 # ---- refusals ---------------------------------------------------------------------------------------
 
-COMMON = dict(vocab_size=32, hidden_size=32, num_layers=2, intermediate_size=32, num_heads=2, num_kv_heads=2,
-              head_dim=16)
-REFUSED = {
-    "Gated DeltaNet": dict(architecture="qwen3_5_text", layer_types=["linear_attention", "full_attention"],
-                           linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                           linear_num_value_heads=2),
-    "DSA": dict(architecture="glm_moe_dsa", q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                v_head_dim=8, index_topk=4, index_head_dim=16, index_n_heads=2),
-    "sink attention": dict(architecture="gpt_oss", attention_sinks=True, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"]),
+COMMON = {"vocab_size": 32, "hidden_size": 32, "num_layers": 2, "intermediate_size": 32, "num_heads": 2,
+          "num_kv_heads": 2, "head_dim": 16}
+REFUSED = {  # layer name in the message -> its tiny model (the refusing layer comes first)
+    "Gated DeltaNet": {"architecture": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"],
+                       "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+                       "linear_num_value_heads": 2},
+    "DSA": {"architecture": "glm_moe_dsa", "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8, "v_head_dim": 8, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2},
+    "sink attention": {"architecture": "gpt_oss", "attention_sinks": True, "sliding_window": 4,
+                       "layer_types": ["sliding_attention", "full_attention"]},
 }
 
 
@@ -115,6 +119,7 @@ def test_layers_that_cannot_run_on_a_slice_refuse(layer):
     pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
     ids = torch.arange(8)[None]
     model(ids, pos)  # runs without CP
-    with context_parallel(ContextShard(None, 2, 0, "ring", pos)):  # refused before any communication
-        with pytest.raises(UsageError, match=f"does not support {layer}"):
-            model(split_sequence(ids, 2, 0), split_sequence(pos, 2, 0))
+    # refused before any communication (the shard has no process group)
+    shard = ContextShard(None, 2, 0, "ring", pos)
+    with context_parallel(shard), pytest.raises(UsageError, match=f"does not support {layer}"):
+        model(split_sequence(ids, 2, 0), split_sequence(pos, 2, 0))

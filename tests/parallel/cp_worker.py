@@ -1,10 +1,10 @@
 """Context parallelism against one process, run by tests/test_context_parallel.py under torchrun (gloo):
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N tests/parallel/cp_worker.py \
-        STYLE MODEL OUT.json [--checkpointing]
+        STYLE MODEL OUT.json [--checkpointing] [--q-tile N]
 
 STYLE ring | ulysses; MODEL dense (qwen3-like GQA: 4 q heads, 2 kv heads, head_dim 16, 2 layers) |
-mla (deepseek_v3-like, dense MLP). Every rank builds the same seeded model and the same packed
+gated (the same with Qwen3.5's gated attention) | mla (deepseek_v3-like, dense MLP). Every rank builds the same seeded model and the same packed
 batch (2 rows × 64 tokens, documents straddling the chunk boundaries of every CP size up to 4).
 Reference: the whole rows in this process, no CP: per-token log-probs of the next token, loss =
 their sum, backward. CP: each rank runs its slices under `context_parallel`, loss = the sum over
@@ -21,6 +21,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from vf.models import context_parallel as cp_module
 from vf.models.config import ModelConfig
 from vf.models.context_parallel import ContextShard, context_parallel, shard_columns, split_sequence
 from vf.models.transformer import build_model
@@ -31,9 +32,12 @@ DOCS = [[13, 30, 21], [5, 50, 9]]  # lengths per row: boundaries at 13, 43 and 5
 
 
 def config(kind: str) -> ModelConfig:
-    common = dict(vocab_size=V, hidden_size=32, num_layers=2, intermediate_size=48)
+    common = {"vocab_size": V, "hidden_size": 32, "num_layers": 2, "intermediate_size": 48}
     if kind == "dense":
         return ModelConfig(architecture="qwen3", num_heads=4, num_kv_heads=2, head_dim=16, **common)
+    if kind == "gated":  # Qwen3.5's gated attention (output · sigmoid(gate), zero-centred norms), no DeltaNet layer
+        return ModelConfig(architecture="qwen3_5_text", num_heads=4, num_kv_heads=2, head_dim=16,
+                           layer_types=["full_attention"] * 2, **common)
     return ModelConfig(architecture="deepseek_v3", num_heads=4, num_kv_heads=4, head_dim=8, q_lora_rank=16,
                        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10, **common)
 
@@ -54,10 +58,13 @@ def token_logprobs(model, ids, pos, targets) -> torch.Tensor:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("style", choices=["ring", "ulysses"])
-    ap.add_argument("model", choices=["dense", "mla"])
+    ap.add_argument("model", choices=["dense", "gated", "mla"])
     ap.add_argument("out")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the CP run")
+    ap.add_argument("--q-tile", type=int, default=cp_module.Q_TILE,
+                    help="ring: query rows per score tile (small: several tiles, a ragged last one)")
     a = ap.parse_args(argv)
+    cp_module.Q_TILE = a.q_tile
     dist.init_process_group("gloo")
     group, size, rank = dist.group.WORLD, dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
