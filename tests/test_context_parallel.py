@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from vf.models import context_parallel as cp_module
 from vf.models.config import ModelConfig
-from vf.models.context_parallel import ContextShard, context_parallel, shard_columns, split_sequence
-from vf.models.layers import CONTEXT_SHARD, Documents, positions_and_mask
+from vf.models.context_parallel import (
+    ContextShard,
+    context_parallel,
+    ring_attention,
+    shard_columns,
+    split_sequence,
+)
+from vf.models.layers import CONTEXT_SHARD, Documents, positions_and_mask, sdpa
 from vf.models.transformer import build_model
 
 from vf.errors import UsageError
@@ -67,6 +74,23 @@ def test_positions_and_mask_under_a_shard_checks_the_slice():
         assert cached is None
     assert CONTEXT_SHARD.get() is None
     assert isinstance(positions_and_mask(ids, split_sequence(pos, 2, 1))[1], Documents)
+
+
+@pytest.mark.parametrize("tile", [5, 256])
+def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile):
+    """A ring of one rank is the tiled block math alone (no communication): values and q/k/v grads
+    equal per-document SDPA with GQA, ragged query tiles and a row of one document next to a packed one."""
+    monkeypatch.setattr(cp_module, "Q_TILE", tile)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 24, d, generator=g, requires_grad=True) for h, d in ((4, 8), (2, 8), (2, 6)))
+    pos = torch.cat([torch.arange(24)[None], torch.cat([torch.arange(n) for n in (7, 9, 8)])[None]])
+    want = sdpa(q, k, v, Documents(pos))
+    got = ring_attention(q, k, v, ContextShard(None, 1, 0, "ring", pos))
+    assert (got - want).abs().max() < 1e-6
+    w = torch.randn(want.shape, generator=g)
+    grads_want = torch.autograd.grad((want * w).sum(), (q, k, v))
+    grads_got = torch.autograd.grad((got * w).sum(), (q, k, v))
+    assert max(float((a - b).abs().max()) for a, b in zip(grads_got, grads_want)) < 1e-5
 
 
 # ---- against one process, under torchrun ------------------------------------------------------------
