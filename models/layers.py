@@ -163,7 +163,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """Fused-qkv GQA attention with optional q/k RMSNorm (Qwen3). Without a cache it runs
-    `sdpa(q, k, v, mask)` (mask: None = plain causal, or a `Documents` layout); with a cache it hands
+    `sdpa(q, k, v, mask)` (mask: None = plain causal, a `Documents` layout, or a `ShardedMask` under
+    context parallelism); with a cache it hands
     q [B,nh,T,hd], k/v [B,nkv,T,hd] to `cache.attend(layer_idx, q, k, v)`, which stores k/v, repeats kv
     heads for GQA itself and returns [B,nh,T,hd].
 

@@ -93,6 +93,13 @@ def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile):
     assert max(float((a - b).abs().max()) for a, b in zip(grads_got, grads_want)) < 1e-5
 
 
+def test_ulysses_refuses_a_head_count_the_ranks_do_not_divide():
+    q = torch.zeros(1, 4, 4, 8)
+    shard = ContextShard(None, 3, 0, "ulysses", torch.arange(12)[None])
+    with pytest.raises(UsageError, match=r"head count \(4\) to be a multiple"):
+        shard.mask().attend(q, q[:, :2], q[:, :2])
+
+
 # ---- against one process, under torchrun ------------------------------------------------------------
 
 
@@ -116,7 +123,6 @@ def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("style", ["ring", "ulysses"])  # ulysses at 4: 2 kv heads are repeated to 4 first
 def test_four_ranks_match_one_process(tmp_path, style):
     run_worker(tmp_path, 4, style, "dense")
