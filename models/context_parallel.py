@@ -169,34 +169,47 @@ class ShardedAttention(ShardedMask):
 # ---- ring -----------------------------------------------------------------------------------------
 
 
-def _exchange(tensors, send_to: int, recv_from: int, group) -> list[torch.Tensor]:
-    """Send `tensors` to global rank `send_to` and receive same-shaped ones from `recv_from`."""
-    tensors = [t.contiguous() for t in tensors]  # P2P needs dense buffers
-    out = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t, send_to, group) for t in tensors]
-    ops += [dist.P2POp(dist.irecv, o, recv_from, group) for o in out]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
-    return out
+def _ring_peers(shard: ContextShard) -> tuple[int, int]:
+    """Global ranks of (next, previous) in the CP ring."""
+    return (dist.get_global_rank(shard.group, (shard.rank + 1) % shard.size),
+            dist.get_global_rank(shard.group, (shard.rank - 1) % shard.size))
+
+
+class _Exchange:
+    """Send `tensors` to global rank `send_to` and receive same-shaped ones from `recv_from`,
+    started now (`dist.batch_isend_irecv`) and finished by `wait()`, so that attention on the
+    block at hand runs while the next one travels."""
+
+    def __init__(self, tensors, send_to: int, recv_from: int, group):
+        self.sent = [t.detach().contiguous() for t in tensors]  # dense buffers (P2P), alive until wait()
+        self.out = [torch.empty_like(t) for t in self.sent]
+        ops = [dist.P2POp(dist.isend, t, send_to, group) for t in self.sent]
+        ops += [dist.P2POp(dist.irecv, o, recv_from, group) for o in self.out]
+        self.requests = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> list[torch.Tensor]:
+        for req in self.requests:
+            req.wait()
+        return self.out
 
 
 class _RingPass(torch.autograd.Function):
-    """Forward: pass tensors one step round the ring (send to rank+1, receive from rank-1). Backward:
-    the gradients go the opposite way (the gradient of what we received belongs to its sender).
-    Every rank runs the same graph, so sends and receives pair up in backward as in forward."""
+    """Forward: the tensors passed one step round the ring (sent to rank+1, received from rank-1),
+    by an `_Exchange` already started on exactly these `tensors`. Backward: the gradients go the
+    opposite way (the gradient of what we received belongs to its sender). Every rank runs the same
+    graph, so sends and receives pair up in backward as in forward."""
 
     @staticmethod
-    def forward(ctx, shard: ContextShard, *tensors):
-        nxt, prev = ((shard.rank + 1) % shard.size, (shard.rank - 1) % shard.size)
+    def forward(ctx, shard: ContextShard, exchange: _Exchange, *tensors):
         ctx.group, ctx.shapes = shard.group, [(t.shape, t.dtype, t.device) for t in tensors]
-        ctx.peers = (dist.get_global_rank(shard.group, nxt), dist.get_global_rank(shard.group, prev))
-        return tuple(_exchange(tensors, ctx.peers[0], ctx.peers[1], shard.group))
+        ctx.peers = _ring_peers(shard)
+        return tuple(exchange.wait())
 
     @staticmethod
     def backward(ctx, *grads):
         # an output nobody used still has to answer its sender's receive: send zeros
         grads = [torch.zeros(*sh, dtype=dt, device=dev) if g is None else g for g, (sh, dt, dev) in zip(grads, ctx.shapes)]
-        return (None, *_exchange(grads, ctx.peers[1], ctx.peers[0], ctx.group))
+        return (None, None, *_Exchange(grads, ctx.peers[1], ctx.peers[0], ctx.group).wait())
 
 
 Q_TILE = 256  # query rows per score tile: the transient scores are [B, nh, Q_TILE, T/size] fp32 (a few copies)
@@ -257,11 +270,13 @@ def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
     q_pos = (docs.index_select(1, shard.columns), shard.columns)
     qg = q.view(B, nkv, nh // nkv, Tq, d)
     out = lse = None
-    kv = (k, v)
+    kv, pending = (k, v), None
     for step in range(shard.size):
         src = (shard.rank - step) % shard.size
-        if step:  # the next block; none is sent after the last step, so every received one is used
-            kv = _RingPass.apply(shard, *kv)
+        if step:  # the block sent last step has arrived; none is sent after the last step, so every one is used
+            kv = _RingPass.apply(shard, pending, *kv)
+        if step + 1 < shard.size:  # start passing this block on before attending to it (overlap)
+            pending = _Exchange(kv, *_ring_peers(shard), shard.group)
         k_cols = shard.columns_of(src)
         o_i, l_i = _block(qg, *kv, q_pos, (docs.index_select(1, k_cols), k_cols), scale)
         if out is None:  # step 0 is the rank's own block: every query sees at least itself
