@@ -43,7 +43,7 @@ from vf.models.config import DSV4_CSA, DSV4_SLIDING, ModelConfig, compress_rope_
 from vf.models.gpt_oss import attend_with_sinks, sink_window_bias
 from vf.models.hash_routing import HashRouter
 from vf.models.hyper_connections import HyperConnection, HyperHead, expand, unweighted_rms_norm
-from vf.models.layers import Documents, RMSNorm, Rotary, positions_and_mask
+from vf.models.layers import Documents, RMSNorm, Rotary, positions_and_mask, refuse_context_parallel
 from vf.models.moe import MoE
 from vf.models.transformer import NativeModel
 
@@ -87,6 +87,7 @@ class DeepseekV4Attention(nn.Module):
         self.widths = [w for _, w in cache_streams(config)]
 
     def forward(self, x, rope, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "DeepSeek-V4 attention")
         B, T, _ = x.shape
         cos, sin = rope[self.rope]
         q_lat = self.q_a_norm(self.q_a_proj(x))

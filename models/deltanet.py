@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Documents
+from vf.models.layers import Documents, refuse_context_parallel
 from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
 
 CHUNK = 64
@@ -132,6 +132,7 @@ class GatedDeltaNet(nn.Module):
                 ((self.nv, self.dk, self.dv), torch.float32)]
 
     def forward(self, x, cos=None, sin=None, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "Gated DeltaNet")
         B, T, _ = x.shape
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
         state = cache.get_state(self.layer_idx) if cache is not None else None

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import apply_rope
+from vf.models.layers import apply_rope, refuse_context_parallel
 from vf.models.mla import MLAttention, deinterleave
 
 INDEX_NORM_EPS = 1e-6
@@ -91,6 +91,7 @@ class DSAttention(MLAttention):
         self.sparse = True  # False: attend to every visible key (the selection switched off)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "DSA (indexed sparse attention)")
         q, q_lat, latent, k_rope = self.project(x, cos, sin)
         if self.indexer is None:
             if cache is not None:  # the indexer-key stream stays empty on shared layers

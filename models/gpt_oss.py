@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Attention
+from vf.models.layers import Attention, refuse_context_parallel
 
 
 def sink_window_bias(
@@ -58,6 +58,7 @@ class SinkAttention(Attention):
         self.window = config.sliding_window_for(layer_idx)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "sink attention (GPT-OSS)")
         B, T, _ = x.shape
         q, k, v = self.project(x, cos, sin)
         allowed = None

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError, read_json_object, under_root
-from vf.models.layers import Documents, positions_and_mask, sdpa
+from vf.models.layers import Documents, positions_and_mask, refuse_context_parallel, sdpa
 
 ATTN_NAME = "vf"
 SLOWER = ("unfused q/k/v and gate/up projections, transformers' per-module overhead, no lean decode "
@@ -269,6 +269,7 @@ class HFModel(nn.Module):
             raise ModelLoadError(self.cache_refusal, hint="generate with --engine.type vllm")
         T = input_ids.shape[1]
         position_ids, docs = positions_and_mask(input_ids, position_ids, cache)
+        refuse_context_parallel(docs, "transformers-fallback")
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             self.hf.gradient_checkpointing_enable({"use_reentrant": False})
         if self.unpack_documents and docs is not None and not docs.single:

@@ -10,11 +10,14 @@ Native layout: q/k/v fused in `qkv_proj` [P, H] (rows: q, then k, then v); gate/
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
+
+from vf.errors import UsageError
 
 
 class Embedding(nn.Embedding):
@@ -160,7 +163,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """Fused-qkv GQA attention with optional q/k RMSNorm (Qwen3). Without a cache it runs
-    `sdpa(q, k, v, mask)` (mask: None = plain causal, or a `Documents` layout); with a cache it hands
+    `sdpa(q, k, v, mask)` (mask: None = plain causal, a `Documents` layout, or a `ShardedMask` under
+    context parallelism); with a cache it hands
     q [B,nh,T,hd], k/v [B,nkv,T,hd] to `cache.attend(layer_idx, q, k, v)`, which stores k/v, repeats kv
     heads for GQA itself and returns [B,nh,T,hd].
 
@@ -269,9 +273,39 @@ class Documents:
         return (same_doc & causal)[:, None]
 
 
+class ShardedMask:
+    """The attention `mask` under context parallelism (models/context_parallel.py implements it):
+    the layers' q/k/v hold this rank's slice of the sequence and `sdpa` hands them to `attend`, which
+    talks to the other ranks. Defined here so layers.py need not import context_parallel (which
+    builds on `Documents` and `sdpa`)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+# The active context-parallel shard (`context_parallel.context_parallel` sets it for a micro-batch):
+# an object with `local_positions(position_ids) -> [B, T/size]` and `mask() -> ShardedMask`.
+# A ContextVar, so another thread's forward (an engine, say) never sees it.
+CONTEXT_SHARD: ContextVar = ContextVar("vf_context_shard", default=None)
+
+
+def refuse_context_parallel(mask, layer: str) -> None:
+    """For layers that build their own mask or carry state along the sequence: on a rank's slice
+    they would compute as if the slice were the whole row, silently wrong. Refuse instead (exit 2)."""
+    if isinstance(mask, ShardedMask):
+        raise UsageError(f"context parallelism does not support {layer} layers (they would see only this "
+                         "rank's slice of the sequence)",
+                         hint="run this model without context parallelism (cp size 1)")
+
+
 def positions_and_mask(input_ids: torch.Tensor, position_ids: torch.Tensor | None, cache=None):
     """(position_ids [B, T], mask) for a forward: positions default to the cache's offset onward;
-    explicit positions without a cache are packed rows, whose mask is their `Documents` layout."""
+    explicit positions without a cache are packed rows, whose mask is their `Documents` layout.
+    Under an active context-parallel shard (no cache) the rows are this rank's slices: the local
+    positions (the tokens' true positions, for rotary) and a `ShardedMask` that attends across ranks."""
+    shard = CONTEXT_SHARD.get()
+    if shard is not None and cache is None:
+        return shard.local_positions(position_ids), shard.mask()
     if position_ids is None:
         B, T = input_ids.shape
         offset = int(getattr(cache, "seq_len", 0)) if cache is not None else 0
@@ -283,7 +317,10 @@ def positions_and_mask(input_ids: torch.Tensor, position_ids: torch.Tensor | Non
 # compiled blocks never recompile for a new packing layout
 def sdpa(q, k, v, mask=None):
     """q [B,nh,T,hd], k/v [B,nkv,S,hd] -> [B,nh,T,hd]. mask: None (causal, T == S), a `Documents`
-    layout (causal within each packed document, T == S) or bool [B|1,1,T,S] (True = attend)."""
+    layout (causal within each packed document, T == S), a `ShardedMask` (context parallelism: this
+    rank's slice, causal within documents across all ranks) or bool [B|1,1,T,S] (True = attend)."""
+    if isinstance(mask, ShardedMask):
+        return mask.attend(q, k, v)
     gqa = q.shape[1] != k.shape[1]
     if isinstance(mask, Documents):
         if mask.single:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Documents
+from vf.models.layers import Documents, refuse_context_parallel
 from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
 
 
@@ -128,6 +128,7 @@ class Mamba2Mixer(nn.Module):
                 ((self.nh, self.hd, self.N), torch.float32)]
 
     def forward(self, x, cos=None, sin=None, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "Mamba-2")
         Bsz, T, _ = x.shape
         z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
         state = cache.get_state(self.layer_idx) if cache is not None else None

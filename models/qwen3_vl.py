@@ -28,7 +28,7 @@ import itertools
 
 import torch
 from vf.models.config import ModelConfig
-from vf.models.layers import Documents, positions_and_mask, rope_inv_freq
+from vf.models.layers import Documents, positions_and_mask, refuse_context_parallel, rope_inv_freq
 from vf.models.transformer import NativeModel
 from vf.models.vision import VisionTower, merged_tokens
 
@@ -136,6 +136,8 @@ class Qwen3VLModel(NativeModel):
         T = input_ids.shape[1]
         text_pos, triples = self.positions(input_ids, position_ids, cache, image_grid_thw, mm_token_type_ids)
         text_pos, mask = positions_and_mask(input_ids, text_pos, cache)
+        if pixel_values is not None or image_grid_thw is not None:  # M-RoPE and image spans need whole rows
+            refuse_context_parallel(mask, "image inputs of vision-language")
         x = self.embed_tokens(input_ids)
         image_mask, deepstack = None, []
         if pixel_values is not None:

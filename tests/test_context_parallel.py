@@ -1,0 +1,155 @@
+"""Context parallelism (models/context_parallel.py): the load-balanced split in process; ring and
+Ulysses attention under torchrun (gloo, tests/parallel/cp_worker.py) against the one-process model,
+token by token and gradient by gradient; the refusals of layers that cannot run on a slice."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from vf.models import context_parallel as cp_module
+from vf.models.config import ModelConfig
+from vf.models.context_parallel import (
+    ContextShard,
+    context_parallel,
+    ring_attention,
+    shard_columns,
+    split_sequence,
+)
+from vf.models.layers import CONTEXT_SHARD, Documents, positions_and_mask, sdpa
+from vf.models.transformer import build_model
+
+from vf.errors import UsageError
+
+PY = sys.executable
+WORKER = Path(__file__).parent / "parallel" / "cp_worker.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TOL = 1e-5
+
+
+# ---- the split ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_shard_columns_partition_the_row_with_equal_causal_work(size):
+    T = 2 * size * 5
+    parts = [shard_columns(T, size, r) for r in range(size)]
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(T))  # a permutation of 0..T-1
+    # causal work of a query at column i = i + 1 keys; every rank gets the same total
+    work = [int((p + 1).sum()) for p in parts]
+    assert work == [T * (T + 1) // 2 // size] * size
+    # a contiguous split would not be balanced (the point of the zigzag): last rank does most
+    if size > 1:
+        contiguous = [int((torch.arange(r * T // size, (r + 1) * T // size) + 1).sum()) for r in range(size)]
+        assert contiguous[-1] > contiguous[0]
+    assert parts[0][:5].tolist() == list(range(5)) and parts[0][5:].tolist() == list(range(T - 5, T))
+
+
+def test_split_sequence_and_bad_lengths():
+    t = torch.arange(24).view(2, 12)
+    assert split_sequence(t, 3, 1).tolist() == [[2, 3, 8, 9], [14, 15, 20, 21]]
+    assert split_sequence(t.t(), 3, 1, dim=0).t().tolist() == [[2, 3, 8, 9], [14, 15, 20, 21]]
+    with pytest.raises(UsageError, match="multiple of 4"):
+        shard_columns(10, 2, 0)
+    with pytest.raises(UsageError, match="unknown context-parallel style"):
+        ContextShard(None, 2, 0, "zigzag", torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(UsageError, match="rank 2 of 2"):
+        ContextShard(None, 2, 2, "ring", torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_positions_and_mask_under_a_shard_checks_the_slice():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    shard = ContextShard(None, 2, 1, "ring", pos)
+    ids = split_sequence(torch.zeros_like(pos), 2, 1)
+    with context_parallel(shard):
+        local, mask = positions_and_mask(ids, split_sequence(pos, 2, 1))
+        assert local.tolist() == [[2, 0, 1, 2]] and mask.shard is shard  # columns 2, 3, 4, 5
+        assert shard.doc_ids.tolist() == [[1, 1, 1, 2, 2, 2, 2, 2]]
+        with pytest.raises(UsageError, match="not this rank's slice"):  # the full rows: forgot to split
+            positions_and_mask(torch.zeros_like(pos), pos)
+        _, cached = positions_and_mask(ids, None, cache=object())  # the engine's cache path is untouched
+        assert cached is None
+    assert CONTEXT_SHARD.get() is None
+    assert isinstance(positions_and_mask(ids, split_sequence(pos, 2, 1))[1], Documents)
+
+
+@pytest.mark.parametrize("tile", [5, 256])
+def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile):
+    """A ring of one rank is the tiled block math alone (no communication): values and q/k/v grads
+    equal per-document SDPA with GQA, ragged query tiles and a row of one document next to a packed one."""
+    monkeypatch.setattr(cp_module, "Q_TILE", tile)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 24, d, generator=g, requires_grad=True) for h, d in ((4, 8), (2, 8), (2, 6)))
+    pos = torch.cat([torch.arange(24)[None], torch.cat([torch.arange(n) for n in (7, 9, 8)])[None]])
+    want = sdpa(q, k, v, Documents(pos))
+    got = ring_attention(q, k, v, ContextShard(None, 1, 0, "ring", pos))
+    assert (got - want).abs().max() < 1e-6
+    w = torch.randn(want.shape, generator=g)
+    grads_want = torch.autograd.grad((want * w).sum(), (q, k, v))
+    grads_got = torch.autograd.grad((got * w).sum(), (q, k, v))
+    assert max(float((a - b).abs().max()) for a, b in zip(grads_got, grads_want)) < 1e-5
+
+
+def test_ulysses_refuses_a_head_count_the_ranks_do_not_divide():
+    q = torch.zeros(1, 4, 4, 8)
+    shard = ContextShard(None, 3, 0, "ulysses", torch.arange(12)[None])
+    with pytest.raises(UsageError, match=r"head count \(4\) to be a multiple"):
+        shard.mask().attend(q, q[:, :2], q[:, :2])
+
+
+# ---- against one process, under torchrun ------------------------------------------------------------
+
+
+def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dict:
+    out = tmp_path / f"{style}-{model}-{nproc}.json"
+    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                           str(WORKER), style, model, str(out), *extra],
+                          capture_output=True, text=True, timeout=300, env=ENV, check=False)
+    report = json.loads(out.read_text()) if out.exists() else None
+    assert proc.returncode == 0, (report, proc.stderr[-3000:])
+    assert report["size"] == nproc and report["grad_scale"] > 1.0  # gradients are not trivially zero
+    assert max(report["errors"].values()) < TOL, report
+    return report
+
+
+@pytest.mark.parametrize("style,model,extra", [
+    ("ring", "dense", ()), ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()),
+    ("ulysses", "dense", ()), ("ulysses", "mla", ()),
+])
+def test_two_ranks_match_one_process(tmp_path, style, model, extra):
+    run_worker(tmp_path, 2, style, model, *extra)
+
+
+@pytest.mark.parametrize("style", ["ring", "ulysses"])  # ulysses at 4: 2 kv heads are repeated to 4 first
+def test_four_ranks_match_one_process(tmp_path, style):
+    run_worker(tmp_path, 4, style, "dense")
+
+
+# ---- refusals ---------------------------------------------------------------------------------------
+
+COMMON = {"vocab_size": 32, "hidden_size": 32, "num_layers": 2, "intermediate_size": 32, "num_heads": 2,
+          "num_kv_heads": 2, "head_dim": 16}
+REFUSED = {  # layer name in the message -> its tiny model (the refusing layer comes first)
+    "Gated DeltaNet": {"architecture": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"],
+                       "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+                       "linear_num_value_heads": 2},
+    "DSA": {"architecture": "glm_moe_dsa", "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8, "v_head_dim": 8, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2},
+    "sink attention": {"architecture": "gpt_oss", "attention_sinks": True, "sliding_window": 4,
+                       "layer_types": ["sliding_attention", "full_attention"]},
+}
+
+
+@pytest.mark.parametrize("layer", list(REFUSED))
+def test_layers_that_cannot_run_on_a_slice_refuse(layer):
+    model = build_model(ModelConfig(**{**COMMON, **REFUSED[layer]}), seed=0)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    ids = torch.arange(8)[None]
+    model(ids, pos)  # runs without CP
+    # refused before any communication (the shard has no process group)
+    shard = ContextShard(None, 2, 0, "ring", pos)
+    with context_parallel(shard), pytest.raises(UsageError, match=f"does not support {layer}"):
+        model(split_sequence(ids, 2, 0), split_sequence(pos, 2, 0))
