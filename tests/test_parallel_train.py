@@ -67,6 +67,14 @@ def launch(nproc: int, *args: str, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
+def back_to(step: int, src: Path, dst: Path) -> None:
+    """A copy of the run as a kill after the step-`step` checkpoint would have left it."""
+    shutil.copytree(src, dst)
+    for ck in (dst / "checkpoints").glob("step_*"):
+        if int(ck.name.split("_")[1]) > step:
+            shutil.rmtree(ck)
+
+
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -94,25 +102,29 @@ def test_ep_on_one_process_exits_2_before_training(moe_dir, tmp_path):
 @pytest.mark.slow
 def test_ep_2_matches_one_process_and_resumes_at_another_ep(moe_dir, tmp_path):
     """Two RL steps at ep 2 (each rank 4 of the 8 experts) give the 1-process losses and gradient
-    norms; its sharded checkpoint resumes at ep 1 on 2 processes and on 1 process, continuing the
-    same losses (DCP reshards the expert blocks)."""
+    norms; its sharded checkpoint resumes at ep 1 on 2 processes and on 1 process, and checkpoints
+    saved at ep 1 (1 process, 2 processes) resume at ep 2, continuing the same losses (DCP reshards
+    the expert blocks)."""
     args = ["--model", str(moe_dir), *EXACT, "--steps", "2", "--ckpt-every", "2"]
     launch(1, "-o", str(tmp_path / "one"), *args)
-    launch(2, "-o", str(tmp_path / "ep2"), *args, "--parallel.ep", "2", "--steps", "3")
+    launch(2, "-o", str(tmp_path / "ep2"), *args, "--parallel.ep", "2")
     one, ep2 = rows(tmp_path / "one"), rows(tmp_path / "ep2")
-    assert [r["loss"] for r in ep2[:3]] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
-    assert [r["grad_norm"] for r in ep2[:3]] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
+    assert len(one) == len(ep2) == 3
+    assert [r["loss"] for r in ep2] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
+    assert [r["grad_norm"] for r in ep2] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
     ck = tmp_path / "ep2" / "checkpoints" / "step_2"
     assert json.loads((ck / "trainer.json").read_text())["sharded"] == {"world_size": 2, "ep": 2, "cp": 1}
     want = losses(tmp_path / "ep2")
 
     for name, nproc in (("ep1_two", 2), ("ep1_one", 1)):
         run = tmp_path / name
-        shutil.copytree(tmp_path / "ep2", run)
-        shutil.rmtree(run / "checkpoints" / "step_3", ignore_errors=True)
-        (run / "metrics.jsonl").write_text("".join(line + "\n" for line in
-                                                   (run / "metrics.jsonl").read_text().splitlines()[:3]))
+        back_to(2, tmp_path / "ep2", run)
         launch(nproc, "--resume", str(run), "--parallel.ep", "1")
+        assert losses(run) == pytest.approx(want, rel=1e-4, abs=1e-6), name
+    for name, src in (("plain_to_ep2", "one"), ("ep1_to_ep2", "ep1_two")):  # 1 → 2: the blocks are cut on load
+        run = tmp_path / name
+        back_to(2, tmp_path / src, run)
+        launch(2, "--resume", str(run), "--parallel.ep", "2")
         assert losses(run) == pytest.approx(want, rel=1e-4, abs=1e-6), name
 
 

@@ -98,7 +98,8 @@ class Learner:
             if "sharded" in restore:
                 checkpoint.load_sharded(restore["path"], learner, restore)
             else:
-                distributed.load_optimizer_state(policy, optimizer, restore["optimizer"], d)
+                names = [name for name, _ in policy.named_parameters()]
+                distributed.load_optimizer_state(policy, optimizer, mesh.cut_optimizer_state(restore["optimizer"], names), d)
             scheduler.load_state_dict(restore["scheduler"])
             checkpoint.set_rng_state(restore["rng"])
         return learner

@@ -111,6 +111,7 @@ class Mesh:
         self.replicas = (experts_mesh.get_group("replica")
                          if experts_mesh is not None and layout.world // layout.ep > 1 else None)
         self.expert_names: set[str] = set()  # the native model's expert-block parameters (shard_experts)
+        self.block = slice(None)  # this rank's experts (global indices) in every MoE layer
 
     @classmethod
     def build(cls, layout: Layout, device: str = "cpu") -> Mesh:
@@ -131,7 +132,10 @@ class Mesh:
             return set()
         from vf.models.expert_parallel import expert_params, shard_experts
 
+        experts = int(model.config.num_experts)
         shard_experts(model, self.ep_group)
+        self.block = slice(self.layout.ep_rank * experts // self.layout.ep,
+                           (self.layout.ep_rank + 1) * experts // self.layout.ep)
         named = expert_params(model)
         self.expert_names = {n for n, _ in named}
         return {p for _, p in named}
@@ -147,6 +151,20 @@ class Mesh:
         parts = [torch.empty_like(p) for _ in range(self.layout.ep)]
         dist.all_gather(parts, p.detach().contiguous(), group=self.ep_group)
         return torch.cat(parts, 0)
+
+    def cut_optimizer_state(self, state: dict[str, Any], names: list[str], prefix: str = "model.") -> dict[str, Any]:
+        """A full optimizer state (a 1-process checkpoint: keyed by parameter index in the order
+        of `names`, or by name) with each expert parameter's moments cut to this rank's block."""
+        if not self.expert_names:
+            return state
+
+        def cut(key, value):
+            name = names[key] if isinstance(key, int) else key
+            if name.removeprefix(prefix) not in self.expert_names:
+                return value
+            return {k: v[self.block].clone() if getattr(v, "dim", lambda: 0)() else v for k, v in value.items()}
+
+        return {**state, "state": {k: cut(k, v) for k, v in state["state"].items()}}
 
     def checkpoint_view(self, state: dict[str, Any], prefix: str = "model.") -> dict[str, Any]:
         """A (model or optimizer) state dict keyed by the policy's names, with every expert-block
