@@ -138,3 +138,16 @@ def test_cp_2_matches_one_process(tmp_path, style):
     one, cp2 = rows(tmp_path / "one"), rows(tmp_path / "cp2")
     assert [r["loss"] for r in cp2] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
     assert [r["grad_norm"] for r in cp2] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_cp_and_ep_on_the_same_ranks_match_one_process(moe_dir, tmp_path):
+    """cp 2 × ep 2 on 2 processes: each rank has half of every row's tokens and half of the experts
+    (tokens from both halves reach every expert through the all-to-all)."""
+    args = ["--model", str(moe_dir), *EXACT, "--steps", "1"]
+    launch(1, "-o", str(tmp_path / "one"), *args)
+    proc = launch(2, "-o", str(tmp_path / "both"), *args, "--parallel.cp", "2", "--parallel.ep", "2")
+    assert "parallel layout over 2 processes: dp_shard 1, cp 2 (ring), ep 2" in proc.stderr
+    one, both = rows(tmp_path / "one"), rows(tmp_path / "both")
+    assert [r["loss"] for r in both] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
+    assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
