@@ -357,7 +357,7 @@ def ulysses_attention(q, k, v, shard: ContextShard, documents: Documents) -> tor
     nh, nkv, n = q.shape[1], k.shape[1], shard.size
     if nh % n:
         raise UsageError(f"ulysses context parallelism over {n} ranks needs the head count ({nh}) to be a "
-                         "multiple of it", hint="use --cp-style ring, or a CP size dividing the head count")
+                         "multiple of it", hint="use the ring style, or a CP size dividing the head count")
     if nkv % n:
         k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))
     out = sdpa(_seq_to_heads(q, shard), _seq_to_heads(k, shard), _seq_to_heads(v, shard), documents)
