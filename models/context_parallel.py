@@ -225,11 +225,32 @@ def _tile_forward(q, k, v, q_pos, k_pos, scale):
     return out, lse.squeeze(-1)
 
 
-def _tiles(Tq: int, q_pos):
-    """(slice, the tile's q_pos) for each Q_TILE rows of the queries."""
+def _pairs(shard: ContextShard, src: int, Tq: int):
+    """(query tile, key chunk) slices of this rank's queries × rank `src`'s block that causality
+    leaves anything visible in: Q_TILE query rows against each of the block's two chunks, skipping
+    a chunk that starts after the tile's last query column (about half of all pairs in the
+    load-balanced layout). Decided from the layout alone: no device sync."""
+    n, c = shard.size, shard.position_ids.shape[1] // (2 * shard.size)
+
+    def column(rank: int, i: int) -> int:  # global column of local token i of `rank` (shard_columns)
+        return rank * c + i if i < c else (2 * n - 1 - rank) * c + i - c
+
     for t in range(0, Tq, Q_TILE):
-        tile = slice(t, t + Q_TILE)
-        yield tile, (q_pos[0][:, tile], q_pos[1][tile])
+        last = column(shard.rank, min(t + Q_TILE, Tq) - 1)
+        for j in range(2):
+            if column(src, j * c) <= last:
+                yield slice(t, t + Q_TILE), slice(j * c, (j + 1) * c)
+
+
+def _merge(out, lse, o, l):
+    """In place on `out` [.., Tq, dv] / `lse` [.., Tq]: lse = log(e^lse + e^l),
+    out = out·e^(lse_old - lse) + o·e^(l - lse); rows still without any visible key stay (0, -inf)."""
+    new = torch.logaddexp(lse, l)
+    seen = torch.isfinite(new)
+    zero = torch.zeros_like(new)
+    out.mul_(torch.where(seen, torch.exp(lse - new), zero)[..., None])
+    out.add_(o * torch.where(seen, torch.exp(l - new), zero)[..., None])
+    lse.copy_(new)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -250,7 +271,9 @@ class _RingAttention(torch.autograd.Function):
         docs = shard.doc_ids
         q_pos = (docs.index_select(1, shard.columns), shard.columns)
         nxt, prev = _ring_peers(shard)
-        out = lse = None
+        B, nkv, rep, Tq, _ = q.shape
+        out = torch.zeros(B, nkv, rep, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.full((B, nkv, rep, Tq), float("-inf"), dtype=torch.float32, device=q.device)
         kv, pending = (k, v), None
         for step in range(shard.size):
             src = (shard.rank - step) % shard.size
@@ -258,16 +281,11 @@ class _RingAttention(torch.autograd.Function):
                 kv = pending.wait()
             if step + 1 < shard.size:  # pass this block on while attending to it
                 pending = _Exchange(kv, nxt, prev, shard.group)
-            k_pos = (docs.index_select(1, shard.columns_of(src)), shard.columns_of(src))
-            parts = [_tile_forward(q[:, :, :, tile], *kv, tp, k_pos, scale) for tile, tp in _tiles(q.shape[3], q_pos)]
-            o_i, l_i = torch.cat([o for o, _ in parts], 3), torch.cat([lo for _, lo in parts], 3)
-            if out is None:  # step 0 is the rank's own block: every query sees at least itself
-                out, lse = o_i, l_i
-                continue
-            # log-sum-exp merge: lse = log(e^lse + e^lse_i), out = out·e^(lse_old-lse) + out_i·e^(lse_i-lse)
-            new = torch.logaddexp(lse, l_i)
-            out = out * torch.exp(lse - new)[..., None] + o_i * torch.exp(l_i - new)[..., None]
-            lse = new
+            k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
+            for tile, ks in _pairs(shard, src, Tq):
+                o, lo = _tile_forward(q[:, :, :, tile], kv[0][:, :, ks], kv[1][:, :, ks],
+                                      (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
+                _merge(out[:, :, :, tile], lse[:, :, :, tile], o, lo)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.shard, ctx.scale = shard, scale
         return out
@@ -294,16 +312,17 @@ class _RingAttention(torch.autograd.Function):
                 pending_kv = _Exchange(kv, nxt, prev, shard.group)
             kb, vb = (t.float() for t in kv)
             dk, dv = (t.clone() for t in dkv)
-            k_pos = (docs.index_select(1, shard.columns_of(src)), shard.columns_of(src))
-            for tile, tp in _tiles(q.shape[3], q_pos):
-                qt, dot = q[:, :, :, tile].float(), dout[:, :, :, tile]
-                # in place where possible: at most ~2 tile-sized [.., Q_TILE, Tk] buffers live at once
-                p = _scores(qt, kb, tp, k_pos, scale).sub_(lse[:, :, :, tile, None]).exp_()  # 0 where masked
-                dv += (p.transpose(-1, -2) @ dot).sum(2)
-                ds = (dot @ vb.transpose(-1, -2)[:, :, None]).sub_(D[:, :, :, tile, None]).mul_(p)
+            k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
+            for tile, ks in _pairs(shard, src, q.shape[3]):
+                qt, dot, kt, vt = q[:, :, :, tile].float(), dout[:, :, :, tile], kb[:, :, ks], vb[:, :, ks]
+                # in place where possible: at most ~2 tile-sized [.., Q_TILE, chunk] buffers live at once
+                p = _scores(qt, kt, (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
+                p = p.sub_(lse[:, :, :, tile, None]).exp_()  # 0 where masked
+                dv[:, :, ks] += (p.transpose(-1, -2) @ dot).sum(2)
+                ds = (dot @ vt.transpose(-1, -2)[:, :, None]).sub_(D[:, :, :, tile, None]).mul_(p)
                 del p
-                dq[:, :, :, tile] += (ds @ kb[:, :, None]) * scale
-                dk += (ds.transpose(-1, -2) @ qt).sum(2) * scale
+                dq[:, :, :, tile] += (ds @ kt[:, :, None]) * scale
+                dk[:, :, ks] += (ds.transpose(-1, -2) @ qt).sum(2) * scale
             # the block's accumulators go on with it; after the last step they go home (to rank src)
             if shard.size > 1:
                 pending_dkv = _Exchange((dk, dv), nxt, prev, shard.group)
