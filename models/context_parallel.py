@@ -39,11 +39,16 @@ Loss and gradients: each rank's loss covers only its tokens, so the parameter gr
 sums; SUM them over the CP group (with data parallelism too: over dp × cp) and normalise the loss by
 the token count of the whole micro-batch, not of the rank's slice.
 
-Measured (project CPU, fp32, gloo, tests/parallel/cp_memory.py: a 2-layer hidden-64 GQA model, one
-row in 4 documents, peak bytes allocated during one forward+backward per rank, torch's CPU memory
-profiler): T=4096: one process 52.3 MiB, ring cp2 46.2, ulysses cp2 28.4; T=8192: 104.3, 92.0,
-56.9. Ring's peak is mostly one query tile's fp32 scores (`Q_TILE`); its time on CPU is ~10× the
-one-process flash kernel (explicit fp32 math, tiles recomputed in backward): 3.7 s vs 0.35 s at 4096.
+Measured (project CPU, 2 shared cores, fp32, gloo; tests/parallel/cp_memory.py: hidden-64 GQA model
+4/2 heads × 16, one row in 4 documents; peak bytes allocated during one forward+backward on rank 0,
+from torch's CPU profiler allocation events):
+                          one process   ring cp2   ulysses cp2
+    T=4096, 2 layers        51.9 MiB    32.6 MiB     30.2 MiB
+    T=8192, 2 layers       103.8 MiB    65.2 MiB     56.4 MiB
+    T=8192, 8 layers       358.1 MiB   192.3 MiB    194.0 MiB
+Ring's extra over Ulysses is one tile's fp32 scores (`Q_TILE`). Time on this CPU: ulysses about the
+one-process time (0.66 s vs 0.76 s at T=8192, 2 layers); ring ~10-15× slower (10.8 s): explicit
+fp32 score math per tile against SDPA's fused kernel. Ring has not yet run on NCCL/GPU.
 """
 
 from __future__ import annotations
@@ -194,7 +199,7 @@ class _Exchange:
         return self.out
 
 
-Q_TILE = 256  # query rows per score tile: the transient scores are [B, nh, Q_TILE, T/size] fp32 (a few copies)
+Q_TILE = 256  # query rows per score tile: transient scores [B, nh, Q_TILE, T/(2·size)] fp32 (~2 copies)
 
 
 def _visible(q_pos, k_pos) -> torch.Tensor:
@@ -335,7 +340,7 @@ def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
     """Ring attention over the CP group (module doc; `_RingAttention`). Step i holds the K/V block
     of rank (rank - i) mod size; per block (out_i, lse_i), merged with the log-sum-exp rule in fp32,
     which is softmax over the union of the blocks. Scores are built Q_TILE queries at a time, so
-    the transient is [B, nh, Q_TILE, T/size] fp32, never [T/size × T]; what backward keeps is this
+    the transient is [B, nh, Q_TILE, T/(2·size)] fp32, never [T/size × T]; what backward keeps is this
     rank's q, k, v, out and lse: activation memory O(T/size). GQA: kv head h // (nh / nkv) serves
     query head h, as SDPA's enable_gqa, by broadcasting (blocks travel at nkv heads)."""
     B, nh, Tq, d = q.shape
