@@ -16,7 +16,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 EPILOG = options.epilog(
-    "Suites: trainer, loss, engine, serve, harness, stability, stability_real, or all. "
+    "Suites: trainer, loss, engine, serve, harness, stability, stability_real, parallel, or all. "
     "The stability suite also writes a PNG next to --out (else in the temp dir).",
     "--model.size tiny|100m|600m (engine suite): a random Qwen3 checkpoint built in the run and cached, no "
     "download (100m: hidden 1024, 8 layers of Qwen3-0.6B's layer shape; 600m: Qwen3-0.6B's shape).",
@@ -121,7 +121,7 @@ def print_compare(cmp: dict[str, Any]) -> None:
 @app.command(epilog=EPILOG)
 @guarded
 def command(
-    suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, stability_real, all."),
+    suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, stability_real, parallel, all."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: about a minute per suite on 2 CPU cores."),
     size: Optional[str] = typer.Option(None, "--size", help="full | quick | tiny (tiny: seconds, for tests; overrides --quick)."),
     as_json: options.Json = False,

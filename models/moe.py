@@ -39,6 +39,9 @@ Two compute paths, chosen per layer (`impl`):
             padded bmm (no zero rows: C is ~1.6x the mean load at random init) and both beat the
             loop (see `bench_moe`). The first CPU grouped_mm call of a process is slow (one-off setup).
 Load-balance statistics accumulate over forwards until `pop_stats()` (see `stats_from_counts`).
+Expert parallelism (models/expert_parallel.py): with `ep` set, this layer's expert weights are one
+rank's block [E/ep, ...] and the forward exchanges assignments with the other ranks of its group
+(`ep.compute`); the compute paths above size themselves by the weights held (gate_up_proj.shape[0]).
 
 Router replay (`--model.router-replay`): the engine records the expert ids each MoE layer picked
 (`RoutingRecorder` switches `record_routing` on; off, the forward does nothing more), and the trainer
@@ -149,6 +152,9 @@ class MoE(nn.Module):
         self.record_routing = False  # keep the last forward's expert ids in `routed` (RoutingRecorder)
         self.routed: torch.Tensor | None = None  # [N, k]
         self.replay: torch.Tensor | None = None  # [N, k] expert ids to use, −1 = own top-k (replay_routing)
+        # expert parallelism (models/expert_parallel.shard_experts): an ExpertShard when this process
+        # holds only a block of the experts; the weights above are then that block [E/ep, ...]
+        self.ep = None
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
         shape = x.shape
@@ -161,7 +167,10 @@ class MoE(nn.Module):
             self.routed = idx
         w = w.to(x.dtype)
         impl = check_impl(self.impl)
-        out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
+        if self.ep is not None:  # the assignments travel to the ranks holding their experts and back
+            out = self.ep.compute(self, flat, w, idx)
+        else:
+            out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:
@@ -184,12 +193,13 @@ class MoE(nn.Module):
     def _loop(self, x, w, idx):
         # unbind once: indexing `param[e]` per expert would make backward build a full-size [E, ...]
         # gradient for every expert
-        none = [None] * self.num_experts
+        E = self.gate_up_proj.shape[0]  # experts held here: E, or E/ep under expert parallelism
+        none = [None] * E
         w1, w2 = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
         b1 = none if self.gate_up_proj_bias is None else self.gate_up_proj_bias.unbind(0)
         b2 = none if self.down_proj_bias is None else self.down_proj_bias.unbind(0)
         out = torch.zeros_like(x)
-        for e in range(self.num_experts):
+        for e in range(E):
             tok, slot = torch.where(idx == e)
             if tok.numel() == 0:
                 continue
@@ -203,7 +213,7 @@ class MoE(nn.Module):
         order = torch.argsort(flat_idx, stable=True)  # assignments grouped by expert
         tok = order // k  # [A] source token of each sorted assignment
         xs = x[tok]  # [A, H]
-        counts = torch.bincount(flat_idx, minlength=self.num_experts)
+        counts = torch.bincount(flat_idx, minlength=self.gate_up_proj.shape[0])  # per expert held here
         grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
         Im = self.down_proj.shape[-1]
         if grouped_mm is not None and _aligned(xs, self.gate_up_proj, self.down_proj) and Im * xs.element_size() % 16 == 0:
@@ -223,11 +233,12 @@ class MoE(nn.Module):
         """xs [A, H] sorted by expert (`experts` [A]) -> expert outputs [A, H] with two batched GEMMs
         over a zero-padded [E, C, H] block (C = the busiest expert's assignment count)."""
         A, H = xs.shape
+        E = self.gate_up_proj.shape[0]
         C = int(counts.max()) if A else 0
         starts = torch.cumsum(counts, 0) - counts  # [E] first sorted row of each expert
         slot = torch.arange(A, device=xs.device) - starts[experts]  # row within its expert's group
         flat_pos = experts * C + slot  # [A] row in the [E*C] padded block
-        block = xs.new_zeros(self.num_experts * C, H).index_copy(0, flat_pos, xs).view(self.num_experts, C, H)
+        block = xs.new_zeros(E * C, H).index_copy(0, flat_pos, xs).view(E, C, H)
         h = torch.bmm(block, self.gate_up_proj.transpose(1, 2))  # [E, C, 2Im]
         if self.gate_up_proj_bias is not None:
             h = h + self.gate_up_proj_bias[:, None]

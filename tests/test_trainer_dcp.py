@@ -70,7 +70,7 @@ def test_sharded_checkpoint_resumes_with_the_same_and_another_world_size(tmp_pat
     shards = sorted(p.name for p in (ck / "dcp").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards
     trainer = json.loads((ck / "trainer.json").read_text())
-    assert "model" not in trainer and "optimizer" not in trainer and trainer["sharded"] == {"world_size": 2}
+    assert "model" not in trainer and "optimizer" not in trainer and trainer["sharded"] == {"world_size": 2, "ep": 1, "cp": 1}
     assert trainer["param_groups"][0]["params"][0] == "model.embed_tokens.weight"  # plain data, not in dcp/
     assert json.loads((ck / "rollout.json").read_text()), "the snapshot batch 3 is generated from"
 

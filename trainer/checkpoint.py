@@ -178,11 +178,14 @@ def save_sharded(run_dir: Path, step: int, learner, snapshots: dict[int, dict], 
         tmp = _begin(run_dir, step)
     distributed.barrier(d)
     model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)
-    dcp.save({"model": model_state, "optimizer": {"state": optim_state["state"]}}, checkpoint_id=str(tmp / SHARDED))
+    view = learner.mesh.checkpoint_view  # expert blocks as DTensors over ep: a later run may use another ep
+    dcp.save({"model": view(model_state), "optimizer": {"state": view(optim_state["state"])}},
+             checkpoint_id=str(tmp / SHARDED))
     final = root(run_dir) / f"step_{step}"
     if d.is_main:
+        layout = learner.mesh.layout
         trainer = {"scheduler": learner.scheduler.state_dict(), "param_groups": optim_state["param_groups"],
-                   "sharded": {"world_size": d.world_size}}
+                   "sharded": {"world_size": d.world_size, "ep": layout.ep, "cp": layout.cp}}
         _finish(run_dir, step, tmp, trainer, snapshots, progress, keep_last)
     distributed.barrier(d)
     return final
@@ -198,7 +201,8 @@ def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)  # also creates AdamW's state
-    state = {"model": model_state, "optimizer": {"state": optim_state["state"]}}
+    view = learner.mesh.checkpoint_view  # DTensor views of the expert blocks: DCP reshards them in place
+    state = {"model": view(model_state), "optimizer": {"state": view(optim_state["state"])}}
     saved_world, d = restore["sharded"]["world_size"], learner.d
     try:
         with _quiet_dcp():
@@ -210,8 +214,8 @@ def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
                          hint="if the checkpoint is damaged, resume from an older one (delete this step dir)"
                          + (f"; else resume with the number of processes that saved it (torchrun --nproc_per_node "
                             f"{saved_world})" if saved_world != d.world_size else "")) from None
-    set_state_dict(learner.policy, learner.optimizer, model_state_dict=state["model"],
-                   optim_state_dict={"state": state["optimizer"]["state"], "param_groups": restore["param_groups"]})
+    set_state_dict(learner.policy, learner.optimizer, model_state_dict=model_state,
+                   optim_state_dict={"state": optim_state["state"], "param_groups": restore["param_groups"]})
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vf.config import EngineConfig, SamplingConfig, SelectConfig, deep_merge, validate
 from vf.errors import ConfigError
@@ -107,6 +107,29 @@ class TrainerSection(_Section):
     per micro-batch (one layer's activations, not all of them) for about one more layer forward."""
     threads: int | None = Field(None, gt=0)
     """torch threads (None: leave torch's default)."""
+
+
+class ParallelSection(_Section):
+    """`--parallel.*`: how torchrun's processes split the model and the batch (trainer/parallel.py,
+    docs/parallelism.md). world size = dp_shard × cp; experts are split over `ep` ranks drawn from
+    the same processes. Without torchrun every dimension is 1."""
+
+    dp_shard: int | Literal["auto"] = "auto"
+    """Data-parallel ranks (FSDP2 shards parameters over dp_shard × cp). auto: world size / cp."""
+    ep: int | Literal["auto"] = 1
+    """Expert-parallel ranks: each holds num_experts / ep experts of every MoE layer. auto: the
+    largest divisor of the world size that divides the expert count (1 for a dense model)."""
+    cp: int = Field(1, gt=0)
+    """Context-parallel ranks: each row's tokens are split over cp ranks (load-balanced causal split)."""
+    cp_style: Literal["ring", "ulysses"] = "ring"
+    """ring: K/V blocks travel around the cp ranks; ulysses: all-to-all to a head split and back."""
+
+    @field_validator("dp_shard", "ep")
+    @classmethod
+    def _positive(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("must be a positive integer or 'auto'")
+        return v
 
 
 class OrchestratorSection(_Section):
@@ -230,6 +253,7 @@ class TrainConfig(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     drift: DriftSection = Field(default_factory=DriftSection)
     exchange: ExchangeSection = Field(default_factory=ExchangeSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
     steps: int = Field(30, ge=0)
     """RL (or SFT-on-data) optimizer steps, after the warm-up; a resumed run trains up to it."""
     seed: int = 0

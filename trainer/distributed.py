@@ -53,16 +53,17 @@ def init(device: str = "cpu") -> Dist:
     return Dist(rank, world, device)
 
 
-def shard(policy, d: Dist):
+def shard(policy, d: Dist, ignored: set | None = None):
     """FSDP2: shard every decoder layer, then the root `PolicyLogprobs` wrapper (which holds the
-    embedding, final norm and the tied LM head, unsharded inside its forward)."""
+    embedding, final norm and the tied LM head, unsharded inside its forward). `ignored`: the
+    expert blocks of expert parallelism, already split over the ep ranks (trainer/parallel.py)."""
     if not d.enabled:
         return policy
     from torch.distributed.fsdp import fully_shard
 
     for layer in policy.model.layers:
-        fully_shard(layer)
-    fully_shard(policy)
+        fully_shard(layer, ignored_params=ignored or None)
+    fully_shard(policy, ignored_params=ignored or None)
     return policy
 
 
@@ -113,18 +114,24 @@ class GatherMeter:
 METER = GatherMeter()
 
 
-def stream_state(policy, d: Dist) -> Iterator[tuple[str, dict[str, Any]]]:
+def stream_state(policy, d: Dist, full=None) -> Iterator[tuple[str, dict[str, Any]]]:
     """The native model's parameters (own names), one group (`param_group`: a decoder layer, the
     embedding, ...) at a time. Under FSDP each parameter is gathered (`DTensor.full_tensor`, a
     collective: every rank must iterate the whole stream, in step) and a group's tensors are
     released when the consumer asks for the next one (the yielded dict is emptied), so a rank holds
     about one layer, never the whole model. Without FSDP the tensors are views of the live
-    parameters: consume them before the next optimizer step (copy what must outlive it)."""
+    parameters: consume them before the next optimizer step (copy what must outlive it). `full(name,
+    p)` gathers a parameter FSDP does not own (an expert block, `parallel.Mesh.full_param`)."""
     import torch
 
-    def gather(p):
+    def gather(name, p):
         if not hasattr(p, "full_tensor"):
-            return p.detach()
+            if full is None:
+                return p.detach()
+            t = full(name, p)
+            if t is not p:
+                METER.track(t)
+            return t.detach()
         t = p.detach().full_tensor()
         METER.track(t)
         return t
@@ -139,7 +146,7 @@ def stream_state(policy, d: Dist) -> Iterator[tuple[str, dict[str, Any]]]:
                 group.clear()  # the consumer's reference too: the tensors go before the next gather
                 group = {}
             current = key
-            group[name] = gather(p)
+            group[name] = gather(name, p)
         if group:
             yield current, group
             group.clear()

@@ -3,7 +3,8 @@ schedule and losses, with the two things the loop asks of it: one optimizer step
 (`step`) and the weights of the current policy, streamed a layer at a time (`stream_state`, a
 collective under torchrun).
 
-Built from the config's `model`, `trainer`, `optim`, `warmup` (its LR phase) and `loss` sections.
+Built from the config's `model`, `trainer`, `optim`, `warmup` (its LR phase), `loss` and
+`parallel` (the torchrun layout: expert and context parallelism, trainer/parallel.py) sections.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vf.trainer import distributed
+from vf.trainer import distributed, parallel
 from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import count_loss_tokens, micro_batches
@@ -44,6 +45,7 @@ class Learner:
     policy: Any  # PolicyLogprobs over `model`, sharded under torchrun
     optimizer: Any
     scheduler: Any
+    mesh: parallel.Mesh
 
     @classmethod
     def build(cls, config: TrainConfig, d: distributed.Dist, restore: dict[str, Any] | None = None,
@@ -75,22 +77,29 @@ class Learner:
                 raise UsageError(f"--model.router-replay needs a MoE model; {m.path} "
                                  "has no MoE layers of vf's MoE runtime",
                                  hint="drop --model.router-replay, or train a MoE family with --model.impl native")
+        layout = parallel.plan(config.parallel, d.world_size, d.rank, model.config)
+        if d.enabled:
+            say(layout.describe())
+        mesh = parallel.Mesh.build(layout, d.device)
+        expert_blocks = mesh.shard_experts(model)  # before FSDP: it must leave them alone
         embedding_grad_in_place(model, distributed=d.enabled)
         if m.compile:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
-        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay), d)
+        policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay),
+                                   d, ignored=expert_blocks)
         optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None
         scheduler = make_scheduler(optimizer, o.scheduler, o.warmup_steps, config.total_steps, phases)
-        learner = cls(config, d, path, tokenizer, model, policy, optimizer, scheduler)
+        learner = cls(config, d, path, tokenizer, model, policy, optimizer, scheduler, mesh)
         if restore is not None:
             from vf.trainer import checkpoint
 
             if "sharded" in restore:
                 checkpoint.load_sharded(restore["path"], learner, restore)
             else:
-                distributed.load_optimizer_state(policy, optimizer, restore["optimizer"], d)
+                names = [name for name, _ in policy.named_parameters()]
+                distributed.load_optimizer_state(policy, optimizer, mesh.cut_optimizer_state(restore["optimizer"], names), d)
             scheduler.load_state_dict(restore["scheduler"])
             checkpoint.set_rng_state(restore["rng"])
         return learner
@@ -104,18 +113,20 @@ class Learner:
         c = self.config
         loss, params = (losses.get(c.loss.name), dict(c.loss.params)) if rl else (losses.get("sft"), {})
         n_tokens = count_loss_tokens(batch.samples, c.trainer.seq_len, needs_logprobs=rl)
+        layout = self.mesh.layout  # the cp ranks of one data-parallel rank take the same rows, each its columns
         mbs = micro_batches(batch.samples, c.trainer.seq_len, c.trainer.micro_batch_size,
-                            pad_id=self.tokenizer.pad_token_id or 0, rank=self.d.rank, world_size=self.d.world_size,
+                            pad_id=self.tokenizer.pad_token_id or 0, rank=layout.dp_rank, world_size=layout.dp_shard,
                             image_token_id=getattr(self.model.config, "image_token_id", None))
+        mbs = [self.mesh.local_batch(mb) for mb in mbs]
         result = train_step(self.policy, self.optimizer, self.scheduler, mbs, loss, params, n_tokens,
                             temperature=float(c.sampling.temperature) if rl else 1.0, grad_clip=c.optim.grad_clip,
-                            world_size=self.d.world_size)
+                            world_size=self.d.world_size, mesh=self.mesh)
         return result, n_tokens
 
     def stream_state(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The policy's weights a group (a decoder layer, the embedding, ...) at a time, what the
         weight pushers take (see `distributed.stream_state`: a collective under torchrun)."""
-        return distributed.stream_state(self.policy, self.d)
+        return distributed.stream_state(self.policy, self.d, full=self.mesh.full_param)
 
     def with_weights(self, use: Callable[[Iterator], Any] | None) -> Any:
         """`use(stream)` on the rank that consumes the weights (None elsewhere), every rank taking

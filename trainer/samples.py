@@ -182,7 +182,9 @@ def pack(samples: list[Sample], seq_len: int, image_token_id: int | None = None)
 class MicroBatch:
     """Tensors [R, T]: inputs, position ids, targets, loss mask, inference log-probs, advantages;
     `images`: the image references of its rows in row-major token order (VL models);
-    `routed_experts` [R, T, L, k] int64 (router replay; −1 = route normally) or None."""
+    `routed_experts` [R, T, L, k] int64 (router replay; −1 = route normally) or None;
+    `context`: under context parallelism, the `ContextShard` whose columns these are (the tensors
+    are then this rank's columns of the rows, see `parallel.Mesh.local_batch`)."""
 
     input_ids: Any
     position_ids: Any
@@ -192,6 +194,7 @@ class MicroBatch:
     advantages: Any
     images: list[str] = field(default_factory=list)
     routed_experts: Any = None
+    context: Any = None
 
     @property
     def num_tokens(self) -> int:

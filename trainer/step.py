@@ -1,6 +1,6 @@
 """One optimizer step over one global batch.
 
-    for each of this rank's micro-batches:
+    for each of this rank's micro-batches (under context parallelism: its columns of the rows):
         hidden = model(input_ids, position_ids)                    packed rows, attention within documents
                   (router replay: MoE layers take the engine's expert ids, `moe.replay_routing`)
         per-token loss (every built-in), fused into the LM head on the loss tokens only:
@@ -9,7 +9,8 @@
           logπ = chunked_logprobs(hidden, lm_head_weight, targets, T)    (no [tokens, V] logits)
           loss = loss_fn(logπ, logμ, A, loss_mask)                      Σ over loss tokens
         backward(loss · world_size / N_global)                      gradient accumulation
-    clip grad norm; optimizer.step() unless logits/gradients went non-finite; scheduler.step()
+    (expert parallelism: expert-block grads summed over their replicas, `parallel.Mesh.finish_grads`)
+    clip grad norm (global over all shards); optimizer.step() unless logits/gradients went non-finite; scheduler.step()
 
 N_global is the loss-token count of the whole step (all micro-batches of all ranks), counted
 before the forward pass, so the step is the token mean over the global batch whatever the
@@ -25,6 +26,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from vf.models.context_parallel import context_parallel
+from vf.models.expert_parallel import global_moe_stats
 from vf.models.moe import moe_stats, replay_routing
 from vf.trainer.logprobs import FUSED_BLOCK_ELEMENTS, chunked_logprobs, fused_head_loss
 from vf.trainer.losses import Loss, Stat, merge_stats, stat_value
@@ -115,7 +118,7 @@ def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], lo
     fused = getattr(policy, "fused_loss", False) and loss_fn.per_token
     replay = getattr(policy, "router_replay", False)
     for mb in micro_batches:
-        with replay_routing(policy.model, mb.routed_experts if replay else None):  # forward and backward
+        with replay_routing(policy.model, mb.routed_experts if replay else None), context_parallel(mb.context):
             total += _forward_backward_one(policy, mb, loss_fn, loss_params, scale, temperature, fused, stats)
     return total, stats
 
@@ -149,22 +152,24 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
 
 def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list[MicroBatch], loss_fn: Loss,
                loss_params: dict, num_loss_tokens: int, temperature: float = 1.0, grad_clip: float = 1.0,
-               world_size: int = 1) -> StepResult:
+               world_size: int = 1, mesh=None) -> StepResult:
     """One full optimizer step. With world_size > 1 every rank calls it with its own micro-batches
     and the same global `num_loss_tokens`; loss and metrics come back reduced over all ranks.
 
     NaN/inf in the logits of a loss token (counted in `nonfinite_logits`) or in the gradient norm
     skips the update: the gradients are dropped, the optimizer does not step (the LR schedule
-    does, so it stays aligned with the step index), `skipped_step` = 1 in the metrics."""
+    does, so it stays aligned with the step index), `skipped_step` = 1 in the metrics. `mesh`
+    (trainer/parallel.py) finishes the gradients under torchrun."""
     t0 = time.perf_counter()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
     moe_stats(policy.model)  # drop routing counts of forwards outside this step
     total, stats = forward_backward(policy, micro_batches, loss_fn, loss_params, num_loss_tokens,
                                     temperature, world_size)
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
-    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-        grad_norm = grad_norm.full_tensor()
+    if mesh is not None:  # torchrun: expert blocks reduced over their replicas, the norm over all shards
+        grad_norm = mesh.finish_grads(policy, grad_clip)
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
     merged = merge_stats(stats)
     if world_size > 1:
         from vf.trainer.distributed import all_reduce_stats, all_reduce_sum
@@ -172,7 +177,8 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
         total = all_reduce_sum(total)
         merged = all_reduce_stats(merged)
     metrics = {k: stat_value(v) for k, v in merged.items()}
-    metrics.update(moe_stats(policy.model))  # MoE load balance of this step (this rank's tokens)
+    # MoE load balance of this step, over every rank's tokens
+    metrics.update(global_moe_stats(policy.model) if world_size > 1 else moe_stats(policy.model))
     skipped = metrics.get("nonfinite_logits", 0) > 0 or not math.isfinite(float(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)

@@ -3,7 +3,7 @@
     from vf.bench import SUITES, run_suite
     result = run_suite("loss", size="quick")      # one suite's record (see vf.bench.common)
 
-Suites (one module each): trainer, loss, engine, serve, harness, stability, stability_real. Sizes: "full" (the
+Suites (one module each): trainer, loss, engine, serve, harness, stability, stability_real, parallel. Sizes: "full" (the
 recorded numbers), "quick" (about a minute per suite on 2 CPU cores; the CI smoke test), "tiny"
 (seconds; for the CLI's own tests, no meaningful figures). Importing this package does not
 import torch; every measurement runs in a child process.
@@ -23,6 +23,7 @@ SUITES: dict[str, str] = {
                 "harnesses and whole vf-eval processes vs verifiers 0.4.0"),
     "stability": "a short RL run with injected drift/staleness under ipo/icepop/ppo/cispo/no-mask",
     "stability_real": "the same losses with real drift: a bf16 engine, staleness up to 64 steps, a higher LR",
+    "parallel": "per-rank memory at context parallel 2 vs 1 and expert parallel 2 vs 1, tokens/s, all-to-all time",
 }
 SIZES = ("full", "quick", "tiny")
 
