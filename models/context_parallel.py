@@ -39,11 +39,16 @@ Loss and gradients: each rank's loss covers only its tokens, so the parameter gr
 sums; SUM them over the CP group (with data parallelism too: over dp × cp) and normalise the loss by
 the token count of the whole micro-batch, not of the rank's slice.
 
-Measured (project CPU, fp32, gloo, tests/parallel/cp_memory.py: a 2-layer hidden-64 GQA model, one
-row in 4 documents, peak bytes allocated during one forward+backward per rank, torch's CPU memory
-profiler): T=4096: one process 52.3 MiB, ring cp2 46.2, ulysses cp2 28.4; T=8192: 104.3, 92.0,
-56.9. Ring's peak is mostly one query tile's fp32 scores (`Q_TILE`); its time on CPU is ~10× the
-one-process flash kernel (explicit fp32 math, tiles recomputed in backward): 3.7 s vs 0.35 s at 4096.
+Measured (project CPU, 2 shared cores, fp32, gloo; tests/parallel/cp_memory.py: hidden-64 GQA model
+4/2 heads × 16, one row in 4 documents; peak bytes allocated during one forward+backward on rank 0,
+from torch's CPU profiler allocation events):
+                          one process   ring cp2   ulysses cp2
+    T=4096, 2 layers        51.9 MiB    32.6 MiB     30.2 MiB
+    T=8192, 2 layers       103.8 MiB    65.2 MiB     56.4 MiB
+    T=8192, 8 layers       358.1 MiB   192.3 MiB    194.0 MiB
+Ring's extra over Ulysses is one tile's fp32 scores (`Q_TILE`). Time on this CPU: ulysses about the
+one-process time (0.66 s vs 0.76 s at T=8192, 2 layers); ring ~10-15× slower (10.8 s): explicit
+fp32 score math per tile against SDPA's fused kernel. Ring has not yet run on NCCL/GPU.
 """
 
 from __future__ import annotations
@@ -56,7 +61,6 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
-from torch.utils.checkpoint import checkpoint
 from vf.models.layers import CONTEXT_SHARD, Documents, ShardedMask, sdpa
 
 from vf.errors import UsageError
@@ -169,8 +173,10 @@ class ShardedAttention(ShardedMask):
 # ---- ring -----------------------------------------------------------------------------------------
 
 
-def _ring_peers(shard: ContextShard) -> tuple[int, int]:
-    """Global ranks of (next, previous) in the CP ring."""
+def _ring_peers(shard: ContextShard) -> tuple[int, int] | tuple[None, None]:
+    """Global ranks of (next, previous) in the CP ring (None for a ring of one: nothing to send)."""
+    if shard.size == 1:
+        return None, None
     return (dist.get_global_rank(shard.group, (shard.rank + 1) % shard.size),
             dist.get_global_rank(shard.group, (shard.rank - 1) % shard.size))
 
@@ -193,98 +199,153 @@ class _Exchange:
         return self.out
 
 
-class _RingPass(torch.autograd.Function):
-    """Forward: the tensors passed one step round the ring (sent to rank+1, received from rank-1),
-    by an `_Exchange` already started on exactly these `tensors`. Backward: the gradients go the
-    opposite way (the gradient of what we received belongs to its sender). Every rank runs the same
-    graph, so sends and receives pair up in backward as in forward."""
-
-    @staticmethod
-    def forward(ctx, shard: ContextShard, exchange: _Exchange, *tensors):
-        ctx.group, ctx.shapes = shard.group, [(t.shape, t.dtype, t.device) for t in tensors]
-        ctx.peers = _ring_peers(shard)
-        return tuple(exchange.wait())
-
-    @staticmethod
-    def backward(ctx, *grads):
-        # an output nobody used still has to answer its sender's receive: send zeros
-        grads = [torch.zeros(*sh, dtype=dt, device=dev) if g is None else g for g, (sh, dt, dev) in zip(grads, ctx.shapes)]
-        return (None, None, *_Exchange(grads, ctx.peers[1], ctx.peers[0], ctx.group).wait())
+Q_TILE = 256  # query rows per score tile: transient scores [B, nh, Q_TILE, T/(2·size)] fp32 (~2 copies)
 
 
-Q_TILE = 256  # query rows per score tile: the transient scores are [B, nh, Q_TILE, T/size] fp32 (a few copies)
-
-
-def _tile(q, k, v, q_pos, k_pos, scale):
-    """One tile of queries against one block of keys. q [B, nkv, rep, Tq, d] (query head g·rep + j
-    is q[:, g, j]: GQA's h // rep), k/v [B, nkv, Tk, d|dv]; q_pos/k_pos = (document ids [B, T*],
-    global columns [T*]). Visible: same document and key column <= query column. Returns (out fp32
-    [B, nkv, rep, Tq, dv] normalised over this block, lse fp32 [B, nkv, rep, Tq]); a query that sees
-    no key of the block gets lse -inf and out 0, with finite gradients."""
+def _visible(q_pos, k_pos) -> torch.Tensor:
+    """bool [B, 1, 1, Tq, Tk]: same document and key column <= query column. q_pos/k_pos =
+    (document ids [B, T*], global columns [T*])."""
     (q_docs, q_cols), (k_docs, k_cols) = q_pos, k_pos
-    visible = (q_docs[:, :, None] == k_docs[:, None, :]) & (k_cols[None, :] <= q_cols[:, None])  # [B, Tq, Tk]
-    s = (q.float() @ k.float().transpose(-1, -2)[:, :, None]) * scale  # [B, nkv, rep, Tq, Tk]
-    s = s.masked_fill(~visible[:, None, None], float("-inf"))
+    return ((q_docs[:, :, None] == k_docs[:, None, :]) & (k_cols[None, :] <= q_cols[:, None]))[:, None, None]
+
+
+def _scores(q, k, q_pos, k_pos, scale) -> torch.Tensor:
+    """fp32 [B, nkv, rep, Tq, Tk], -inf where not visible. q [B, nkv, rep, Tq, d] (query head
+    g·rep + j is q[:, g, j]: GQA's h // rep), k [B, nkv, Tk, d]."""
+    s = (q.float() @ k.float().transpose(-1, -2)[:, :, None]) * scale
+    return s.masked_fill(~_visible(q_pos, k_pos), float("-inf"))
+
+
+def _tile_forward(q, k, v, q_pos, k_pos, scale):
+    """One tile of queries against one block: (out fp32 [B, nkv, rep, Tq, dv] normalised over the
+    block, lse fp32 [B, nkv, rep, Tq]; -inf and out 0 for a query that sees no key of the block)."""
+    s = _scores(q, k, q_pos, k_pos, scale)
     m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()  # any constant works: it cancels
-    p = torch.exp(s - m)  # 0 where masked
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # any finite shift works: it cancels
+    p = s.sub_(m).exp_()  # in place (one tile-sized buffer less); 0 where masked
     denom = p.sum(-1, keepdim=True)
     seen = denom > 0
-    safe = torch.where(seen, denom, torch.ones_like(denom))
-    out = (p @ v.float()[:, :, None]) / safe
-    lse = torch.where(seen, m + torch.log(safe), torch.full_like(m, float("-inf")))
+    out = (p @ v.float()[:, :, None]) / torch.where(seen, denom, torch.ones_like(denom))
+    lse = torch.where(seen, m + torch.log(denom), torch.full_like(m, float("-inf")))
     return out, lse.squeeze(-1)
 
 
-def _block(q, k, v, q_pos, k_pos, scale):
-    """`_tile` over the query rows Q_TILE at a time, each tile recomputed in backward
-    (torch.utils.checkpoint): what stays alive is the inputs and the [.., Tq, dv] outputs, and
-    the scores of one tile at a time, forward and backward."""
-    grad = torch.is_grad_enabled()
-    outs, lses = [], []
-    for t in range(0, q.shape[3], Q_TILE):
-        tile = slice(t, t + Q_TILE)
-        args = (q[:, :, :, tile], k, v, (q_pos[0][:, tile], q_pos[1][tile]), k_pos, scale)
-        o, l = checkpoint(_tile, *args, use_reentrant=False) if grad else _tile(*args)
-        outs.append(o)
-        lses.append(l)
-    return torch.cat(outs, 3), torch.cat(lses, 3)
+def _pairs(shard: ContextShard, src: int, Tq: int):
+    """(query tile, key chunk) slices of this rank's queries × rank `src`'s block that causality
+    leaves anything visible in: Q_TILE query rows against each of the block's two chunks, skipping
+    a chunk that starts after the tile's last query column (about half of all pairs in the
+    load-balanced layout). Decided from the layout alone: no device sync."""
+    n, c = shard.size, shard.position_ids.shape[1] // (2 * shard.size)
+
+    def column(rank: int, i: int) -> int:  # global column of local token i of `rank` (shard_columns)
+        return rank * c + i if i < c else (2 * n - 1 - rank) * c + i - c
+
+    for t in range(0, Tq, Q_TILE):
+        last = column(shard.rank, min(t + Q_TILE, Tq) - 1)
+        for j in range(2):
+            if column(src, j * c) <= last:
+                yield slice(t, t + Q_TILE), slice(j * c, (j + 1) * c)
+
+
+def _merge(out, lse, o, l):
+    """In place on `out` [.., Tq, dv] / `lse` [.., Tq]: lse = log(e^lse + e^l),
+    out = out·e^(lse_old - lse) + o·e^(l - lse); rows still without any visible key stay (0, -inf)."""
+    new = torch.logaddexp(lse, l)
+    seen = torch.isfinite(new)
+    zero = torch.zeros_like(new)
+    out.mul_(torch.where(seen, torch.exp(lse - new), zero)[..., None])
+    out.add_(o * torch.where(seen, torch.exp(l - new), zero)[..., None])
+    lse.copy_(new)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention with a flash-style backward: saves only this rank's q, k, v, the output and
+    its log-sum-exp, and in backward sends K/V round the ring again, now with their gradient
+    accumulators dK/dV travelling alongside (each rank adds its queries' part), which arrive back
+    at their owner after one more step. Per visible (query i, key j), with P = exp(S - lse):
+
+        dV_j += Σ_i P_ij dO_i,   dS_ij = P_ij (dO_i·V_j - D_i),  D_i = dO_i·O_i,
+        dQ_i += scale Σ_j dS_ij K_j,   dK_j += scale Σ_i dS_ij Q_i
+
+    (the softmax gradient written with the final output and lse, so no per-block state is kept).
+    Communication: forward size-1 K/V steps; backward size-1 K/V steps and size dK/dV steps. Each
+    block is sent before it is attended to, so the transfer overlaps the compute."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, shard: ContextShard, scale: float):
+        docs = shard.doc_ids
+        q_pos = (docs.index_select(1, shard.columns), shard.columns)
+        nxt, prev = _ring_peers(shard)
+        B, nkv, rep, Tq, _ = q.shape
+        out = torch.zeros(B, nkv, rep, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.full((B, nkv, rep, Tq), float("-inf"), dtype=torch.float32, device=q.device)
+        kv, pending = (k, v), None
+        for step in range(shard.size):
+            src = (shard.rank - step) % shard.size
+            if step:
+                kv = pending.wait()
+            if step + 1 < shard.size:  # pass this block on while attending to it
+                pending = _Exchange(kv, nxt, prev, shard.group)
+            k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
+            for tile, ks in _pairs(shard, src, Tq):
+                o, lo = _tile_forward(q[:, :, :, tile], kv[0][:, :, ks], kv[1][:, :, ks],
+                                      (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
+                _merge(out[:, :, :, tile], lse[:, :, :, tile], o, lo)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.shard, ctx.scale = shard, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        shard, scale = ctx.shard, ctx.scale
+        docs = shard.doc_ids
+        q_pos = (docs.index_select(1, shard.columns), shard.columns)
+        nxt, prev = _ring_peers(shard)
+        dout = dout.float()
+        D = (dout * out).sum(-1)  # [B, nkv, rep, Tq]
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = (k, v)
+        dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+               torch.zeros(v.shape, dtype=torch.float32, device=v.device))
+        pending_kv = pending_dkv = None
+        for step in range(shard.size):
+            src = (shard.rank - step) % shard.size
+            if step:
+                kv, dkv = pending_kv.wait(), pending_dkv.wait()
+            if step + 1 < shard.size:
+                pending_kv = _Exchange(kv, nxt, prev, shard.group)
+            kb, vb = (t.float() for t in kv)
+            dk, dv = (t.clone() for t in dkv)
+            k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
+            for tile, ks in _pairs(shard, src, q.shape[3]):
+                qt, dot, kt, vt = q[:, :, :, tile].float(), dout[:, :, :, tile], kb[:, :, ks], vb[:, :, ks]
+                # in place where possible: at most ~2 tile-sized [.., Q_TILE, chunk] buffers live at once
+                p = _scores(qt, kt, (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
+                p = p.sub_(lse[:, :, :, tile, None]).exp_()  # 0 where masked
+                dv[:, :, ks] += (p.transpose(-1, -2) @ dot).sum(2)
+                ds = (dot @ vt.transpose(-1, -2)[:, :, None]).sub_(D[:, :, :, tile, None]).mul_(p)
+                del p
+                dq[:, :, :, tile] += (ds @ kt[:, :, None]) * scale
+                dk[:, :, ks] += (ds.transpose(-1, -2) @ qt).sum(2) * scale
+            # the block's accumulators go on with it; after the last step they go home (to rank src)
+            if shard.size > 1:
+                pending_dkv = _Exchange((dk, dv), nxt, prev, shard.group)
+        if pending_dkv is not None:
+            dk, dv = pending_dkv.wait()
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
-    """Ring attention over the CP group (module doc). Step i holds the K/V block of rank
-    (rank - i) mod size; per block (out_i, lse_i) and the running merge
-
-        lse = log(e^lse + e^lse_i),   out = out · e^(lse_old - lse) + out_i · e^(lse_i - lse)
-
-    in fp32, which is softmax over the union of the blocks. Scores are built a tile of queries at
-    a time and recomputed in backward (`_block`), so a rank keeps its queries' outputs and the K/V
-    blocks, never a [T/size × T] score matrix. GQA: kv head h // (nh / nkv) serves query head h,
-    as SDPA's enable_gqa, by broadcasting (the blocks travel and stay at nkv heads). The merge
-    keeps autograd's saved tensors per step ([B, nh, T/size, dv] fp32); a fused flash-style
-    backward (one custom Function re-running the ring) would keep only the final out and lse."""
+    """Ring attention over the CP group (module doc; `_RingAttention`). Step i holds the K/V block
+    of rank (rank - i) mod size; per block (out_i, lse_i), merged with the log-sum-exp rule in fp32,
+    which is softmax over the union of the blocks. Scores are built Q_TILE queries at a time, so
+    the transient is [B, nh, Q_TILE, T/(2·size)] fp32, never [T/size × T]; what backward keeps is this
+    rank's q, k, v, out and lse: activation memory O(T/size). GQA: kv head h // (nh / nkv) serves
+    query head h, as SDPA's enable_gqa, by broadcasting (blocks travel at nkv heads)."""
     B, nh, Tq, d = q.shape
     nkv = k.shape[1]
-    scale = 1.0 / math.sqrt(d)
-    docs = shard.doc_ids
-    q_pos = (docs.index_select(1, shard.columns), shard.columns)
-    qg = q.view(B, nkv, nh // nkv, Tq, d)
-    out = lse = None
-    kv, pending = (k, v), None
-    for step in range(shard.size):
-        src = (shard.rank - step) % shard.size
-        if step:  # the block sent last step has arrived; none is sent after the last step, so every one is used
-            kv = _RingPass.apply(shard, pending, *kv)
-        if step + 1 < shard.size:  # start passing this block on before attending to it (overlap)
-            pending = _Exchange(kv, *_ring_peers(shard), shard.group)
-        k_cols = shard.columns_of(src)
-        o_i, l_i = _block(qg, *kv, q_pos, (docs.index_select(1, k_cols), k_cols), scale)
-        if out is None:  # step 0 is the rank's own block: every query sees at least itself
-            out, lse = o_i, l_i
-            continue
-        new = torch.logaddexp(lse, l_i)
-        out = out * torch.exp(lse - new)[..., None] + o_i * torch.exp(l_i - new)[..., None]
-        lse = new
+    out = _RingAttention.apply(q.view(B, nkv, nh // nkv, Tq, d), k, v, shard, 1.0 / math.sqrt(d))
     return out.reshape(B, nh, Tq, -1).to(q.dtype)
 
 
@@ -320,7 +381,7 @@ def ulysses_attention(q, k, v, shard: ContextShard, documents: Documents) -> tor
     nh, nkv, n = q.shape[1], k.shape[1], shard.size
     if nh % n:
         raise UsageError(f"ulysses context parallelism over {n} ranks needs the head count ({nh}) to be a "
-                         "multiple of it", hint="use --cp-style ring, or a CP size dividing the head count")
+                         "multiple of it", hint="use the ring style, or a CP size dividing the head count")
     if nkv % n:
         k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))
     out = sdpa(_seq_to_heads(q, shard), _seq_to_heads(k, shard), _seq_to_heads(v, shard), documents)
