@@ -282,3 +282,17 @@ def test_program_case_peer_still_gives_the_recorded_figures():
     peer = res["peer"]
     assert {k: peer[k] for k in PEER_PROGRAM} == PEER_PROGRAM
     assert peer["setup_ms"] > 0 and peer["command_wall_s"] > peer["span_s"] > 0
+
+
+def test_parallel_suite_measures_per_rank_memory_under_torchrun():
+    """`vf-bench parallel --size tiny`: real torchrun workers; ep 2 holds half the expert bytes per
+    rank and spends time in all-to-all, cp 2 allocates less per rank than one process."""
+    from vf.bench import run_suite
+
+    doc = run_suite("parallel", size="tiny")
+    cases = {c["name"].split("/")[0]: c for c in doc["cases"]}
+    ep = cases["ep2"]
+    assert ep["ratios"]["expert_memory"]["value"] == 0.5 and ep["ratios"]["expert_memory"]["met"]
+    assert ep["ours"]["all_to_all_s_per_step"] > 0 and ep["ref"]["all_to_all_s"] == 0
+    cp = cases["cp2-ring"]
+    assert 0 < cp["ratios"]["memory"]["value"] < 1, cp

@@ -4,9 +4,8 @@
 
 STYLE none (one process, the plain model) | ring | ulysses. A tiny-width dense GQA model (hidden 64,
 4 q / 2 kv heads × 16, 2 layers, vocab 96) on one row of T tokens in 4 documents; loss = the sum of
-the next-token log-probs of this rank's tokens. Measured with torch's CPU memory profiler:
-`torch.profiler.profile(profile_memory=True)` around the forward+backward, then the peak of the
-running sum of its allocation events (`peak_allocated`): bytes allocated inside the step that are
+the next-token log-probs of this rank's tokens. Measured with torch's CPU memory profiler
+(`vf.bench.common.peak_allocated_mib`): bytes allocated inside the step that are
 live at once (parameters, made before, are not in it; their gradients are). tracemalloc cannot
 see these: torch's CPU allocator bypasses Python's.
 Rank 0 prints one JSON line (with the wall time of an unprofiled step before it).
@@ -21,31 +20,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._C._profiler import _EventType
-from torch.profiler import ProfilerActivity, profile
+from vf.bench.common import peak_allocated_mib
 from vf.models import context_parallel as cp_module
 from vf.models.config import ModelConfig
 from vf.models.context_parallel import ContextShard, context_parallel, split_sequence
 from vf.models.transformer import build_model
-
-
-def peak_allocated(prof) -> int:
-    """The most bytes live at once among the allocations the profiler saw: a running sum of the
-    allocation events' sizes (frees are negative) in time order. (`export_memory_timeline` gives
-    the same totals on one process but its data-flow checks trip over the collectives.)"""
-
-    def walk(nodes):
-        for n in nodes:
-            yield n
-            yield from walk(n.children)
-
-    events = sorted((e.start_time_ns, e.typed[1].alloc_size) for e in walk(prof.profiler.kineto_results.experimental_event_tree())
-                    if e.tag == _EventType.Allocation)
-    live = peak = 0
-    for _, size in events:
-        live += size
-        peak = max(peak, live)
-    return peak
 
 
 def main(argv: list[str]) -> None:
@@ -79,12 +58,10 @@ def main(argv: list[str]) -> None:
     t0 = time.perf_counter()
     step()  # unprofiled: the time (and a warm-up)
     seconds = time.perf_counter() - t0
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    peak = peak_allocated(prof)
+    peak = peak_allocated_mib(step)
     if rank == 0:
         print(json.dumps({"style": a.style, "cp": size, "T": a.T, "layers": a.layers, "q_tile": a.q_tile,
-                          "peak_mib": round(peak / 2**20, 1), "seconds": round(seconds, 2)}))
+                          "peak_mib": round(peak, 1), "seconds": round(seconds, 2)}))
     if shard is not None:
         dist.destroy_process_group()
 

@@ -179,6 +179,33 @@ class PeakMemory:
         return {f"{prefix}peak_rss_mib": round(self.peak_mib, 1), f"{prefix}extra_mib": round(self.extra_mib, 1)}
 
 
+def peak_allocated_mib(step: Callable[[], Any]) -> float:
+    """Run `step` under torch's CPU memory profiler; the most MiB torch had allocated at once inside
+    it (a running sum of the allocation events, frees negative, in time order). Unlike peak RSS it
+    does not count the allocator's cached or fragmented pages, nor what was allocated before.
+    (`export_memory_timeline` gives the same totals on one process, but its data-flow checks trip
+    over collectives.)"""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+
+    def walk(nodes):
+        for n in nodes:
+            yield n
+            yield from walk(n.children)
+
+    events = sorted((e.start_time_ns, e.typed[1].alloc_size)
+                    for e in walk(prof.profiler.kineto_results.experimental_event_tree())
+                    if e.tag == _EventType.Allocation)
+    live = peak = 0
+    for _, size in events:
+        live += size
+        peak = max(peak, live)
+    return peak / 2**20
+
+
 # -- child processes -------------------------------------------------------------------------
 
 
