@@ -170,6 +170,8 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
         grad_norm = mesh.finish_grads(policy, grad_clip)
     else:
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
     merged = merge_stats(stats)
     if world_size > 1:
         from vf.trainer.distributed import all_reduce_stats, all_reduce_sum
