@@ -102,7 +102,7 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
 
 @pytest.mark.parametrize("style,model,extra", [
     ("ring", "qwen3_next", ()), ("ulysses", "qwen3_next", ()), ("ulysses", "qwen3_next", ("--single",)),
-    ("ring", "nemotron_h", ()), ("ulysses", "nemotron_h_g1", ()),
+    ("ring", "nemotron_h", ()), ("ulysses", "nemotron_h_g1", ("--checkpointing",)),
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)

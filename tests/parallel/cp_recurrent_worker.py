@@ -2,7 +2,7 @@
 tests/test_context_parallel_recurrent.py under torchrun (gloo):
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N tests/parallel/cp_recurrent_worker.py \
-        STYLE MODEL OUT.json [--single]
+        STYLE MODEL OUT.json [--single] [--checkpointing]
 
 STYLE ring | ulysses (the attention layers'); MODEL qwen3_next (gated DeltaNet, 2 key / 4 value heads,
 then gated attention, MoE MLPs) | nemotron_h (Mamba-2 with 4 heads in 2 groups, chunk 8, attention
@@ -101,6 +101,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("model", choices=["qwen3_next", "nemotron_h", "nemotron_h_g1"])
     ap.add_argument("out")
     ap.add_argument("--single", action="store_true", help="one document per row")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="activation checkpointing in the CP run (backward re-runs the all-to-alls)")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     group, size, rank = dist.group.WORLD, dist.get_world_size(), dist.get_rank()
@@ -116,6 +118,7 @@ def main(argv: list[str]) -> int:
     with torch.no_grad():
         unreset = float((token_logprobs(model, ids, torch.arange(T).expand(len(DOCS), T), targets) - ref_lp).abs().max())
 
+    model.activation_checkpointing = a.checkpointing
     shard = ContextShard(group, size, rank, a.style, pos)
     with context_parallel(shard):
         local = token_logprobs(model, *(split_sequence(t, size, rank) for t in (ids, pos, targets)))
@@ -139,7 +142,7 @@ def main(argv: list[str]) -> int:
         "grad": max(grad_errors.values()),
         "separate": float((cp_lp - separately(model, ids, targets, docs)).abs().max()),
     }
-    report = {"style": a.style, "model": a.model, "size": size, "single": a.single, "errors": errors,
+    report = {"style": a.style, "model": a.model, "size": size, "single": a.single, "checkpointing": a.checkpointing, "errors": errors,
               "worst_grad_param": max(grad_errors, key=grad_errors.get), "loss": float(ref_lp.detach().sum()),
               "unreset": unreset, "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
               "recurrent_grads": {n: float(g.abs().max()) for n, g in ref_grads.items()
