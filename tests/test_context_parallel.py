@@ -137,9 +137,6 @@ REFUSED = {  # layer name in the message -> its tiny model (the refusing layer c
             "qk_nope_head_dim": 8, "v_head_dim": 8, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2},
     "sink attention": {"architecture": "gpt_oss", "attention_sinks": True, "sliding_window": 4,
                        "layer_types": ["sliding_attention", "full_attention"]},
-    "Mamba-2": {"architecture": "nemotron_h", "layer_types": ["linear_attention", "full_attention"],
-                "mlp_act": "relu2", "ssm_state_size": 8, "mamba_num_heads": 4, "mamba_head_dim": 8,
-                "mamba_chunk_size": 4},
 }
 
 
