@@ -23,6 +23,12 @@ h // (nv/nk) and Mamba-2's head h reads B/C group h // (nh/G). When the ranks di
 heads (groups) are replicated per value head before the exchange (the conv is depthwise and the
 scans repeat them per head anyway, so this is exact; it sends more bytes). When the ranks divide
 neither, the layer refuses (`UsageError` naming the counts).
+
+Traffic per layer and rank, forward (backward the same again): out, (size-1)/size of
+[B, T/size, C] with C = DeltaNet 2·nk·dk + nv·dv + 2·nv (q, k, v, b, a; z stays: the gated norm is
+per token), Mamba-2 nh·hd + 2·G·N + nh (x, B, C, dt); back, the core's output [B, T/size, nv·dv]
+(Mamba-2: nh·hd in fp32, its y is fp32 before the norm). Memory: the core's activations are those of
+the full rows for nv/size heads, as one process holds for all heads.
 """
 
 from __future__ import annotations
