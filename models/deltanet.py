@@ -15,6 +15,9 @@ Per token t and value head (state S [dk, dv], fp32), with q, k L2-normalised and
 beta = sigmoid(b):  S = exp(g) S;  S = S + k (beta (v - Sᵀk))ᵀ;  o = Sᵀq   (the gated delta rule).
 The chunked form (transformers' `torch_chunk_gated_delta_rule`, WY/UT transform inside each chunk of
 L tokens, a sequential scan over chunks) computes the same outputs; value head h reads key head h//r.
+Under context parallelism (`ShardedMask`) the projections and the gated norm run on the rank's
+slice and the core (`_mix`) on the full rows for one head group per rank: see
+models/context_parallel_recurrent.py.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Documents, refuse_context_parallel
+from vf.models.context_parallel_recurrent import (
+    HeadSplit,
+    channels,
+    full_documents,
+    gather_heads,
+    heads_to_sequence,
+    sequence_to_heads,
+)
+from vf.models.layers import Documents, ShardedMask
 from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
 
 CHUNK = 64
@@ -132,33 +143,68 @@ class GatedDeltaNet(nn.Module):
                 ((self.nv, self.dk, self.dv), torch.float32)]
 
     def forward(self, x, cos=None, sin=None, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
-        refuse_context_parallel(mask, "Gated DeltaNet")
         B, T, _ = x.shape
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
-        state = cache.get_state(self.layer_idx) if cache is not None else None
-        lengths = getattr(cache, "valid_lengths", None) if cache is not None else None
-        docs = mask if isinstance(mask, Documents) and not mask.single and cache is None else None
-        mixed, conv_state = causal_conv(mixed, self.conv_weight, None, None if docs is None else docs.spans,
+        if isinstance(mask, ShardedMask):  # context parallelism: the core runs on whole rows, a head group per rank
+            out = self._sharded(mixed, b, a, mask)
+        else:
+            state = cache.get_state(self.layer_idx) if cache is not None else None
+            lengths = getattr(cache, "valid_lengths", None) if cache is not None else None
+            docs = mask if isinstance(mask, Documents) and not mask.single and cache is None else None
+            out, conv_state, S = self._mix(mixed, b, a, self.conv_weight, self.dt_bias, self.A_log, self.nk,
+                                           docs, state, lengths)
+            if cache is not None:
+                cache.set_state(self.layer_idx, conv_state, S)
+        out = self.norm(out, z.reshape(B, T, self.nv, self.dv))
+        return self.out_proj(out.reshape(B, T, self.nv * self.dv))
+
+    def _mix(self, mixed, b, a, conv_weight, dt_bias, A_log, nk: int, docs, state, lengths):
+        """The sequence-mixing core for nk key heads and b.shape[-1] value heads (all of them, or one
+        rank's group under CP): conv, decay and the gated delta rule. mixed [B, T, 2·nk·dk + nv·dv]
+        (q, k, v), b/a [B, T, nv]. Returns (out [B, T, nv, dv], conv state, S)."""
+        B, T, nv = b.shape
+        mixed, conv_state = causal_conv(mixed, conv_weight, None, None if docs is None else docs.spans,
                                         None if state is None else state[0], lengths)
-        kd = self.nk * self.dk
-        q, k, v = mixed.split([kd, kd, self.nv * self.dv], dim=-1)
-        q, k = q.reshape(B, T, self.nk, self.dk), k.reshape(B, T, self.nk, self.dk)
-        v = v.reshape(B, T, self.nv, self.dv)
+        kd = nk * self.dk
+        q, k, v = mixed.split([kd, kd, nv * self.dv], dim=-1)
+        q, k = q.reshape(B, T, nk, self.dk), k.reshape(B, T, nk, self.dk)
+        v = v.reshape(B, T, nv, self.dv)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        valid = valid_mask(lengths, B, T, x.device)
+        g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+        valid = valid_mask(lengths, B, T, b.device)
         if valid is not None:  # right padding: no decay, no update, so the state stays at the last real token
             beta, g = beta * valid[..., None], g * valid[..., None]
         S0 = None if state is None else state[1]
         if docs is not None:
-            layout = ChunkLayout(docs.spans, T, CHUNK, x.device)
+            layout = ChunkLayout(docs.spans, T, CHUNK, b.device)
             out, S = chunk_gated_delta_rule(*(layout.pack(t) for t in (q, k, v, g, beta)), resets=layout.resets)
             out = layout.unpack(out)
         elif T == 1 and S0 is not None:
             out, S = recurrent_gated_delta_rule(q, k, v, g, beta, S0)
         else:
             out, S = chunk_gated_delta_rule(q, k, v, g, beta, S0)
-        if cache is not None:
-            cache.set_state(self.layer_idx, conv_state, S)
-        out = self.norm(out, z.reshape(B, T, self.nv, self.dv))
-        return self.out_proj(out.reshape(B, T, self.nv * self.dv))
+        return out, conv_state, S
+
+    def _sharded(self, mixed, b, a, mask):
+        """Under CP (models/context_parallel_recurrent.py): this rank's slice of q/k/v/b/a goes to the
+        ranks owning its heads, `_mix` runs over the full rows for this rank's head group (rank j:
+        value heads j·nv/size.., the key heads they read), and the outputs come back per token.
+        Returns out [B, T/size, nv, dv] for this rank's tokens."""
+        shard = mask.shard
+        split = HeadSplit("Gated DeltaNet", self.nv, self.nk, shard.size, shard.rank)
+        B, Tl, _ = mixed.shape
+        kd, dk, dv = self.nk * self.dk, self.dk, self.dv
+        q, k, v = mixed.split([kd, kd, self.nv * dv], dim=-1)
+        heads = [q.reshape(B, Tl, self.nk, dk), k.reshape(B, Tl, self.nk, dk), v.reshape(B, Tl, self.nv, dv),
+                 b[..., None], a[..., None]]
+        keys, values = split.key_index, split.value_index
+        full = sequence_to_heads(gather_heads(heads, [keys, keys, values, values, values], split), shard)
+        nkl, nvl = split.keys_per_rank, split.per_rank
+        q, k, v, b, a = full.split([nkl * dk, nkl * dk, nvl * dv, nvl, nvl], dim=-1)
+        kidx, vidx = keys(shard.rank).to(b.device), values(shard.rank).to(b.device)
+        rows = torch.cat([channels(kidx, dk), kd + channels(kidx, dk), 2 * kd + channels(vidx, dv)])
+        out, _, _ = self._mix(torch.cat([q, k, v], dim=-1), b, a, self.conv_weight.index_select(0, rows),
+                              self.dt_bias.index_select(0, vidx), self.A_log.index_select(0, vidx), nkl,
+                              full_documents(mask), None, None)
+        T = full.shape[1]
+        return heads_to_sequence(out.reshape(B, T, nvl * dv), shard).reshape(B, Tl, self.nv, dv)

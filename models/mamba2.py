@@ -17,6 +17,9 @@ The chunked form is the SSD algorithm (transformers' `mamba2_chunk_scan`): quadr
 chunk, the states passed between chunks by a segment-sum of the chunks' total decays; a document
 reset (models/recurrent.py) zeroes the state entering its chunk (that chunk's incoming decay is
 -inf and the previous chunk's own contribution is dropped).
+Under context parallelism (`ShardedMask`) the projections and the gated norm run on the rank's
+slice and the core (`_mix`) on the full rows for one head group per rank: see
+models/context_parallel_recurrent.py.
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Documents, refuse_context_parallel
+from vf.models.context_parallel_recurrent import (
+    HeadSplit,
+    channels,
+    full_documents,
+    gather_heads,
+    heads_to_sequence,
+    sequence_to_heads,
+)
+from vf.models.layers import Documents, ShardedMask
 from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
 
 
@@ -128,26 +139,40 @@ class Mamba2Mixer(nn.Module):
                 ((self.nh, self.hd, self.N), torch.float32)]
 
     def forward(self, x, cos=None, sin=None, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
-        refuse_context_parallel(mask, "Mamba-2")
         Bsz, T, _ = x.shape
         z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
-        state = cache.get_state(self.layer_idx) if cache is not None else None
-        lengths = getattr(cache, "valid_lengths", None) if cache is not None else None
-        docs = mask if isinstance(mask, Documents) and not mask.single and cache is None else None
-        xbc, conv_state = causal_conv(xbc, self.conv_weight, self.conv_bias, None if docs is None else docs.spans,
+        if isinstance(mask, ShardedMask):  # context parallelism: the core runs on whole rows, a head group per rank
+            y = self._sharded(xbc, dt, mask)
+        else:
+            state = cache.get_state(self.layer_idx) if cache is not None else None
+            lengths = getattr(cache, "valid_lengths", None) if cache is not None else None
+            docs = mask if isinstance(mask, Documents) and not mask.single and cache is None else None
+            y, conv_state, S = self._mix(xbc, dt, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log, self.D,
+                                         self.G, docs, state, lengths)
+            if cache is not None:
+                cache.set_state(self.layer_idx, conv_state, S)
+        y = self.norm(y.reshape(Bsz, T, self.nh * self.hd), z)
+        return self.out_proj(y.to(x.dtype))
+
+    def _mix(self, xbc, dt, conv_weight, conv_bias, dt_bias, A_log, D, G: int, docs, state, lengths):
+        """The sequence-mixing core for dt.shape[-1] heads reading G groups (all of them, or one rank's
+        group under CP): conv, discretisation, SSD scan and the D skip. xbc [B, T, nh·hd + 2·G·N],
+        dt [B, T, nh]. Returns (y fp32 [B, T, nh, hd], conv state, S)."""
+        Bsz, T, nh = dt.shape
+        xbc, conv_state = causal_conv(xbc, conv_weight, conv_bias, None if docs is None else docs.spans,
                                       None if state is None else state[0], lengths)
-        I, GN = self.nh * self.hd, self.G * self.N
+        I, GN = nh * self.hd, G * self.N
         xs, Bm, Cm = xbc.split([I, GN, GN], dim=-1)
-        xs = xs.reshape(Bsz, T, self.nh, self.hd)
-        Bm, Cm = Bm.reshape(Bsz, T, self.G, self.N), Cm.reshape(Bsz, T, self.G, self.N)
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)
-        valid = valid_mask(lengths, Bsz, T, x.device)
+        xs = xs.reshape(Bsz, T, nh, self.hd)
+        Bm, Cm = Bm.reshape(Bsz, T, G, self.N), Cm.reshape(Bsz, T, G, self.N)
+        dt = F.softplus(dt.float() + dt_bias.float()).clamp(min=self.dt_min)
+        valid = valid_mask(lengths, Bsz, T, dt.device)
         if valid is not None:  # right padding: dt = 0 leaves the state as of the last real token
             dt = dt * valid[..., None]
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(A_log.float())
         S0 = None if state is None else state[1]
         if docs is not None:
-            layout = ChunkLayout(docs.spans, T, self.chunk, x.device)
+            layout = ChunkLayout(docs.spans, T, self.chunk, dt.device)
             y, S = ssd_chunk_scan(*(layout.pack(t) for t in (xs, dt)), A, layout.pack(Bm), layout.pack(Cm),
                                   self.chunk, resets=layout.resets)
             y = layout.unpack(y)
@@ -155,8 +180,28 @@ class Mamba2Mixer(nn.Module):
             y, S = ssd_step(xs, dt, A, Bm, Cm, S0)
         else:
             y, S = ssd_chunk_scan(xs, dt, A, Bm, Cm, self.chunk, S0)
-        if cache is not None:
-            cache.set_state(self.layer_idx, conv_state, S)
-        y = y + self.D.float()[:, None] * xs.float()
-        y = self.norm(y.reshape(Bsz, T, I), z)
-        return self.out_proj(y.to(x.dtype))
+        return y + D.float()[:, None] * xs.float(), conv_state, S
+
+    def _sharded(self, xbc, dt, mask):
+        """Under CP (models/context_parallel_recurrent.py): this rank's slice of x/B/C/dt goes to the
+        ranks owning its heads, `_mix` runs over the full rows for this rank's heads (rank j: heads
+        j·nh/size.., the groups they read; groups replicated per head when the ranks do not divide
+        them), and y comes back per token. Returns y fp32 [B, T/size, nh, hd] for this rank's tokens."""
+        shard = mask.shard
+        split = HeadSplit("Mamba-2", self.nh, self.G, shard.size, shard.rank, "heads", "groups (mamba_n_groups)")
+        Bsz, Tl, _ = xbc.shape
+        I, GN, hd, N = self.nh * self.hd, self.G * self.N, self.hd, self.N
+        xs, Bm, Cm = xbc.split([I, GN, GN], dim=-1)
+        heads = [xs.reshape(Bsz, Tl, self.nh, hd), Bm.reshape(Bsz, Tl, self.G, N), Cm.reshape(Bsz, Tl, self.G, N),
+                 dt[..., None]]
+        groups, own = split.key_index, split.value_index
+        full = sequence_to_heads(gather_heads(heads, [own, groups, groups, own], split), shard)
+        nhl, gl = split.per_rank, split.keys_per_rank
+        xbc, dt = full.split([nhl * hd + 2 * gl * N, nhl], dim=-1)
+        gidx, hidx = groups(shard.rank).to(dt.device), own(shard.rank).to(dt.device)
+        rows = torch.cat([channels(hidx, hd), I + channels(gidx, N), I + GN + channels(gidx, N)])
+        bias = None if self.conv_bias is None else self.conv_bias.index_select(0, rows)
+        y, _, _ = self._mix(xbc, dt, self.conv_weight.index_select(0, rows), bias, *(
+            p.index_select(0, hidx) for p in (self.dt_bias, self.A_log, self.D)), gl, full_documents(mask), None, None)
+        T = full.shape[1]
+        return heads_to_sequence(y.reshape(Bsz, T, nhl * hd), shard).reshape(Bsz, Tl, self.nh, hd)

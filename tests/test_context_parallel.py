@@ -133,16 +133,10 @@ def test_four_ranks_match_one_process(tmp_path, style):
 COMMON = {"vocab_size": 32, "hidden_size": 32, "num_layers": 2, "intermediate_size": 32, "num_heads": 2,
           "num_kv_heads": 2, "head_dim": 16}
 REFUSED = {  # layer name in the message -> its tiny model (the refusing layer comes first)
-    "Gated DeltaNet": {"architecture": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"],
-                       "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
-                       "linear_num_value_heads": 2},
     "DSA": {"architecture": "glm_moe_dsa", "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
             "qk_nope_head_dim": 8, "v_head_dim": 8, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2},
     "sink attention": {"architecture": "gpt_oss", "attention_sinks": True, "sliding_window": 4,
                        "layer_types": ["sliding_attention", "full_attention"]},
-    "Mamba-2": {"architecture": "nemotron_h", "layer_types": ["linear_attention", "full_attention"],
-                "mlp_act": "relu2", "ssm_state_size": 8, "mamba_num_heads": 4, "mamba_head_dim": 8,
-                "mamba_chunk_size": 4},
 }
 
 
