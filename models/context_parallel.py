@@ -21,9 +21,10 @@ Usage (the trainer's micro-batch step):
 
 Under the context `layers.positions_and_mask` returns the local positions (the true positions:
 rotary uses them) and, as the layers' opaque attention `mask`, a `ShardedAttention` carrying the
-shard; `layers.sdpa` hands q/k/v to it. Layers that build their own masks or carry state along the
-sequence refuse it (`layers.refuse_context_parallel`: DSA, sink attention, DeltaNet, Mamba-2,
-DeepSeek-V4, the transformers fallback) rather than compute on a slice as if it were the row.
+shard; `layers.sdpa` hands q/k/v to it. The recurrent layers (Gated DeltaNet, Mamba-2) switch to a
+head split around their scan (models/context_parallel_recurrent.py). Layers that build their own
+masks refuse it (`layers.refuse_context_parallel`: DSA, sink attention, DeepSeek-V4, the
+transformers fallback) rather than compute on a slice as if it were the row.
 
 Load balance (`shard_columns`): with causal attention the later tokens do more work, so a
 contiguous split would give the last rank ~2·size-1 times the first one's attention work. The row
