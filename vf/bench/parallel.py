@@ -18,6 +18,7 @@ Each configuration runs as `torchrun --standalone --nproc_per_node W -m vf.bench
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -197,7 +198,7 @@ def run(size: str = "full", **_: Any) -> dict[str, Any]:
         # the longest row (of these multiples of T) that fits at cp 2 under the cp-1 peak of T
         longest = 1.0
         for grow in cfg["grow"]:
-            tokens = int(T * grow) // 64 * 64
+            tokens = math.ceil(T * grow / 64) * 64
             tried = launch({"kind": "cp", "tokens": tokens, "steps": 1, "style": style}, 2)
             if max(r["allocated_mib"] for r in tried) > one["allocated_mib"]:
                 break
