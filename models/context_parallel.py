@@ -44,12 +44,16 @@ Measured (project CPU, 2 shared cores, fp32, gloo; tests/parallel/cp_memory.py: 
 4/2 heads × 16, one row in 4 documents; peak bytes allocated during one forward+backward on rank 0,
 from torch's CPU profiler allocation events):
                           one process   ring cp2   ulysses cp2
-    T=4096, 2 layers        51.9 MiB    32.6 MiB     30.2 MiB
-    T=8192, 2 layers       103.8 MiB    65.2 MiB     56.4 MiB
-    T=8192, 8 layers       358.1 MiB   192.3 MiB    194.0 MiB
-Ring's extra over Ulysses is one tile's fp32 scores (`Q_TILE`). Time on this CPU: ulysses about the
-one-process time (0.66 s vs 0.76 s at T=8192, 2 layers); ring ~10-15× slower (10.8 s): explicit
-fp32 score math per tile against SDPA's fused kernel. Ring has not yet run on NCCL/GPU.
+    T=4096, 2 layers        51.9 MiB    26.0 MiB     30.2 MiB
+    T=8192, 2 layers       103.8 MiB    51.9 MiB     56.4 MiB
+    T=8192, 8 layers       358.1 MiB   179.0 MiB    194.0 MiB
+Time on this CPU at T=8192, 2 layers: one process 0.69 s, ulysses 0.66 s, ring 0.65 s (4096: 0.25 s
+one process, ring 0.17-0.29 s; the bench's documents meet the cp-2 chunk edges, so no block needs a
+mask: a ring of one over the same row at T=4096, whose blocks do, takes 0.13 s vs SDPA's 0.09 s for
+one attention forward+backward). Ring runs each block through torch's fused CPU flash kernel
+(`_blocks`); before that, explicit fp32 tile math took 7.7-10.8 s, most of it in the [Q_TILE, chunk]
+score matmuls, exp and mask fills. The tile math remains the path on CUDA and for fp16/bf16; ring
+has not yet run on NCCL/GPU.
 """
 
 from __future__ import annotations
@@ -122,6 +126,24 @@ class ContextShard:
         starts = self.position_ids == 0
         starts[:, 0] = True
         return starts.cumsum(1)
+
+    @cached_property
+    def doc_spans(self) -> list[list[int]]:
+        """`doc_ids` as Python lists (one per row), for the fused ring's per-block decisions."""
+        return self.doc_ids.tolist()
+
+    @cached_property
+    def doc_starts(self) -> list[list[int]]:
+        """Per row, each column's document's first column (Python lists, as `doc_spans`)."""
+        starts = []
+        for row in self.doc_spans:
+            first, out = 0, []
+            for i, doc in enumerate(row):
+                if i and doc != row[i - 1]:
+                    first = i
+                out.append(first)
+            starts.append(out)
+        return starts
 
     def local_positions(self, position_ids: torch.Tensor | None) -> torch.Tensor:
         """The positions a sharded forward uses: the caller's local slice (checked against the full
@@ -200,7 +222,7 @@ class _Exchange:
         return self.out
 
 
-Q_TILE = 256  # query rows per score tile: transient scores [B, nh, Q_TILE, T/(2·size)] fp32 (~2 copies)
+Q_TILE = 256  # query rows per score tile / masked fused block: transient [B, nh, Q_TILE, T/(2·size)] fp32
 
 
 def _visible(q_pos, k_pos) -> torch.Tensor:
@@ -259,6 +281,94 @@ def _merge(out, lse, o, l):
     lse.copy_(new)
 
 
+
+# ---- fused CPU blocks ------------------------------------------------------------------------------
+# On CPU in fp32 each block goes to torch's fused flash kernel (forward: out + lse; backward: given
+# the FINAL out and lse it returns the block's dq/dk/dv, the same identity as `_RingAttention`), which
+# is ~10x faster than the explicit tile math. The kernel wants one head count, one head size and a
+# float mask, so K/V are expanded to the query heads, q/k/v are zero-padded to a common head size
+# (zeros change no score and no output column we keep), and a block is run unmasked when all its
+# keys are visible to all its queries, `is_causal` on the diagonal of one document, else with an
+# additive mask Q_TILE query rows at a time. Elsewhere (CUDA, fp16/bf16) the tile math runs.
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _fused(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype == torch.float32
+
+
+def _blocks(shard: ContextShard, src: int, Tq: int):
+    """(query slice, key slice, kind, mask) of this rank's queries × rank `src`'s block, decided from
+    the layout and the documents' spans (document ids rise along a row and each chunk's columns are
+    contiguous): kind "full" (every key visible to every query: no mask), "causal" (the diagonal
+    chunk of one document), "mask" (an additive fp32 mask [B, 1, tq, tk], -inf where hidden; queries
+    in Q_TILE rows so the mask stays small, each tile's keys trimmed to the span from its first
+    query's document start to its last query). Pairs where nothing is visible are skipped."""
+    n, c = shard.size, shard.position_ids.shape[1] // (2 * shard.size)
+    docs = shard.doc_spans
+
+    def start(rank: int, j: int) -> int:  # global column of `rank`'s chunk j's first token
+        return (rank if j == 0 else 2 * n - 1 - rank) * c
+
+    def kind(qs: int, qe: int, ks: int, ke: int) -> str | None:  # global column ranges [s, e)
+        if ks > qe - 1 or all(row[ke - 1] < row[qs] for row in docs):  # keys later, or of earlier documents
+            return None
+        one_doc = all(row[qe - 1] == row[ks] for row in docs)  # k and q ranges inside one document
+        if ke - 1 <= qs and one_doc:
+            return "full"
+        if ks == qs and ke == qe and one_doc:
+            return "causal"
+        return "mask"
+
+    for j in range(2):
+        q0 = start(shard.rank, j)
+        for i in range(2):
+            k0 = start(src, i)
+            what = kind(q0, q0 + c, k0, k0 + c)
+            if what in ("full", "causal"):
+                yield slice(j * c, (j + 1) * c), slice(i * c, (i + 1) * c), what, None
+                continue
+            if what is None:
+                continue
+            for t in range(0, c, Q_TILE):
+                qs, qe = q0 + t, q0 + min(t + Q_TILE, c)
+                # the tile's keys can only lie from its first query's document start to its last query
+                ks = max(k0, min(row[qs] for row in shard.doc_starts))
+                ke = min(k0 + c, qe)
+                what = kind(qs, qe, ks, ke) if ks < ke else None
+                if what is None:
+                    continue
+                qsl, ksl = slice(j * c + t, j * c + qe - q0), slice(i * c + ks - k0, i * c + ke - k0)
+                mask = None
+                if what == "mask":
+                    device = shard.position_ids.device
+                    q_pos = (shard.doc_ids[:, qs:qe], torch.arange(qs, qe, device=device))
+                    k_pos = (shard.doc_ids[:, ks:ke], torch.arange(ks, ke, device=device))
+                    visible = _visible(q_pos, k_pos)[:, 0]  # [B, 1, tq, tk]
+                    mask = torch.zeros(visible.shape, dtype=torch.float32, device=visible.device)
+                    mask.masked_fill_(~visible, float("-inf"))
+                yield qsl, ksl, what, mask
+
+
+def _pad(t: torch.Tensor, d: int) -> torch.Tensor:
+    return t if t.shape[-1] == d else torch.nn.functional.pad(t, (0, d - t.shape[-1]))
+
+
+def _heads(t: torch.Tensor, rep: int, d: int) -> torch.Tensor:
+    """K or V block [B, nkv, Tk, dk] -> [B, nkv·rep, Tk, d] (GQA expanded, zero-padded to d)."""
+    B, nkv, Tk, _ = t.shape
+    return _pad(t, d)[:, :, None].expand(B, nkv, rep, Tk, d).reshape(B, nkv * rep, Tk, d)
+
+
+def _fused_forward_block(q4, kb, vb, what, mask, scale):
+    """(out [B, nh, tq, d], lse [B, nh, tq]) of one block; rows that see no key get (0, -inf)."""
+    o, lse = _FLASH(q4, kb, vb, 0.0, what == "causal", attn_mask=mask, scale=scale)
+    if mask is not None:  # the kernel gives such rows lse 0 (and out 0)
+        lse = lse.masked_fill(torch.isneginf(mask.amax(-1)), float("-inf"))
+    return o, lse
+
+
 class _RingAttention(torch.autograd.Function):
     """Ring attention with a flash-style backward: saves only this rank's q, k, v, the output and
     its log-sum-exp, and in backward sends K/V round the ring again, now with their gradient
@@ -280,6 +390,11 @@ class _RingAttention(torch.autograd.Function):
         B, nkv, rep, Tq, _ = q.shape
         out = torch.zeros(B, nkv, rep, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.full((B, nkv, rep, Tq), float("-inf"), dtype=torch.float32, device=q.device)
+        fused = _fused(q)
+        if fused:  # the kernel's layout: [B, nh, T, d], one head size d for q, k and v
+            d = max(q.shape[-1], v.shape[-1])
+            q4 = _pad(q.reshape(B, nkv * rep, Tq, q.shape[-1]), d)
+            out4, lse4 = out.view(B, nkv * rep, Tq, -1), lse.view(B, nkv * rep, Tq)
         kv, pending = (k, v), None
         for step in range(shard.size):
             src = (shard.rank - step) % shard.size
@@ -287,6 +402,12 @@ class _RingAttention(torch.autograd.Function):
                 kv = pending.wait()
             if step + 1 < shard.size:  # pass this block on while attending to it
                 pending = _Exchange(kv, nxt, prev, shard.group)
+            if fused:
+                kb, vb = (_heads(t, rep, d) for t in kv)
+                for qs, ks, what, mask in _blocks(shard, src, Tq):
+                    o, lo = _fused_forward_block(q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], what, mask, scale)
+                    _merge(out4[:, :, qs], lse4[:, :, qs], o[..., :out4.shape[-1]], lo)
+                continue
             k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
             for tile, ks in _pairs(shard, src, Tq):
                 o, lo = _tile_forward(q[:, :, :, tile], kv[0][:, :, ks], kv[1][:, :, ks],
@@ -310,16 +431,31 @@ class _RingAttention(torch.autograd.Function):
         dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
         pending_kv = pending_dkv = None
+        B, nkv, rep, Tq, _ = q.shape
+        fused = _fused(q)
+        if fused:
+            d = max(q.shape[-1], v.shape[-1])
+            q4, do4, o4 = (_pad(t.reshape(B, nkv * rep, Tq, t.shape[-1]), d) for t in (q, dout, out))
+            l4, dq4 = lse.view(B, nkv * rep, Tq), dq.view(B, nkv * rep, Tq, -1)
         for step in range(shard.size):
             src = (shard.rank - step) % shard.size
             if step:
                 kv, dkv = pending_kv.wait(), pending_dkv.wait()
             if step + 1 < shard.size:
                 pending_kv = _Exchange(kv, nxt, prev, shard.group)
-            kb, vb = (t.float() for t in kv)
             dk, dv = (t.clone() for t in dkv)
+            if fused:
+                kb, vb = (_heads(t, rep, d) for t in kv)
+                for qs, ks, what, mask in _blocks(shard, src, Tq):
+                    gq, gk, gv = _FLASH_BACKWARD(do4[:, :, qs], q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], o4[:, :, qs],
+                                                 l4[:, :, qs], 0.0, what == "causal", attn_mask=mask, scale=scale)
+                    dq4[:, :, qs] += gq[..., :dq4.shape[-1]]
+                    dk[:, :, ks] += gk.view(B, nkv, rep, -1, d).sum(2)[..., :dk.shape[-1]]
+                    dv[:, :, ks] += gv.view(B, nkv, rep, -1, d).sum(2)[..., :dv.shape[-1]]
+            else:
+                kb, vb = (t.float() for t in kv)
             k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
-            for tile, ks in _pairs(shard, src, q.shape[3]):
+            for tile, ks in ([] if fused else _pairs(shard, src, q.shape[3])):
                 qt, dot, kt, vt = q[:, :, :, tile].float(), dout[:, :, :, tile], kb[:, :, ks], vb[:, :, ks]
                 # in place where possible: at most ~2 tile-sized [.., Q_TILE, chunk] buffers live at once
                 p = _scores(qt, kt, (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
@@ -340,7 +476,8 @@ class _RingAttention(torch.autograd.Function):
 def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
     """Ring attention over the CP group (module doc; `_RingAttention`). Step i holds the K/V block
     of rank (rank - i) mod size; per block (out_i, lse_i), merged with the log-sum-exp rule in fp32,
-    which is softmax over the union of the blocks. Scores are built Q_TILE queries at a time, so
+    which is softmax over the union of the blocks (CPU fp32: per block torch's fused kernel, `_blocks`;
+    elsewhere the tile math). Masked scores are built Q_TILE queries at a time, so
     the transient is [B, nh, Q_TILE, T/(2·size)] fp32, never [T/size × T]; what backward keeps is this
     rank's q, k, v, out and lse: activation memory O(T/size). GQA: kv head h // (nh / nkv) serves
     query head h, as SDPA's enable_gqa, by broadcasting (blocks travel at nkv heads)."""

@@ -76,11 +76,15 @@ def test_positions_and_mask_under_a_shard_checks_the_slice():
     assert isinstance(positions_and_mask(ids, split_sequence(pos, 2, 1))[1], Documents)
 
 
+@pytest.mark.parametrize("fused", [True, False])  # CPU fp32: torch's flash kernel per block; else the tile math
 @pytest.mark.parametrize("tile", [5, 256])
-def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile):
+def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile, fused):
     """A ring of one rank is the tiled block math alone (no communication): values and q/k/v grads
-    equal per-document SDPA with GQA, ragged query tiles and a row of one document next to a packed one."""
+    equal per-document SDPA with GQA, ragged query tiles and a row of one document next to a packed one
+    (v's head size differs from q's: the fused path pads)."""
     monkeypatch.setattr(cp_module, "Q_TILE", tile)
+    if not fused:
+        monkeypatch.setattr(cp_module, "_fused", lambda q: False)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 24, d, generator=g, requires_grad=True) for h, d in ((4, 8), (2, 8), (2, 6)))
     pos = torch.cat([torch.arange(24)[None], torch.cat([torch.arange(n) for n in (7, 9, 8)])[None]])
@@ -91,6 +95,39 @@ def test_ring_block_math_on_one_rank_matches_sdpa(monkeypatch, tile):
     grads_want = torch.autograd.grad((want * w).sum(), (q, k, v))
     grads_got = torch.autograd.grad((got * w).sum(), (q, k, v))
     assert max(float((a - b).abs().max()) for a, b in zip(grads_got, grads_want)) < 1e-5
+
+
+LAYOUTS = {  # document lengths per row (T = 32: a ring of one has chunks [0, 16) and [16, 32))
+    "one document": [[32], [32]],  # chunk pairs without a mask: the diagonals causal, the other full
+    "chunk-aligned": [[16, 16], [16, 16]],  # the off-diagonal pair skipped: keys of an earlier document
+    "ragged": [[3, 29], [3, 29]],  # masked tiles where a document starts; trimmed tiles full or causal
+    "rows differ": [[3, 20, 9], [16, 16]],  # every block is decided over both rows
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fused_ring_blocks_cover_each_kind_and_match_sdpa(monkeypatch, layout):
+    """The fused path's per-block decisions (`_blocks`: unmasked / is_causal / additive mask / skipped)
+    against per-document SDPA, with the kinds each layout must produce recorded: a wrong "full"
+    would let a query see another document or the future and fail the comparison."""
+    monkeypatch.setattr(cp_module, "Q_TILE", 4)
+    seen = []
+    blocks = cp_module._blocks
+    monkeypatch.setattr(cp_module, "_blocks", lambda *a: [seen.append(b[2]) or b for b in blocks(*a)])
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 32, 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+    pos = torch.cat([torch.cat([torch.arange(n) for n in row])[None] for row in LAYOUTS[layout]])
+    want = sdpa(q, k, v, Documents(pos))
+    got = ring_attention(q, k, v, ContextShard(None, 1, 0, "ring", pos))
+    assert (got - want).abs().max() < 1e-6
+    w = torch.randn(want.shape, generator=g)
+    grads = [torch.autograd.grad((o * w).sum(), (q, k, v)) for o in (got, want)]
+    assert max(float((a - b).abs().max()) for a, b in zip(*grads)) < 1e-5
+    kinds = set(seen[: len(seen) // 2])  # forward's blocks (backward repeats them)
+    assert kinds == {"one document": {"full", "causal"}, "chunk-aligned": {"causal"},
+                     "ragged": {"full", "causal", "mask"}, "rows differ": {"causal", "mask"}}[layout], seen
+    if layout == "chunk-aligned":
+        assert len(seen) == 2 * 2  # two diagonal pairs, forward and backward
 
 
 def test_ulysses_refuses_a_head_count_the_ranks_do_not_divide():
