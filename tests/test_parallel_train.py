@@ -151,3 +151,17 @@ def test_cp_and_ep_on_the_same_ranks_match_one_process(moe_dir, tmp_path):
     one, both = rows(tmp_path / "one"), rows(tmp_path / "both")
     assert [r["loss"] for r in both] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
     assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_trainer_role_at_cp_2_with_an_orchestrator_process(tmp_path):
+    """`--role trainer` under torchrun at cp 2, batches from a separate `--role orchestrator`
+    process: the 1-process losses."""
+    from test_roles import finish, orchestrator
+
+    args = [*EXACT, "--steps", "1"]
+    launch(1, "-o", str(tmp_path / "one"), *args)
+    with orchestrator(tmp_path / "two", *args, "--parallel.cp", "2") as orch:
+        launch(2, "--role", "trainer", "-o", str(tmp_path / "two"), *args, "--parallel.cp", "2")
+        assert finish(orch, timeout=120) == 0
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-7)
