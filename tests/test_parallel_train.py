@@ -15,10 +15,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from vf.errors import UsageError
 from vf.trainer.config import ParallelSection
 from vf.trainer.parallel import plan
+
+from vf.errors import UsageError
 
 PY = sys.executable
 ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

@@ -20,11 +20,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from vf.bench.common import peak_allocated_mib
 from vf.models import context_parallel as cp_module
 from vf.models.config import ModelConfig
 from vf.models.context_parallel import ContextShard, context_parallel, split_sequence
 from vf.models.transformer import build_model
+
+from vf.bench.common import peak_allocated_mib
 
 
 def main(argv: list[str]) -> None:

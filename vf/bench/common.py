@@ -134,7 +134,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def _status_kib(key: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
-            m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
+            m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.MULTILINE)
         return int(m.group(1)) if m else None
     except OSError:
         return None
@@ -262,7 +262,7 @@ def _child_main(argv: list[str]) -> None:
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
         return m.group(1).strip() if m else platform.processor()
     except OSError:
         return platform.processor() or platform.machine()

@@ -74,7 +74,6 @@ def _logprob_loss(model, ids, pos, targets):
 
 
 def _cp_step(T: int, cp: int, style: str, steps: int) -> dict[str, Any]:
-    import torch
     import torch.distributed as dist
 
     from vf.models.context_parallel import ContextShard, context_parallel, split_sequence
@@ -221,10 +220,10 @@ def run(size: str = "full", **_: Any) -> dict[str, Any]:
         ratios={"expert_memory": Ratio(ratio(ours["expert_mib_per_rank"], one["expert_mib"]), "lower", 0.5),
                 "tokens_per_s": Ratio(ratio(ours["tokens_per_s"], one["tokens_per_s"]), "higher")}))
     return suite_result("parallel", cfg, cases, wall_s=round(time.perf_counter() - t0, 1), notes=[
-        "torchrun on gloo (CPU), one thread per rank; cp memory = the most bytes torch had allocated at once "
-        "during one forward + backward (torch's memory profiler; peak RSS above the loaded model is reported "
-        "beside it, and also counts the allocator's cached pages); "
-        "ep tokens/s counts every rank's tokens (ep 2 does twice the work of ep 1 per step)"])
+        ("torchrun on gloo (CPU), one thread per rank; cp memory = the most bytes torch had allocated at once "
+         "during one forward + backward (torch's memory profiler; peak RSS above the loaded model is reported "
+         "beside it, and also counts the allocator's cached pages); "
+         "ep tokens/s counts every rank's tokens (ep 2 does twice the work of ep 1 per step)")])
 
 
 if __name__ == "__main__":
