@@ -9,8 +9,10 @@ blocks' gradient reduction, sharded checkpoints resumed at another ep."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,12 +61,29 @@ def test_auto_and_rank_coordinates():
         "parallel layout over 2 processes: dp_shard 1, cp 2 (ulysses)"
 
 
+def command(nproc: int, *args: str) -> list[str]:
+    return ([str(Path(PY).parent / "torchrun"), "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1
+            else [PY]) + ["-m", "vf.commands.train", *args]
+
+
 def launch(nproc: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = ([str(Path(PY).parent / "torchrun"), "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1
-           else [PY]) + ["-m", "vf.commands.train", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=ENV, check=False)
+    proc = subprocess.run(command(nproc, *args), capture_output=True, text=True, timeout=400, env=ENV, check=False)
     assert proc.returncode == 0 or not check, proc.stderr[-3000:]
     return proc
+
+
+def kill_9_after(step: int, run_dir: Path, nproc: int, *args: str) -> bool:
+    """Start vf-train under torchrun and SIGKILL the whole job (launcher and every rank, as a lost
+    node does) once the step-`step` checkpoint exists. True when the kill came before the end."""
+    proc = subprocess.Popen(command(nproc, "-o", str(run_dir), *args), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / f"step_{step}").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    killed = proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return killed
 
 
 def back_to(step: int, src: Path, dst: Path) -> None:
@@ -104,7 +123,7 @@ def test_ep_2_matches_one_process_and_resumes_at_another_ep(moe_dir, tmp_path):
     """Two RL steps at ep 2 (each rank 4 of the 8 experts) give the 1-process losses and gradient
     norms; its sharded checkpoint resumes at ep 1 on 2 processes and on 1 process, and checkpoints
     saved at ep 1 (1 process, 2 processes) resume at ep 2, continuing the same losses (DCP reshards
-    the expert blocks)."""
+    the expert blocks). An ep-2 job killed with SIGKILL during step 2 resumes at ep 1 the same way."""
     args = ["--model", str(moe_dir), *EXACT, "--steps", "2", "--ckpt-every", "2"]
     launch(1, "-o", str(tmp_path / "one"), *args)
     launch(2, "-o", str(tmp_path / "ep2"), *args, "--parallel.ep", "2")
@@ -126,6 +145,12 @@ def test_ep_2_matches_one_process_and_resumes_at_another_ep(moe_dir, tmp_path):
         back_to(2, tmp_path / src, run)
         launch(2, "--resume", str(run), "--parallel.ep", "2")
         assert losses(run) == pytest.approx(want, rel=1e-4, abs=1e-6), name
+
+    killed = tmp_path / "killed"
+    assert kill_9_after(1, killed, 2, *args, "--ckpt-every", "1", "--parallel.ep", "2")
+    assert len(losses(killed)) < 3
+    launch(1, "--resume", str(killed), "--parallel.ep", "1")
+    assert losses(killed) == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.slow
