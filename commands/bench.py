@@ -20,6 +20,8 @@ EPILOG = options.epilog(
     "The stability suite also writes a PNG next to --out (else in the temp dir).",
     "--model.size tiny|100m|600m (engine suite): a random Qwen3 checkpoint built in the run and cached, no "
     "download (100m: hidden 1024, 8 layers of Qwen3-0.6B's layer shape; 600m: Qwen3-0.6B's shape).",
+    "--parallel.cp N --parallel.cp-style ring|ulysses --parallel.ep N (parallel suite; vf-train's flags): the "
+    "layouts measured against 1 process (default: cp 2 with both styles, ep 2).",
     "Exit codes: 0 ok, 1 a suite failed, 2 bad usage, 3 a ratio regressed beyond --threshold.",
     examples=[
         "vf-bench loss --quick",
@@ -160,7 +162,13 @@ def command(
 
     plot = str(out.with_name(out.stem + "-stability.png") if out is not None
                else Path(tempfile.gettempdir()) / "vf-bench-stability.png")
-    model_size = _model_size()
+    model_size, parallel = _dotted()
+    if parallel is not None:
+        from vf.bench.parallel import layouts
+
+        if "parallel" not in names:
+            raise UsageError("--parallel.* sets the layouts of the parallel suite", hint="vf-bench parallel --parallel.cp 4")
+        layouts(parallel, size)  # exit 2 now for a split the suite's models cannot take
     if model_size is not None:
         from vf.bench.engine import MODEL_SIZES
 
@@ -168,7 +176,8 @@ def command(
             raise UsageError(f"unknown --model.size {model_size!r}", hint=f"choose from: {', '.join(MODEL_SIZES)}")
         if model != "tiny":
             raise UsageError("give --model or --model.size, not both")
-    doc = _read_results(results, "results") if results is not None else run_all(names, size, model, plot, model_size)
+    doc = (_read_results(results, "results") if results is not None
+           else run_all(names, size, model, plot, model_size, parallel))
     code = 0
     if any(r.get("error") for r in doc["suites"].values()):
         code = 1
@@ -195,18 +204,19 @@ def command(
         raise SystemExit(code)
 
 
-def _model_size() -> str | None:
-    """`--model.size` (the one dotted flag vf-bench takes), else None."""
+def _dotted() -> tuple[str | None, dict[str, Any] | None]:
+    """The dotted flags vf-bench takes: `--model.size` (engine suite) and vf-train's `--parallel.*`
+    (parallel suite), as (size or None, the parallel section as given or None)."""
     from vf.cli import Invocation
     from vf.config import parse_dotted_args
     from vf.errors import UsageError
 
     given = parse_dotted_args(list(Invocation.dotted or []))
-    model = given.pop("model", {})
-    if given or not isinstance(model, dict) or set(model) - {"size"}:
+    model, parallel = given.pop("model", {}), given.pop("parallel", None)
+    if given or not isinstance(model, dict) or set(model) - {"size"} or not isinstance(parallel, (dict, type(None))):
         raise UsageError(f"unknown option(s): {' '.join(Invocation.dotted)}",
-                         hint="vf-bench takes one dotted flag: --model.size tiny|100m|600m")
-    return None if model.get("size") is None else str(model["size"])
+                         hint="vf-bench takes --model.size tiny|100m|600m and vf-train's --parallel.* flags")
+    return (None if model.get("size") is None else str(model["size"])), parallel
 
 
 def _read_results(path: Path, what: str) -> dict[str, Any]:
@@ -224,7 +234,7 @@ def _read_results(path: Path, what: str) -> dict[str, Any]:
 
 
 def run_all(names: list[str], size: str, model: str, plot: str | None = None,
-            model_size: str | None = None) -> dict[str, Any]:
+            model_size: str | None = None, parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Machine facts, then each suite in turn (a failing suite is recorded, the rest still run)."""
     from vf.bench import run_suite
     from vf.bench.common import SCHEMA, ChildFailed, config_hash, machine, run_child, versions
@@ -241,7 +251,8 @@ def run_all(names: list[str], size: str, model: str, plot: str | None = None,
         console.print(f"[bold]{name}[/] …", markup=True)
         t = time.perf_counter()
         try:
-            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot, model_size=model_size)
+            res = run_suite(name, size=size, model=model, peak=peak, plot_path=plot, model_size=model_size,
+                            parallel=parallel)
         except ChildFailed as e:
             res = {"suite": name, "config": {"size": size}, "config_hash": None, "cases": [], "notes": [],
                    "skipped": None, "error": str(e), "wall_s": round(time.perf_counter() - t, 1)}

@@ -88,7 +88,13 @@ def test_threshold_flag(loss_run, tmp_path):
     (["--results", "/nonexistent/r.json"], "--results compares or renders saved results"),
     (["engine", "--model.size", "5b"], "unknown --model.size '5b'"),
     (["engine", "--model.size", "100m", "--model", "/tmp"], "give --model or --model.size, not both"),
-    (["engine", "--model.layers", "3"], "vf-bench takes one dotted flag: --model.size"),
+    (["engine", "--model.layers", "3"], "vf-bench takes --model.size tiny|100m|600m and vf-train's --parallel.*"),
+    (["loss", "--parallel.cp", "2"], "--parallel.* sets the layouts of the parallel suite"),
+    (["parallel", "--parallel.cp", "8", "--parallel.cp-style", "ulysses"], "4 query heads do not split 8 ways"),
+    (["parallel", "--parallel.ep", "3"], "--parallel.ep 3 does not divide the expert count (32)"),
+    (["parallel", "--parallel.cp", "1"], "--parallel.cp 1: the suite compares a split against 1 process"),
+    (["parallel", "--parallel.cp-style", "spiral"], "cp_style: Input should be 'ring' or 'ulysses'"),
+    (["parallel", "--parallel.dp-shard", "2"], "--parallel.dp-shard: the parallel suite measures cp and ep"),
 ])
 def test_bad_usage_exits_2(args, needle):
     p = bench(*args, timeout=30)
@@ -285,14 +291,22 @@ def test_program_case_peer_still_gives_the_recorded_figures():
 
 
 def test_parallel_suite_measures_per_rank_memory_under_torchrun():
-    """`vf-bench parallel --size tiny`: real torchrun workers; ep 2 holds half the expert bytes per
-    rank and spends time in all-to-all, cp 2 allocates less per rank than one process."""
+    """`vf-bench parallel --size tiny --parallel.ep 4 --parallel.cp-style ulysses`: real torchrun
+    workers at the layouts the flags ask for; ep 4 holds a quarter of the expert bytes per rank and
+    spends time in all-to-all, cp 2 (Ulysses) allocates less per rank than one process, and the MoE
+    block reports an MFU for ours (ep 1 and ep 4) and transformers against the same-process peak."""
     from vf.bench import run_suite
 
-    doc = run_suite("parallel", size="tiny")
+    doc = run_suite("parallel", size="tiny", parallel={"ep": 4, "cp_style": "ulysses"})
+    assert (doc["config"]["cp"], doc["config"]["ep"], doc["config"]["cp_styles"]) == (2, 4, ["ulysses"])
     cases = {c["name"].split("/")[0]: c for c in doc["cases"]}
-    ep = cases["ep2"]
-    assert ep["ratios"]["expert_memory"]["value"] == 0.5 and ep["ratios"]["expert_memory"]["met"]
+    assert set(cases) == {"cp2-ulysses", "ep4", "moe-block-qwen3-30b-a3b"}
+    ep = cases["ep4"]
+    assert ep["ratios"]["expert_memory"]["value"] == 0.25 and ep["ratios"]["expert_memory"]["met"]
     assert ep["ours"]["all_to_all_s_per_step"] > 0 and ep["ref"]["all_to_all_s"] == 0
-    cp = cases["cp2-ring"]
+    cp = cases["cp2-ulysses"]
     assert 0 < cp["ratios"]["memory"]["value"] < 1, cp
+    moe = cases["moe-block-qwen3-30b-a3b"]
+    for side in (moe["ours"], moe["ref"]):
+        assert 0 < side["mfu_pct"] <= 100 and 0 < side["expert_shape_peak_pct"] <= 100, moe
+    assert 0 < moe["ours"]["ep4_mfu_pct"] <= 100 and moe["ratios"]["mfu_ep4"]["value"] > 0

@@ -10,7 +10,15 @@ on CPU) against the 1-process run of the same work in the same suite run.
          rank at ep 2 ÷ ep 1 (0.5 by construction, checked), tokens/s of forward + backward at ep 2
          vs ep 1 (each rank its own N tokens, so ep 2 does twice the work in the same time when
          the all-to-all is free), and the seconds per step spent in all-to-all.
+    moe: the MoE block alone at Qwen3-30B-A3B /4 (hidden 512, 128 experts of 192, top-8; the
+         trainer suite's shape), forward + backward on N tokens per rank, one thread per rank:
+         MFU = 6·(E·H + 3·k·I·H)·N / step time / the same process's peak (the best fp32 matmul
+         rate on its one thread: 512², 1024², or one expert's six GEMMs of forward and backward at
+         its balanced share of N·k/E rows), ours at ep 1 and at ep vs transformers' Qwen3MoeSparseMoeBlock (its default
+         grouped_mm experts). The expert-shape rate is reported beside it as a share of the peak.
 
+The layouts come from vf-train's flags (`vf-bench parallel --parallel.cp 4 --parallel.cp-style
+ulysses --parallel.ep 4`, checked by the trainer's `plan`; default cp 2 in both styles and ep 2).
 Each configuration runs as `torchrun --standalone --nproc_per_node W -m vf.bench.parallel`
 (the worker below); rank 0 writes every rank's figures to a JSON file.
 """
@@ -36,11 +44,47 @@ MOE = {"architecture": "qwen3_moe", "vocab_size": 256, "hidden_size": 128, "num_
        "moe_intermediate_size": 256, "norm_topk_prob": True, "max_position_embeddings": 4096}
 
 SIZES: dict[str, dict[str, Any]] = {
-    "full": {"cp_tokens": 16384, "cp_styles": ["ring", "ulysses"], "ep_tokens": 4096, "steps": 3,
-             "grow": [1.5, 1.8, 2.0, 2.5, 3.0]},
-    "quick": {"cp_tokens": 2048, "cp_styles": ["ring"], "ep_tokens": 1024, "steps": 2, "grow": [1.5, 1.8, 2.0]},
-    "tiny": {"cp_tokens": 512, "cp_styles": ["ring"], "ep_tokens": 128, "steps": 1, "grow": []},
+    "full": {"cp_tokens": 16384, "cp_styles": ["ring", "ulysses"], "ep_tokens": 4096, "moe_tokens": 4096,
+             "steps": 3, "grow": [1.5, 1.8, 2.0, 2.5, 3.0]},
+    "quick": {"cp_tokens": 2048, "cp_styles": ["ring"], "ep_tokens": 1024, "moe_tokens": 1024, "steps": 2,
+              "grow": [1.5, 1.8, 2.0]},
+    "tiny": {"cp_tokens": 512, "cp_styles": ["ring"], "ep_tokens": 128, "moe_tokens": 128, "steps": 1, "grow": []},
 }
+# the MoE block of the trainer suite's Qwen3-30B-A3B /4 shape (vf/bench/trainer.py)
+MOE_BLOCK = {"architecture": "qwen3_moe", "vocab_size": 256, "hidden_size": 512, "num_layers": 1, "num_heads": 4,
+             "num_kv_heads": 1, "head_dim": 128, "intermediate_size": 1536, "num_experts": 128,
+             "num_experts_per_tok": 8, "moe_intermediate_size": 192, "norm_topk_prob": True,
+             "max_position_embeddings": 4096}
+
+
+def layouts(parallel: dict[str, Any] | None, size: str) -> dict[str, Any]:
+    """The layouts to measure, from vf-train's `--parallel.*` flags as given (a dict of the section's
+    fields): {"cp": N, "cp_styles": [...], "ep": N}. Checked by the trainer's `plan` against the
+    suite's models, so a split they cannot take exits 2 with the trainer's reason."""
+    from types import SimpleNamespace
+
+    from vf.config import validate
+    from vf.errors import UsageError
+    from vf.trainer.config import ParallelSection
+    from vf.trainer.parallel import plan
+
+    given = parallel or {}
+    section = validate(ParallelSection, given)
+    if section.dp_shard not in ("auto", 1):
+        raise UsageError("--parallel.dp-shard: the parallel suite measures cp and ep against 1 process",
+                         hint="data parallelism is measured by running vf-train under torchrun")
+    cp = section.cp if "cp" in given else 2
+    ep = 2 if section.ep == "auto" else section.ep if "ep" in given else 2
+    for name, n in (("cp", cp), ("ep", ep)):
+        if n < 2:
+            raise UsageError(f"--parallel.{name} {n}: the suite compares a split against 1 process",
+                             hint=f"--parallel.{name} 2 or more")
+    styles = [section.cp_style] if "cp_style" in given else list(SIZES[size]["cp_styles"])
+    for style in styles:
+        plan(ParallelSection(cp=cp, cp_style=style), cp, 0, SimpleNamespace(num_experts=0, num_heads=DENSE["num_heads"]))
+    for spec in (MOE, MOE_BLOCK):
+        plan(ParallelSection(ep=ep), ep, 0, SimpleNamespace(num_experts=spec["num_experts"], num_heads=spec["num_heads"]))
+    return {"cp": cp, "cp_styles": styles, "ep": ep}
 
 
 # -- the worker (one per rank, under torchrun) --------------------------------------------------
@@ -143,6 +187,76 @@ def _ep_step(tokens: int, ep: int, steps: int) -> dict[str, Any]:
             "all_to_all_s": round(a2a[best], 4)}
 
 
+def _best_seconds(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _moe_step(tokens: int, ep: int, steps: int, impl: str) -> dict[str, Any]:
+    """One MoE block's forward + backward on `tokens` rows: seconds, MFU against the best matmul
+    rate this process reaches (512², 1024² or one expert's balanced shape), and that expert-shape
+    rate as a share of it."""
+    import torch
+    import torch.distributed as dist
+
+    H, E, k, Im = (MOE_BLOCK[key] for key in ("hidden_size", "num_experts", "num_experts_per_tok",
+                                              "moe_intermediate_size"))
+    if impl == "ours":
+        from vf.models.moe import moe_layers
+
+        model = _model(MOE_BLOCK)
+        if ep > 1:
+            from vf.models.expert_parallel import shard_experts
+
+            shard_experts(model, dist.group.WORLD)
+        block = moe_layers(model)[0]
+        run = block
+    else:
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+        cfg = Qwen3MoeConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k, moe_intermediate_size=Im,
+                             norm_topk_prob=True)
+        cfg._experts_implementation = "grouped_mm"  # what a loaded model gets (its default); standalone: None
+        block = Qwen3MoeSparseMoeBlock(cfg).float()
+        for p in block.parameters():  # transformers leaves these uninitialised until a model's init
+            torch.nn.init.normal_(p, std=0.02)
+        run = block
+    seed = dist.get_rank() if dist.is_initialized() else 0
+    x = torch.randn(1, tokens, H, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+
+    def step():
+        run(x).float().pow(2).mean().backward()
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+
+    step()  # warm-up (the first grouped_mm call of a process sets up)
+    seconds = _best_seconds(step, max(steps, 2))
+    rows = max(1, tokens * k // E)  # one expert's rows when the routing is balanced
+    xs, w1, w2, hs = torch.randn(rows, H), torch.randn(H, 2 * Im), torch.randn(Im, H), torch.randn(rows, Im)
+    g1, g2 = torch.randn(rows, 2 * Im), torch.randn(rows, H)
+
+    def expert_gemms():  # one expert's forward, input-gradient and weight-gradient GEMMs
+        torch.mm(xs, w1), torch.mm(hs, w2)
+        torch.mm(g2, w2.t()), torch.mm(g1, w1.t())
+        torch.mm(xs.t(), g1), torch.mm(hs.t(), g2)
+
+    shape = 3 * 2 * rows * H * 3 * Im / _best_seconds(expert_gemms, 20)
+    square = []
+    for n in (512, 1024):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        square.append(2 * n**3 / _best_seconds(lambda: torch.mm(a, b), 20))
+    peak = max(shape, *square)  # the best matmul rate this process reached
+    flops = 6 * (E * H + 3 * k * Im * H) * tokens
+    return {"tokens_per_rank": tokens, "seconds": round(seconds, 4), "mfu_pct": round(100 * flops / seconds / peak, 1),
+            "peak_gflops": round(peak / 1e9, 1),
+            "expert_shape_peak_pct": round(100 * shape / peak, 1)}
+
+
 def worker(spec: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
@@ -154,6 +268,8 @@ def worker(spec: dict[str, Any]) -> None:
     try:
         if spec["kind"] == "cp":
             out = _cp_step(spec["tokens"], world, spec.get("style", "ring"), spec["steps"])
+        elif spec["kind"] == "moe":
+            out = _moe_step(spec["tokens"], world, spec["steps"], spec["impl"])
         else:
             out = _ep_step(spec["tokens"], world, spec["steps"])
         figures = [None] * world
@@ -185,45 +301,62 @@ def launch(spec: dict[str, Any], world: int, timeout: float = 1200) -> list[dict
 # -- the suite ----------------------------------------------------------------------------------
 
 
-def run(size: str = "full", **_: Any) -> dict[str, Any]:
+def run(size: str = "full", parallel: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
-    cfg = {**SIZES[size], "size": size}
-    steps, T = cfg["steps"], cfg["cp_tokens"]
+    lay = layouts(parallel, size)
+    cfg = {**SIZES[size], "size": size, **lay}
+    steps, T, cp, ep = cfg["steps"], cfg["cp_tokens"], lay["cp"], lay["ep"]
     cases: list[Case] = []
-    for style in cfg["cp_styles"]:
+    for style in lay["cp_styles"]:
         one = launch({"kind": "cp", "tokens": T, "steps": steps}, 1)[0]
-        two = launch({"kind": "cp", "tokens": T, "steps": steps, "style": style}, 2)
-        per_rank = max(r["allocated_mib"] for r in two)
-        # the longest row (of these multiples of T) that fits at cp 2 under the cp-1 peak of T
+        split = launch({"kind": "cp", "tokens": T, "steps": steps, "style": style}, cp)
+        per_rank = max(r["allocated_mib"] for r in split)
+        # the longest row (of these multiples of T) that fits at cp N under the cp-1 peak of T
         longest = 1.0
         for grow in cfg["grow"]:
             tokens = math.ceil(T * grow / 64) * 64
-            tried = launch({"kind": "cp", "tokens": tokens, "steps": 1, "style": style}, 2)
+            tried = launch({"kind": "cp", "tokens": tokens, "steps": 1, "style": style}, cp)
             if max(r["allocated_mib"] for r in tried) > one["allocated_mib"]:
                 break
             longest = tokens / T
         cases.append(Case(
-            name=f"cp2-{style}/T{T}", ours={"allocated_mib_per_rank": per_rank,
-                                            "rss_extra_mib_per_rank": max(r["rss_extra_mib"] for r in two),
-                                            "seconds": max(r["seconds"] for r in two), "longest_within_cap": longest},
-            ref=one, ours_label=f"cp 2 ({style})", ref_label="cp 1",
-            ratios={"memory": Ratio(ratio(per_rank, one["allocated_mib"]), "lower", 0.6),
-                    "longest_sequence": Ratio(longest, "higher", 1.8)}))
+            name=f"cp{cp}-{style}/T{T}", ours={"allocated_mib_per_rank": per_rank,
+                                               "rss_extra_mib_per_rank": max(r["rss_extra_mib"] for r in split),
+                                               "seconds": max(r["seconds"] for r in split), "longest_within_cap": longest},
+            ref=one, ours_label=f"cp {cp} ({style})", ref_label="cp 1",
+            ratios={"memory": Ratio(ratio(per_rank, one["allocated_mib"]), "lower", 0.6 if cp == 2 else None),
+                    "longest_sequence": Ratio(longest, "higher", 1.8 if cp == 2 else None)}))
     N = cfg["ep_tokens"]
     one = launch({"kind": "ep", "tokens": N, "steps": steps}, 1)[0]
-    two = launch({"kind": "ep", "tokens": N, "steps": steps}, 2)
-    slowest = max(two, key=lambda r: r["seconds"])
-    ours = {"expert_mib_per_rank": two[0]["expert_mib"], "tokens_per_s": round(2 * N / slowest["seconds"], 1),
+    split = launch({"kind": "ep", "tokens": N, "steps": steps}, ep)
+    slowest = max(split, key=lambda r: r["seconds"])
+    ours = {"expert_mib_per_rank": split[0]["expert_mib"], "tokens_per_s": round(ep * N / slowest["seconds"], 1),
             "all_to_all_s_per_step": slowest["all_to_all_s"], "seconds": slowest["seconds"]}
     cases.append(Case(
-        name=f"ep2/N{N}", ours=ours, ref=one, ours_label="ep 2", ref_label="ep 1",
-        ratios={"expert_memory": Ratio(ratio(ours["expert_mib_per_rank"], one["expert_mib"]), "lower", 0.5),
+        name=f"ep{ep}/N{N}", ours=ours, ref=one, ours_label=f"ep {ep}", ref_label="ep 1",
+        ratios={"expert_memory": Ratio(ratio(ours["expert_mib_per_rank"], one["expert_mib"]), "lower", 1 / ep),
                 "tokens_per_s": Ratio(ratio(ours["tokens_per_s"], one["tokens_per_s"]), "higher")}))
+    M = cfg["moe_tokens"]
+    moe = {"kind": "moe", "tokens": M, "steps": steps}
+    hf = launch({**moe, "impl": "transformers"}, 1)[0]
+    mine = launch({**moe, "impl": "ours"}, 1)[0]
+    split = launch({**moe, "impl": "ours"}, ep)
+    worst = min(split, key=lambda r: r["mfu_pct"])
+    cases.append(Case(
+        name=f"moe-block-qwen3-30b-a3b/N{M}", ref=hf, ours_label=f"ours (ep 1; ep {ep})", ref_label="transformers",
+        ours={**mine, f"ep{ep}_mfu_pct": worst["mfu_pct"], f"ep{ep}_seconds": worst["seconds"]},
+        ratios={"mfu": Ratio(ratio(mine["mfu_pct"], hf["mfu_pct"]), "higher"),
+                f"mfu_ep{ep}": Ratio(ratio(worst["mfu_pct"], hf["mfu_pct"]), "higher")}))
     return suite_result("parallel", cfg, cases, wall_s=round(time.perf_counter() - t0, 1), notes=[
         ("torchrun on gloo (CPU), one thread per rank; cp memory = the most bytes torch had allocated at once "
          "during one forward + backward (torch's memory profiler; peak RSS above the loaded model is reported "
          "beside it, and also counts the allocator's cached pages); "
-         "ep tokens/s counts every rank's tokens (ep 2 does twice the work of ep 1 per step)")])
+         f"ep tokens/s counts every rank's tokens (ep {ep} does {ep}× the work of ep 1 per step); "
+         "MoE-block MFU is per rank against the rank's own one-thread matmul peak, each rank with its own N "
+         "tokens (the lowest rank reported); peak = the best rate of a plain fp32 matmul in the same process "
+         "(512², 1024², or one expert's six forward/backward GEMMs at its balanced share of rows); "
+         "expert_shape_peak_pct: those six GEMMs as plain matmuls, as a percentage of the peak (the MoE "
+         "block's ceiling: nearly all its FLOPs are these GEMMs)")])
 
 
 if __name__ == "__main__":
