@@ -5,7 +5,8 @@ Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air),
 deepseek_v4 (compressed/sparse attention, hyper-connections, hash routing: models/deepseek_v4.py);
 hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
 transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
-text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern). Family-specific HF keys are read and written through
+text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern; Super's latent MoE
+with `moe_latent_size`). Family-specific HF keys are read and written through
 `FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
 (router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 
@@ -174,6 +175,7 @@ FAMILY_KEYS.update({
         "topk_group": ("topk_group", 1),
         "norm_topk_prob": ("norm_topk_prob", True),
         "routed_scaling_factor": ("routed_scaling_factor", 1.0),
+        "moe_latent_size": ("moe_latent_size", None),  # Nemotron-H Super: routed experts in a latent space
     },
 })
 # older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
@@ -251,7 +253,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     attention_bias: bool = False
-    mlp_bias: bool = False  # Llama only
+    mlp_bias: bool = False  # llama; nemotron_h (its MLPs, shared expert and latent MoE projections)
     use_qk_norm: bool = False  # glm4_moe (qwen3 families always have q/k norm)
     # MoE; num_experts == 0 means dense
     num_experts: int = 0
@@ -304,6 +306,7 @@ class ModelConfig:
     # nemotron_h also "moe" | "mlp" (one mixer per layer)
     shared_expert_intermediate_size: int = 0  # qwen3_next / nemotron_h shared expert width (else Im * n_shared)
     shared_expert_gate: bool = False  # qwen3_next: the shared expert's output times sigmoid(x·w)
+    moe_latent_size: int | None = None  # nemotron_h (Super): routed experts run in this width (models/moe.py)
     linear_conv_kernel: int = 4  # gated DeltaNet (qwen3_next, qwen3_5)
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
@@ -711,9 +714,9 @@ def _check_hybrid(cfg: ModelConfig, d: dict, source: str) -> None:
     if len(cfg.layer_types) != cfg.num_layers or set(cfg.layer_types) - allowed:
         raise ModelLoadError(f"{source}: layer types must give one of {sorted(allowed)} for each of {cfg.num_layers} layers")
     if cfg.architecture == "nemotron_h":
-        if d.get("moe_latent_size"):
-            raise ModelLoadError(f"{source}: nemotron_h latent MoE (moe_latent_size) is not supported natively",
-                                 hint="run it with --model.impl hf")
+        latent = cfg.moe_latent_size
+        if latent is not None and (type(latent) is not int or latent < 1):  # bool is an int: refuse it too
+            raise ModelLoadError(f"{source}: moe_latent_size must be a positive integer or null, got {latent!r}")
         if cfg.mlp_act != "relu2" or d.get("mamba_hidden_act", "silu") != "silu":
             raise ModelLoadError(f"{source}: nemotron_h supports mlp_hidden_act 'relu2' and mamba_hidden_act 'silu'")
         if cfg.mamba_num_heads % cfg.mamba_n_groups:

@@ -106,8 +106,11 @@ FAMILY_TABLE["nemotron_h"] = {
     **{f"layers.{{i}}.mixer.{p}": ("rename", [NM + p]) for p in (
         "o_proj.weight", "in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias", "dt_bias", "A_log", "D",
         "norm.weight", "up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias")},
-    "layers.{i}.mixer.shared.up_proj.weight": ("rename", [NM + "shared_experts.up_proj.weight"]),
-    "layers.{i}.mixer.shared.down_proj.weight": ("rename", [NM + "shared_experts.down_proj.weight"]),
+    **{f"layers.{{i}}.mixer.shared.{p}": ("rename", [NM + f"shared_experts.{p}"]) for p in (
+        "up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias")},
+    # Super's latent MoE (moe_latent_size): hidden -> latent before the routed experts, latent -> hidden after
+    **{f"layers.{{i}}.mixer.{ours}.{p}": ("rename", [NM + f"{theirs}.{p}"]) for ours, theirs in (
+        ("latent_in", "fc1_latent_proj"), ("latent_out", "fc2_latent_proj")) for p in ("weight", "bias")},
     "layers.{i}.mixer.router.weight": ("rename", [NM + "gate.weight"]),
     "layers.{i}.mixer.router.expert_bias": ("rename", [NM + "gate.e_score_correction_bias"]),
     "layers.{i}.mixer.gate_up_proj": ("stack", [NM + "experts.{e}.up_proj.weight"]),

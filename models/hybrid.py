@@ -1,7 +1,9 @@
 """Nemotron-H's decoder layer: one mixer per layer, chosen by `config.layer_types[i]`:
 "linear_attention" a Mamba-2 mixer (mamba2.py), "full_attention" GQA attention without rotary
 (position comes from the Mamba layers), "mlp" a non-gated squared-ReLU MLP, "moe" the MoE runtime
-(moe.py: sigmoid router with expert bias, relu² experts, a relu² shared expert).
+(moe.py: sigmoid router with expert bias, relu² experts, a relu² shared expert; with
+`moe_latent_size` (Nemotron-H Super) the routed experts run in that latent width between
+moe.py's latent_in / latent_out projections, the router and shared expert on the hidden state).
 
     x = x + mixer(norm(x))        norm: RMSNorm;  parameters under `layers.{i}.norm` / `layers.{i}.mixer`
 

@@ -14,7 +14,10 @@ Parameters (native names under `layers.{i}.mlp.`):
                                 Is = shared_expert_intermediate_size, else Im*n_shared)
   shared_gate.weight [1, H]     Qwen3-Next: the shared experts' output times sigmoid(x·w)
   relu2 experts (Nemotron-H, not gated): gate_up_proj [E, Im, H] holds the up projection only, and
-  the shared expert is the non-gated `MLP(act="relu2")` (shared.up_proj)
+  the shared expert is the non-gated `MLP(act="relu2")` (shared.up_proj; biases when mlp_bias)
+  latent_in.weight [Hl, H], latent_out.weight [H, Hl] (+ .bias when mlp_bias)
+                                Nemotron-H Super's latent MoE (Hl = moe_latent_size): the routed
+                                experts run in width Hl, so their tensors are [E, Im, Hl] / [E, Hl, Im]
 
 Routing (`Router.forward`), always in fp32:
   logits = x·Wᵀ (+ b);  scores = softmax(logits) | sigmoid(logits) | sqrt(softplus(logits))
@@ -26,6 +29,10 @@ Experts: act(gate) * up with act = SiLU ("swiglu"), or GPT-OSS's clamped SwiGLU
   ("clamped_swiglu": gate ≤ limit, |up| ≤ limit, gate·σ(α·gate)·(up + 1)), or DeepSeek-V4's
   ("swiglu_limit": SiLU(min(gate, limit)) · clamp(up, ±limit), its shared expert too), or
   Nemotron-H's squared ReLU on the up projection alone ("relu2": relu(up)²).
+Latent MoE (transformers' NemotronHMoE): the router and the shared expert see the hidden state x;
+only the routed path is wrapped: routed = latent_out(Σ_j w_j · expert_j(latent_in(x))), so
+latent_out's bias is added once per token, after the weighted sum. Expert parallelism exchanges
+the Hl-wide latent rows (the projections run on the token's own rank).
 Routers that choose by token id (DeepSeek-V4's hash layers, models/hash_routing.py) get the
 token ids: `forward(x, token_ids)`.
 
@@ -132,18 +139,24 @@ class MoE(nn.Module):
         E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.num_experts, self.top_k = E, config.num_experts_per_tok
         self.router = Router(config)
+        latent = config.moe_latent_size
+        # Hx: the routed experts' input/output width (the latent width under a latent MoE)
+        Hx = latent or H
+        self.latent_in = nn.Linear(H, latent, bias=config.mlp_bias) if latent else None
+        self.latent_out = nn.Linear(latent, H, bias=config.mlp_bias) if latent else None
         gated = config.expert_act != "relu2"
-        self.gate_up_proj = nn.Parameter(torch.empty(E, (2 if gated else 1) * Im, H))
-        self.down_proj = nn.Parameter(torch.empty(E, H, Im))
+        self.gate_up_proj = nn.Parameter(torch.empty(E, (2 if gated else 1) * Im, Hx))
+        self.down_proj = nn.Parameter(torch.empty(E, Hx, Im))
         if config.expert_bias_terms:
             self.gate_up_proj_bias = nn.Parameter(torch.empty(E, 2 * Im))
-            self.down_proj_bias = nn.Parameter(torch.empty(E, H))
+            self.down_proj_bias = nn.Parameter(torch.empty(E, Hx))
         else:
             self.gate_up_proj_bias = self.down_proj_bias = None
         self.act, self.alpha, self.limit = config.expert_act, config.swiglu_alpha, config.swiglu_limit
         shared = config.shared_expert_intermediate_size or Im * config.n_shared_experts
         limit = self.limit if self.act == "swiglu_limit" else None
-        self.shared = MLP(H, shared, act="swiglu" if gated else "relu2", limit=limit) if shared else None
+        self.shared = (MLP(H, shared, bias=config.mlp_bias, act="swiglu" if gated else "relu2", limit=limit)
+                       if shared else None)
         self.shared_gate = nn.Linear(H, 1, bias=False) if config.shared_expert_gate else None
         self.impl = check_impl(impl or config.moe_impl_for(0))
         self._counts: torch.Tensor | None = None  # [E] assignments since the last pop_stats()
@@ -167,10 +180,13 @@ class MoE(nn.Module):
             self.routed = idx
         w = w.to(x.dtype)
         impl = check_impl(self.impl)
+        routed = flat if self.latent_in is None else self.latent_in(flat)  # [N, Hx]
         if self.ep is not None:  # the assignments travel to the ranks holding their experts and back
-            out = self.ep.compute(self, flat, w, idx)
+            out = self.ep.compute(self, routed, w, idx)
         else:
-            out = self._grouped(flat, w, idx) if impl == "grouped" else self._loop(flat, w, idx)
+            out = self._grouped(routed, w, idx) if impl == "grouped" else self._loop(routed, w, idx)
+        if self.latent_out is not None:
+            out = self.latent_out(out)
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:

@@ -77,6 +77,15 @@ def test_ep2_loop_shared_expert_router_replay_and_checkpointing(tmp_path):
     assert "grad/layers.0.mlp.shared.down_proj.weight" in report["errors"]
 
 
+def test_ep2_latent_moe_matches_one_process(tmp_path):
+    """A latent MoE (Nemotron-H Super): the projections run on each token's own rank and the ranks
+    exchange 24-wide latent rows; the experts are held in the latent width."""
+    report = run_worker(tmp_path, 2, "--ep", "2", "--latent", "24", "--shared")
+    check(report, 2)
+    assert {"grad/layers.0.mlp.latent_in.weight", "grad/layers.1.mlp.latent_out.weight"} <= report["errors"].keys()
+    assert report["ref_expert_bytes"] == 2 * 8 * (32 * 24 + 24 * 16) * 4  # 2 layers of [E, 2Im, 24] + [E, 24, Im], fp32
+
+
 def test_zero_row_sends_and_receives(tmp_path):
     """Every token goes to the last rank's experts: rank 0 sends none of its rows to itself and
     receives none, yet runs every collective forward and backward; its expert grads are zero."""

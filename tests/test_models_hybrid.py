@@ -1,5 +1,5 @@
 """The linear-attention / SSM hybrids (qwen3_next, qwen3_5_text, qwen3_5_moe_text: gated DeltaNet +
-gated attention; nemotron_h: Mamba-2 + attention + MLP/MoE by pattern) against transformers on
+gated attention; nemotron_h: Mamba-2 + attention + MLP/MoE by pattern, and Super's latent MoE) against transformers on
 random-initialised tiny configs: fp32 logits, HF round trip, chunked vs recurrent forms, packed
 documents resetting every recurrent and conv state, the embedded engine's greedy continuation on its
 own cache (with sequences admitted and retired mid-batch), trainer/engine log-probs, vf-train."""
@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_models_families import _train, check_logits_parity, check_round_trip
+from test_models_families import _train, check_logits_parity, check_refused, check_round_trip
 from vf.models import ModelConfig, ModelLoadError, load_model
 
 V = 512  # the built-in tiny tokenizer's vocabulary, so the checkpoints also run under vf-train
@@ -34,7 +34,17 @@ FAMILIES = {
         "ssm_state_size": 8, "mamba_num_heads": 4, "mamba_head_dim": 8, "n_groups": 2, "chunk_size": 8,
         "moe_intermediate_size": 8, "moe_shared_expert_intermediate_size": 12, "n_routed_experts": 4,
         "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5}),
+    # Nemotron-H Super's latent MoE: one Mamba-2, one attention, one MoE layer whose routed experts run
+    # in a 20-wide latent space (hidden 64); mlp_bias puts biases on the latent projections and the
+    # shared expert
+    "nemotron_h_latent": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "hidden_size": 64, "layers_block_type": ["linear_attention", "full_attention", "moe"],
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 48,
+        "ssm_state_size": 8, "mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 2, "chunk_size": 8,
+        "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 24, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "routed_scaling_factor": 1.5, "moe_latent_size": 20, "mlp_bias": True}),
 }
+ARCH = {"nemotron_h_latent": "nemotron_h"}  # test cases that are a variant of a family
 IDS = torch.randint(0, V, (2, 150), generator=torch.Generator().manual_seed(1))  # > 2 DeltaNet chunks
 
 
@@ -48,7 +58,7 @@ def make_hybrid(family: str, seed: int = 0, **overrides):
             if name.endswith("e_score_correction_bias"):
                 p.uniform_(-0.3, 0.3, generator=g)
             elif "norm" in name:  # zero-centred (1 + w) norms get w around 0
-                p.uniform_(0.5, 1.5, generator=g).sub_(0.0 if "linear_attn.norm" in name or family == "nemotron_h" else 1.0)
+                p.uniform_(0.5, 1.5, generator=g).sub_(0.0 if "linear_attn.norm" in name or ARCH.get(family, family) == "nemotron_h" else 1.0)
             elif "embed" in name:  # a residual stream of unit scale: fp32 rounding is not blown up by the norms
                 p.normal_(0, 1.0, generator=g)
             elif name.endswith(("bias", "gate.weight", "A_log", ".D")):
@@ -86,7 +96,7 @@ def logprobs(logits, ids):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_hybrid_logits_match_transformers(family, saved):
-    check_logits_parity(family, *saved[family], IDS)
+    check_logits_parity(ARCH.get(family, family), *saved[family], IDS)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -190,8 +200,10 @@ def test_hybrid_config_errors(saved):
     cfg = json.loads((saved["nemotron_h"][1] / "config.json").read_text())
     legacy = {k: v for k, v in cfg.items() if k != "layers_block_type"} | {"hybrid_override_pattern": "ME*-M"}
     assert ModelConfig.from_hf_dict(legacy).layer_types == cfg["layers_block_type"]
-    with pytest.raises(ModelLoadError, match="latent MoE"):
-        ModelConfig.from_hf_dict({**cfg, "moe_latent_size": 16})
+    assert ModelConfig.from_hf_dict({**cfg, "moe_latent_size": 16}).moe_latent_size == 16
+    for bad in (0, -4, 2.5, "16", True):
+        with pytest.raises(ModelLoadError, match="moe_latent_size must be a positive integer"):
+            ModelConfig.from_hf_dict({**cfg, "moe_latent_size": bad})
     with pytest.raises(ModelLoadError, match="other than"):
         ModelConfig.from_hf_dict({**legacy, "hybrid_override_pattern": "MX"})
     cfg = json.loads((saved["qwen3_next"][1] / "config.json").read_text())
@@ -201,8 +213,26 @@ def test_hybrid_config_errors(saved):
     assert derived.layer_types == ["linear_attention", "full_attention"] * 2
 
 
+def test_latent_moe_checkpoint_missing_or_misshapen_latent_key_exits_2(saved, tmp_path):
+    """A latent-MoE checkpoint without (or with a wrongly shaped) latent projection is refused with
+    the key named, by load_model and by vf-train (exit 2), never loaded half-initialised."""
+    from safetensors.torch import load_file
+
+    d = saved["nemotron_h_latent"][1]
+    tensors = load_file(d / "model.safetensors")
+    fc1, fc2 = "backbone.layers.2.mixer.fc1_latent_proj.weight", "backbone.layers.2.mixer.fc2_latent_proj.bias"
+    assert fc1 in tensors and fc2 in tensors
+    check_refused(d, tmp_path, {
+        "missing": ({k: v for k, v in tensors.items() if k != fc1}, fc1),
+        "misshapen": ({**tensors, fc2: torch.zeros(20)}, "layers.2.mixer.latent_out.bias"),
+    })
+    proc = _train("-o", str(tmp_path / "run"), "--model", str(tmp_path / "missing"), "--steps", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert fc1 in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "nemotron_h_latent"])
 def test_vf_train_runs_rl_steps_on_hybrid(family, saved, tmp_path):
     run = tmp_path / "run"
     proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",

@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N tests/parallel/ep_worker.py OUT.json --ep P
 
 Every rank builds the same seeded tiny Qwen3-MoE-like native model (8 experts, top-2, hidden 32,
-2 MoE layers; `--shared`: plus a shared expert) and the same packed batch (4 rows of 24 tokens,
+2 MoE layers; `--shared`: plus a shared expert; `--latent W`: the experts run in a W-wide latent
+space between the MoE's latent_in/latent_out projections, so W-wide rows are exchanged) and the same packed batch (4 rows of 24 tokens,
 position_ids restarting: several documents per row). The world's N ranks form N/P expert groups of
 P ranks (group g = ranks [g*P, (g+1)*P)); the ranks holding the same expert block are replicas.
 
@@ -49,10 +50,11 @@ TOL = 1e-5
 E, K, B, T, V = 8, 2, 4, 24, 64
 
 
-def tiny_moe(impl: str, shared: bool):
+def tiny_moe(impl: str, shared: bool, latent: int | None = None):
     cfg = ModelConfig(architecture="qwen3_moe", vocab_size=V, hidden_size=32, num_layers=2, num_heads=2,
                       num_kv_heads=2, head_dim=16, intermediate_size=48, num_experts=E, num_experts_per_tok=K,
-                      moe_intermediate_size=16, norm_topk_prob=True, n_shared_experts=int(shared), moe_impl=impl)
+                      moe_intermediate_size=16, norm_topk_prob=True, n_shared_experts=int(shared), moe_impl=impl,
+                      moe_latent_size=latent)
     # std 0.2, not the init's 0.02: decisive routing and gradients well above float32 noise
     return init_weights(build_model(cfg, seed=0), seed=0, std=0.2)
 
@@ -103,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shared", action="store_true")
     ap.add_argument("--replay", choices=["none", "skew", "random"], default="none")
     ap.add_argument("--ckpt", action="store_true", help="activation checkpointing on the EP model")
+    ap.add_argument("--latent", type=int, default=None, help="a latent MoE: experts in this width (Nemotron-H Super)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))  # a hung collective raises, not waits 30 min
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
     ep_group = ep_groups[rank // ep]
     replicas = rep_groups[rank % ep] if rep_groups else None
 
-    ref = tiny_moe(args.impl, args.shared)
+    ref = tiny_moe(args.impl, args.shared, args.latent)
     model = copy.deepcopy(ref)
     sharded = shard_experts(model, ep_group)
     model.activation_checkpointing = args.ckpt  # backward recomputes each layer: its exchanges run again
