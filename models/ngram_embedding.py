@@ -3,8 +3,8 @@
 
 Shape legend: B rows, T tokens per row, V token vocabulary (`vocab_size`), n = `ngram_size`,
 C = n − 1 tokens of history, h = `heads_per_ngram`, H = C·h heads, D = `embed_dim` / H (the width of
-one head), P padded table rows, ℓ = the PLE layer index (the decoder layer's place in
-`ple_layer_ids`, counting from 0; not the decoder layer's own index).
+one head), P padded table rows, ℓ = the PLE layer index: decoder layer i (from 0) has a PLE when
+i + 1 is in `ple_layer_ids` (one-indexed, sorted), and ℓ = ple_layer_ids.index(i + 1).
 
 Tables (pure functions below, recomputed from the config, never loaded):
   sizes      head j of layer ℓ hashes into a prime number of rows: the (ℓ·H + j + 1)-th smallest prime
@@ -28,15 +28,15 @@ Ids, in int64 (`NGramEmbedding.ngram_ids`), for the token at column p:
 
 Packed rows: with vf's position_ids (restarting at 0 at each document) no history reaches across a
 document start, so a packed row equals each document embedded alone (history = eos). transformers
-has no packed rows: its model turns padding into eos (its conv mask) before this lookup, which the
-eos rule above reproduces. Incremental decoding: `context` [B, C] is the C tokens before
+has no packed rows: its model turns padding into eos (its conv mask) before this lookup, and the
+eos rule above then cuts the history there. Incremental decoding: `context` [B, C] is the C tokens before
 `input_ids` (eos where there are fewer; `next_context` keeps it), what transformers keeps in its
 cache (conv state 2).
 
 Weights: one parameter `weight` [P, D]. transformers: decoder layer i's
 `model.layers.{i}.ple.ple_embedding.ngram_embedding.weight` [P, D] (`model.language_model.` prefix
-in the multimodal checkpoint), stored in the checkpoint as `split_ngram_parts` equal row blocks
-`...ngram_embedding.shard_{0..parts-1}.weight` concatenated along dim 0 in shard order. Its buffers
+in the multimodal model), stored in the checkpoint as `split_ngram_parts` row blocks (torch.chunk
+along dim 0) `...ngram_embedding.shard_{0..parts-1}.weight`, concatenated in shard order. Its buffers
 `layer_multipliers`, `ngram_heads_vocab_sizes`, `ngram_heads_offsets` (`HF_DERIVED_BUFFERS`) are
 derived from the config: this module keeps them as non-persistent buffers and `check_hf_buffers`
 verifies a checkpoint's copies instead of loading them.

@@ -1,6 +1,7 @@
 """Vocabulary-sharded n-gram tables (models/ngram_embedding.py) on torch.distributed (gloo on CPU,
-NCCL on GPU; the same code, torchrun-launched). A PLE table of Qwen3.8 Flash Next holds ~20M rows
-per head: too big to copy to every rank, small to read from (H rows per token).
+NCCL on GPU; the same code, torchrun-launched). A PLE table of Qwen3.8 Flash Next holds 16 heads of
+~20M rows each (transformers counts ~45B parameters over all PLE layers): too big to copy to every
+rank, and each token reads only H rows of it. Ids are not deduplicated before they travel.
 
 Shape legend as in models/ngram_embedding.py (H heads, D head width, P padded rows) and: `size`
 ranks in the group, block = ⌈P / size⌉, M = B·T·H ids this rank looks up, R = ids it receives.

@@ -3,6 +3,7 @@ tests/parallel/ngram_worker.py, which checks the sharded lookup against the one-
 same packed batch (outputs bit-exact, gathered table gradients, the full table state) and writes its
 errors as JSON; plus the in-process parts that need no process group."""
 
+import itertools
 import json
 import os
 import signal
@@ -15,7 +16,13 @@ from test_expert_parallel import ENV, FakeGroup, torchrun
 from torch import nn
 from vf.models.errors import ModelLoadError
 from vf.models.ngram_embedding import NGramEmbedding, NGramSpec
-from vf.models.ngram_parallel import cut_table, load_ngram_state, ngram_tables, row_block, shard_ngram_embeddings
+from vf.models.ngram_parallel import (
+    cut_table,
+    load_ngram_state,
+    ngram_tables,
+    row_block,
+    shard_ngram_embeddings,
+)
 
 from vf.errors import UsageError
 
@@ -87,7 +94,7 @@ def test_row_blocks_cover_the_table_once():
         for size in (1, 2, 3, 4, 9):
             blocks = [row_block(rows, size, r) for r in range(size)]
             assert blocks[0][0] == 0 and all(c >= 0 for _, c in blocks)
-            assert all(f + c == nf for (f, c), (nf, _) in zip(blocks, blocks[1:]) if c)  # contiguous, in rank order
+            assert all(f + c == nf for (f, c), (nf, _) in itertools.pairwise(blocks) if c)  # contiguous, in rank order
             assert sum(c for _, c in blocks) == rows
     assert [row_block(7, 4, r) for r in range(4)] == [(0, 2), (2, 2), (4, 2), (6, 1)]
     assert [row_block(2, 4, r) for r in range(4)] == [(0, 1), (1, 1), (2, 0), (2, 0)]  # more ranks than rows

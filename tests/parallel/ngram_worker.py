@@ -24,6 +24,7 @@ sent to owner j, held: per table the rows each rank holds, ...}], ok} to OUT.jso
 
 import argparse
 import copy
+import itertools
 import json
 import sys
 from datetime import timedelta
@@ -32,7 +33,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from vf.models.ngram_embedding import NGramEmbedding, NGramSpec
-from vf.models.ngram_parallel import full_ngram_state, gather_table, load_ngram_state, ngram_tables, shard_ngram_embeddings
+from vf.models.ngram_parallel import (
+    full_ngram_state,
+    gather_table,
+    load_ngram_state,
+    ngram_tables,
+    shard_ngram_embeddings,
+)
 
 TOL = 1e-6
 V, EOS, B, T, DIM = 61, 3, 6, 16, 8
@@ -54,7 +61,7 @@ def packed_batch(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     for r in range(B):
         cuts = sorted(torch.randperm(T - 2, generator=g)[:2].add(1).tolist())  # 3 documents per row
         starts = [0, *cuts, T]
-        for s, e in zip(starts, starts[1:]):
+        for s, e in itertools.pairwise(starts):
             pos[r, s:e] = torch.arange(e - s)
     return ids, pos
 
