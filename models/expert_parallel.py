@@ -29,7 +29,8 @@ Forward of a sharded layer (`ExpertShard.compute`, called from `MoE.forward`):
      gets its A rows in the order it sent them, multiplies them by the router weights and index-adds
      them per source token: out[t] = Σ_j w[t, j] · expert_{idx[t, j]}(x[t]), the same sum as without EP.
 A rank that sends or receives zero rows still runs every collective (forward and backward): the
-others wait on it.
+others wait on it. Steps 3, 4 and 6's return trip are `exchange_counts` and `exchange_rows`, which
+know nothing of experts: models/ngram_parallel.py sends its table lookups to their owners with them.
 
 Gradients: a sharded expert's gradient on rank r covers the tokens of every rank of its ep group
 (the dispatch backward brings them back), so summing over the replicas (the ranks of other ep
@@ -64,6 +65,26 @@ warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.
 EXPERT_PARAMS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
 
 
+def exchange_counts(per_bucket: torch.Tensor, size: int, group) -> tuple[list[int], list[int], torch.Tensor]:
+    """Step 3 of the module docstring, for any rows that go to the rank owning their bucket: per_bucket
+    [size*c] int64 counts of the rows this rank sends to each bucket (bucket b lives on rank b // c)
+    → (send [size] rows to each rank, recv [size] rows from each rank, recv_per_bucket [size*c]:
+    from source s, rows for its local bucket e at s*c + e). One all_to_all_single over `group`,
+    which every rank of the group calls, also one with nothing to send."""
+    recv_per_bucket = torch.empty_like(per_bucket)
+    dist.all_to_all_single(recv_per_bucket, per_bucket, group=group)
+    send = per_bucket.view(size, -1).sum(1).tolist()
+    recv = recv_per_bucket.view(size, -1).sum(1).tolist()
+    return send, recv, recv_per_bucket
+
+
+def exchange_rows(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    """x [Σsend, ...] (rows for rank r in the r-th block of send[r] rows) → [Σrecv, ...] the rows the
+    other ranks sent here, by source rank; autograd-aware (backward: the reverse exchange of the
+    gradients). Swap send and recv to return results to where their rows came from."""
+    return dist_nn.all_to_all_single(x.new_empty(sum(recv), *x.shape[1:]), x, recv, send, group=group)
+
+
 @dataclass
 class ExpertShard:
     """Set as `moe.ep` on every MoE layer by `shard_experts`."""
@@ -77,24 +98,21 @@ class ExpertShard:
     def compute(self, moe: MoE, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Routed-expert output for this rank's tokens: x [N, H], w [N, k] (x.dtype), idx [N, k]
         global expert ids -> [N, H] (steps 2-6 of the module docstring)."""
-        k, H = idx.shape[1], x.shape[-1]
+        k = idx.shape[1]
         flat_idx = idx.reshape(-1)  # [A]
         order = torch.argsort(flat_idx, stable=True)  # by destination rank, then local expert
         tok = order // k  # [A] source token of each sorted assignment
         per_expert = torch.bincount(flat_idx, minlength=self.size * self.count)  # [E]
-        recv_per_expert = torch.empty_like(per_expert)  # [ep*c]: source s, local expert e at s*c + e
-        dist.all_to_all_single(recv_per_expert, per_expert, group=self.group)
-        send = per_expert.view(self.size, self.count).sum(1).tolist()  # rows to each rank
-        recv = recv_per_expert.view(self.size, self.count).sum(1).tolist()  # rows from each rank
+        send, recv, recv_per_expert = exchange_counts(per_expert, self.size, self.group)
         local = torch.arange(self.count, device=idx.device).repeat(self.size).repeat_interleave(recv_per_expert)  # [R]
-        xr = dist_nn.all_to_all_single(x.new_empty(sum(recv), H), x[tok], recv, send, group=self.group)  # [R, H]
+        xr = exchange_rows(x[tok], send, recv, self.group)  # [R, H]
         if xr.shape[0]:
             run = moe._grouped if check_impl(moe.impl) == "grouped" else moe._loop
             ys = run(xr, xr.new_ones(xr.shape[0], 1), local[:, None])  # [R, H], row i = its expert's output
         else:  # nothing to compute, but the (empty) result must stay tied to the dispatch and the
             # weights: this rank's backward has to run the reverse exchanges the other ranks wait on
             ys = xr + 0 * moe.down_proj.sum()
-        back = dist_nn.all_to_all_single(x.new_empty(len(order), H), ys, send, recv, group=self.group)  # [A, H]
+        back = exchange_rows(ys, recv, send, self.group)  # [A, H]
         return torch.zeros_like(x).index_add_(0, tok, back * w.reshape(-1)[order, None])
 
 
