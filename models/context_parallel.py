@@ -22,9 +22,16 @@ Usage (the trainer's micro-batch step):
 Under the context `layers.positions_and_mask` returns the local positions (the true positions:
 rotary uses them) and, as the layers' opaque attention `mask`, a `ShardedAttention` carrying the
 shard; `layers.sdpa` hands q/k/v to it. The recurrent layers (Gated DeltaNet, Mamba-2) switch to a
-head split around their scan (models/context_parallel_recurrent.py). Layers that build their own
-masks refuse it (`layers.refuse_context_parallel`: DSA, sink attention, DeepSeek-V4, the
-transformers fallback) rather than compute on a slice as if it were the row.
+head split around their scan (models/context_parallel_recurrent.py).
+
+Attention that builds its own mask (DSA's per-query top-k selection, GPT-OSS's sinks and sliding
+windows) takes the third way, in either style: `gather` all-gathers the key side (MLA's latent and
+rope key plus DSA's index key; GPT-OSS's K/V at its kv heads) into the whole rows, `visible` gives
+this rank's query rows of the per-document causal mask, and the layer runs its own masked path for
+its T/size queries over T keys. The keys are all here (O(T) per rank for the key side, O(T/size · T)
+for the mask), the queries and everything per query are not. Layers that still refuse a slice
+(`layers.refuse_context_parallel`: DeepSeek-V4's compressed attention, the transformers fallback,
+vision inputs) exit 2 rather than compute on a slice as if it were the row.
 
 Load balance (`shard_columns`): with causal attention the later tokens do more work, so a
 contiguous split would give the last rank ~2·size-1 times the first one's attention work. The row
@@ -121,6 +128,11 @@ class ContextShard:
         return shard_columns(self.position_ids.shape[1], self.size, rank, self.position_ids.device)
 
     @cached_property
+    def gather_order(self) -> torch.LongTensor:
+        """Where each global column sits in the ranks' slices laid end to end (rank 0's, rank 1's, …)."""
+        return torch.argsort(torch.cat([self.columns_of(r) for r in range(self.size)]))
+
+    @cached_property
     def doc_ids(self) -> torch.Tensor:
         """[B, T] int: each column's document number in its row (starts where the position is 0)."""
         starts = self.position_ids == 0
@@ -191,6 +203,40 @@ class ShardedAttention(ShardedMask):
     def documents(self) -> Documents:
         """The full rows' layout (ulysses attends over whole rows); built once per forward."""
         return Documents(self.shard.position_ids)
+
+    def gather(self, *slices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.shard.size == 1:
+            return slices
+        return tuple(_GatherColumns.apply(t, self.shard) for t in slices)
+
+    @cached_property
+    def visible(self) -> torch.Tensor:
+        return self.documents.dense().index_select(2, self.shard.columns)
+
+    @property
+    def key_positions(self) -> torch.Tensor:
+        return self.shard.position_ids
+
+
+class _GatherColumns(torch.autograd.Function):
+    """All-gather for attention that builds its own mask (DSA, sinks: module doc): this rank's
+    columns [B, h, T/size, d] -> the whole rows [B, h, T, d] in column order. Backward: every rank's
+    queries used every key, so the gradient of a key is the sum over ranks (all-reduce) at its
+    columns. Keys are the small side here (MLA's latent, DSA's index key, GQA's kv heads); the
+    queries and everything per query stay on their rank."""
+
+    @staticmethod
+    def forward(ctx, x, shard: ContextShard):
+        ctx.shard = shard
+        parts = [torch.empty_like(x) for _ in range(shard.size)]
+        dist.all_gather(parts, x.contiguous(), group=shard.group)
+        return torch.cat(parts, dim=2).index_select(2, shard.gather_order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.shard.group)
+        return grad.index_select(2, ctx.shard.columns), None
 
 
 # ---- ring -----------------------------------------------------------------------------------------
@@ -498,8 +544,7 @@ def _seq_to_heads(x: torch.Tensor, shard: ContextShard) -> torch.Tensor:
     parts = x.reshape(B, n, h // n, Tl, d).transpose(0, 1).contiguous()  # [n (head group), B, h/n, Tl, d]
     got = dist_fn.all_to_all_single(torch.empty_like(parts), parts, group=shard.group)  # [n (source rank), ...]
     got = got.permute(1, 2, 0, 3, 4).reshape(B, h // n, n * Tl, d)  # columns: rank 0's, rank 1's, ...
-    order = torch.cat([shard.columns_of(r) for r in range(n)])
-    return got.index_select(2, torch.argsort(order))
+    return got.index_select(2, shard.gather_order)
 
 
 def _heads_to_seq(x: torch.Tensor, shard: ContextShard) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import apply_rope, refuse_context_parallel
+from vf.models.layers import ShardedMask, apply_rope
 from vf.models.mla import MLAttention, deinterleave
 
 INDEX_NORM_EPS = 1e-6
@@ -91,8 +91,10 @@ class DSAttention(MLAttention):
         self.sparse = True  # False: attend to every visible key (the selection switched off)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
-        refuse_context_parallel(mask, "DSA (indexed sparse attention)")
         q, q_lat, latent, k_rope = self.project(x, cos, sin)
+        sharded = isinstance(mask, ShardedMask)  # context parallel: this rank's queries, every rank's keys
+        if sharded:
+            latent, k_rope = mask.gather(latent, k_rope)
         if self.indexer is None:
             if cache is not None:  # the indexer-key stream stays empty on shared layers
                 (latent, k_rope, _), mask = cache.store(self.layer_idx, latent, k_rope, latent.new_zeros(
@@ -100,8 +102,12 @@ class DSAttention(MLAttention):
             selection = self.source[0].selection
         else:
             keys = self.indexer.key(x, cos, sin)
+            if sharded:
+                (keys,) = mask.gather(keys)
             if cache is not None:
                 (latent, k_rope, keys), mask = cache.store(self.layer_idx, latent, k_rope, keys)
+        if sharded:
+            mask = mask.visible
         T, S = q.shape[2], latent.shape[2]
         if hasattr(mask, "dense"):  # a packed-documents layout object (layers.Documents): its bool mask
             mask = None if mask.single else mask.dense()

@@ -9,8 +9,9 @@ Sliding layers (`layer_types[i] == "sliding_attention"`) let a query at position
 positions > p − W (W keys, itself included), as transformers' `sliding_window_overlay`.
 
 SDPA's boolean masks cannot carry the sinks, so this module builds its float bias itself in
-`sink_window_bias`, from position ids (documents of a packed row restart at position 0) or from the
-KV cache's mask; the model-level `mask` argument is not used.
+`sink_window_bias`, from position ids (documents of a packed row restart at position 0), from the
+KV cache's mask, or under context parallelism from the gathered rows (models/context_parallel.py);
+the model-level `mask` argument is otherwise not used.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Attention, refuse_context_parallel
+from vf.models.layers import Attention, ShardedMask
 
 
 def sink_window_bias(
-    position_ids: torch.Tensor, allowed: torch.Tensor | None, S: int, window: int | None, sinks: torch.Tensor
+    position_ids: torch.Tensor, allowed: torch.Tensor | None, S: int, window: int | None, sinks: torch.Tensor,
+    key_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Float attention bias [B, nh, T, S + 1] for keys 0..S-1 plus the sink column.
 
     position_ids [B, T]: the queries' positions. `allowed` [B|1, 1, T, S] bool from the KV cache
-    (key j sits at absolute position j), or None: then T == S and the keys are the queries
-    themselves, attending causally within their document (a document starts where position_ids == 0).
+    (key j sits at absolute position j) or from context parallelism (with the whole rows'
+    `key_positions` [B, S]), or None: then T == S and the keys are the queries themselves,
+    attending causally within their document (a document starts where position_ids == 0).
     """
     B, T = position_ids.shape
     dev = position_ids.device
@@ -38,6 +41,8 @@ def sink_window_bias(
         causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
         allowed = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]  # [B, 1, T, T]
         key_pos = position_ids[:, None, None, :]  # same document: position differences are distances
+    elif key_positions is not None:
+        key_pos = key_positions[:, None, None, :]
     else:
         key_pos = torch.arange(S, device=dev)[None, None, None, :]
     if window is not None:
@@ -58,17 +63,19 @@ class SinkAttention(Attention):
         self.window = config.sliding_window_for(layer_idx)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
-        refuse_context_parallel(mask, "sink attention (GPT-OSS)")
         B, T, _ = x.shape
         q, k, v = self.project(x, cos, sin)
-        allowed = None
+        allowed = key_positions = None
+        if isinstance(mask, ShardedMask):  # context parallel: this rank's queries over the whole rows' K/V
+            (k, v), allowed, key_positions = mask.gather(k, v), mask.visible, mask.key_positions
         if cache is not None:
             (k, v), allowed = cache.store(self.layer_idx, k, v)
             S = k.shape[2]
             if allowed is None:  # a fresh block: causal over itself (keys at positions 0..T-1)
                 allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)[None, None]
         S = k.shape[2]
-        out = attend_with_sinks(q, k, v, sink_window_bias(position_ids, allowed, S, self.window, self.sinks.to(q.dtype)))
+        out = attend_with_sinks(q, k, v, sink_window_bias(position_ids, allowed, S, self.window, self.sinks.to(q.dtype),
+                                                                key_positions))
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 

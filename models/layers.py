@@ -282,6 +282,15 @@ class ShardedMask:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # For attention that builds its own mask (DSA's selection, sinks): the whole rows' keys and which
+    # of them this rank's queries may see, so the layer runs its own masked path on them.
+    def gather(self, *slices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each [B, h, T/size, d] key-side slice of this rank -> the whole rows [B, h, T, d]."""
+        raise NotImplementedError
+
+    visible: torch.Tensor  # bool [B, 1, T/size, T]: causal within documents, this rank's query rows
+    key_positions: torch.Tensor  # [B, T]: the whole rows' positions
+
 
 # The active context-parallel shard (`context_parallel.context_parallel` sets it for a micro-batch):
 # an object with `local_positions(position_ids) -> [B, T/size]` and `mask() -> ShardedMask`.

@@ -2,6 +2,7 @@
 Ulysses attention under torchrun (gloo, tests/parallel/cp_worker.py) against the one-process model,
 token by token and gradient by gradient; the refusals of layers that cannot run on a slice."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -154,36 +155,44 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
 
 @pytest.mark.parametrize("style,model,extra", [
     ("ring", "dense", ()), ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()),
-    ("ulysses", "dense", ()), ("ulysses", "mla", ()),
+    ("ulysses", "dense", ()), ("ulysses", "mla", ()), ("ring", "dsa", ()), ("ulysses", "sinks", ()),
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
 
 
-@pytest.mark.parametrize("style", ["ring", "ulysses"])  # ulysses at 4: 2 kv heads are repeated to 4 first
-def test_four_ranks_match_one_process(tmp_path, style):
-    run_worker(tmp_path, 4, style, "dense")
+@pytest.mark.parametrize("style,model", [("ring", "dense"), ("ulysses", "dense"), ("ring", "sinks")])
+def test_four_ranks_match_one_process(tmp_path, style, model):  # ulysses at 4: 2 kv heads are repeated to 4 first
+    run_worker(tmp_path, 4, style, model)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------
 
-COMMON = {"vocab_size": 32, "hidden_size": 32, "num_layers": 2, "intermediate_size": 32, "num_heads": 2,
-          "num_kv_heads": 2, "head_dim": 16}
-REFUSED = {  # layer name in the message -> its tiny model (the refusing layer comes first)
-    "DSA": {"architecture": "glm_moe_dsa", "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 8, "v_head_dim": 8, "index_topk": 4, "index_head_dim": 16, "index_n_heads": 2},
-    "sink attention": {"architecture": "gpt_oss", "attention_sinks": True, "sliding_window": 4,
-                       "layer_types": ["sliding_attention", "full_attention"]},
-}
+def test_layers_that_cannot_run_on_a_slice_refuse():
+    """DeepSeek-V4's compressed attention pools keys across the split: refused, not run on a slice."""
+    from test_models_deepseek_v4 import CONFIG
 
-
-@pytest.mark.parametrize("layer", list(REFUSED))
-def test_layers_that_cannot_run_on_a_slice_refuse(layer):
-    model = build_model(ModelConfig(**{**COMMON, **REFUSED[layer]}), seed=0)
-    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    model = build_model(ModelConfig.from_hf_dict({**CONFIG, "model_type": "deepseek_v4", "sliding_window": 4}), seed=0)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7]])
     ids = torch.arange(8)[None]
     model(ids, pos)  # runs without CP
     # refused before any communication (the shard has no process group)
     shard = ContextShard(None, 2, 0, "ring", pos)
-    with context_parallel(shard), pytest.raises(UsageError, match=f"does not support {layer}"):
+    with context_parallel(shard), pytest.raises(UsageError, match="does not support DeepSeek-V4 attention"):
         model(split_sequence(ids, 2, 0), split_sequence(pos, 2, 0))
+
+
+def test_gather_path_on_one_rank_is_the_plain_forward():
+    """DSA and sink attention under a 1-rank shard (gather = identity, `visible` = the documents'
+    mask rows) give the plain packed forward: the masks and key positions are assembled right."""
+    spec = importlib.util.spec_from_file_location("cp_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    for name in ("dsa", "sinks"):
+        model = build_model(worker.config(name), seed=0)
+        pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]])
+        ids = torch.randint(0, worker.V, (1, 16), generator=torch.Generator().manual_seed(0))
+        want = model(ids, pos)
+        with context_parallel(ContextShard(None, 1, 0, "ring", pos)):
+            got = model(ids, pos)
+        assert (got - want).abs().max() < 1e-6, name

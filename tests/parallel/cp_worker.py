@@ -4,7 +4,10 @@
         STYLE MODEL OUT.json [--checkpointing] [--q-tile N]
 
 STYLE ring | ulysses; MODEL dense (qwen3-like GQA: 4 q heads, 2 kv heads, head_dim 16, 2 layers) |
-gated (the same with Qwen3.5's gated attention) | mla (deepseek_v3-like, dense MLP). Every rank builds the same seeded model and the same packed
+gated (the same with Qwen3.5's gated attention) | mla (deepseek_v3-like, dense MLP) | dsa (glm_moe_dsa:
+MLA with the indexer's top-6 selection, layer 1 sharing layer 0's; every document is longer than 6) |
+sinks (gpt_oss attention: sinks, a sliding layer of window 8 and a full layer). dsa and sinks run the
+gather path in either style (models/context_parallel.py). Every rank builds the same seeded model and the same packed
 batch (2 rows × 64 tokens, documents straddling the chunk boundaries of every CP size up to 4).
 Reference: the whole rows in this process, no CP: per-token log-probs of the next token, loss =
 their sum, backward. CP: each rank runs its slices under `context_parallel`, loss = the sum over
@@ -38,8 +41,15 @@ def config(kind: str) -> ModelConfig:
     if kind == "gated":  # Qwen3.5's gated attention (output · sigmoid(gate), zero-centred norms), no DeltaNet layer
         return ModelConfig(architecture="qwen3_5_text", num_heads=4, num_kv_heads=2, head_dim=16,
                            layer_types=["full_attention"] * 2, **common)
-    return ModelConfig(architecture="deepseek_v3", num_heads=4, num_kv_heads=4, head_dim=8, q_lora_rank=16,
-                       kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10, **common)
+    mla = {"num_heads": 4, "num_kv_heads": 4, "head_dim": 8, "q_lora_rank": 16, "kv_lora_rank": 16,
+           "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10}
+    if kind == "dsa":
+        return ModelConfig(architecture="glm_moe_dsa", index_topk=6, index_head_dim=16, index_n_heads=2,
+                           indexer_types=["full", "shared"], **mla, **common)
+    if kind == "sinks":
+        return ModelConfig(architecture="gpt_oss", num_heads=4, num_kv_heads=2, head_dim=16, attention_sinks=True,
+                           sliding_window=8, layer_types=["sliding_attention", "full_attention"], **common)
+    return ModelConfig(architecture="deepseek_v3", **mla, **common)
 
 
 def batch():
@@ -58,7 +68,7 @@ def token_logprobs(model, ids, pos, targets) -> torch.Tensor:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("style", choices=["ring", "ulysses"])
-    ap.add_argument("model", choices=["dense", "gated", "mla"])
+    ap.add_argument("model", choices=["dense", "gated", "mla", "dsa", "sinks"])
     ap.add_argument("out")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the CP run")
     ap.add_argument("--q-tile", type=int, default=cp_module.Q_TILE,
@@ -73,7 +83,7 @@ def main(argv: list[str]) -> int:
 
     ref_lp = token_logprobs(model, ids, pos, targets)
     ref_lp.sum().backward()
-    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}  # DSA's indexer: none
     model.zero_grad(set_to_none=True)
 
     model.activation_checkpointing = a.checkpointing
@@ -82,8 +92,10 @@ def main(argv: list[str]) -> int:
         local = token_logprobs(model, *(split_sequence(t, size, rank) for t in (ids, pos, targets)))
         loss = local.sum()
         loss.backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=group)
+    got = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert got == set(ref_grads), got ^ set(ref_grads)
+    for n in sorted(got):
+        dist.all_reduce(model.get_parameter(n).grad, group=group)
     total = local.detach().double().sum()  # fp64 sums: the loss check is not 1 ulp of a different summation order
     dist.all_reduce(total, group=group)
     gathered = [torch.empty_like(local) for _ in range(size)]
@@ -95,13 +107,13 @@ def main(argv: list[str]) -> int:
     errors = {
         "loss": abs(float(total) - float(ref_lp.detach().double().sum())),
         "logprob": float((cp_lp - ref_lp.detach()).abs().max()),
-        "grad": max(float((p.grad - ref_grads[n]).abs().max()) for n, p in model.named_parameters()),
+        "grad": max(float((model.get_parameter(n).grad - g).abs().max()) for n, g in ref_grads.items()),
     }
-    worst = max(((float((p.grad - ref_grads[n]).abs().max()), n) for n, p in model.named_parameters()))
+    worst = max((float((model.get_parameter(n).grad - g).abs().max()), n) for n, g in ref_grads.items())
     report = {"style": a.style, "model": a.model, "size": size, "checkpointing": a.checkpointing,
               "errors": errors, "worst_grad_param": worst[1], "loss": float(ref_lp.sum()),
               "grad_scale": max(float(g.abs().max()) for g in ref_grads.values()),
-              "params": sum(1 for _ in model.parameters())}
+              "params": len(ref_grads)}
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -249,7 +249,7 @@ def _moe_step(tokens: int, ep: int, steps: int, impl: str) -> dict[str, Any]:
     square = []
     for n in (512, 1024):
         a, b = torch.randn(n, n), torch.randn(n, n)
-        square.append(2 * n**3 / _best_seconds(lambda: torch.mm(a, b), 20))
+        square.append(2 * n**3 / _best_seconds(lambda a=a, b=b: torch.mm(a, b), 20))
     peak = max(shape, *square)  # the best matmul rate this process reached
     flops = 6 * (E * H + 3 * k * Im * H) * tokens
     return {"tokens_per_rank": tokens, "seconds": round(seconds, 4), "mfu_pct": round(100 * flops / seconds / peak, 1),
