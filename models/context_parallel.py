@@ -25,13 +25,14 @@ shard; `layers.sdpa` hands q/k/v to it. The recurrent layers (Gated DeltaNet, Ma
 head split around their scan (models/context_parallel_recurrent.py).
 
 Attention that builds its own mask (DSA's per-query top-k selection, GPT-OSS's sinks and sliding
-windows) takes the third way, in either style: `gather` all-gathers the key side (MLA's latent and
-rope key plus DSA's index key; GPT-OSS's K/V at its kv heads) into the whole rows, `visible` gives
+windows, DeepSeek-V4's compressed entries pooled across chunk edges) takes the third way, in either style: `gather` all-gathers the key side (MLA's latent and
+rope key plus DSA's index key; GPT-OSS's K/V at its kv heads; DeepSeek-V4's per-token kv,
+compressor and indexer streams) into the whole rows, `visible` gives
 this rank's query rows of the per-document causal mask, and the layer runs its own masked path for
 its T/size queries over T keys. The keys are all here (O(T) per rank for the key side, O(T/size · T)
 for the mask), the queries and everything per query are not. Layers that still refuse a slice
-(`layers.refuse_context_parallel`: DeepSeek-V4's compressed attention, the transformers fallback,
-vision inputs) exit 2 rather than compute on a slice as if it were the row.
+(`layers.refuse_context_parallel`: the transformers fallback, vision inputs) exit 2 rather than
+compute on a slice as if it were the row.
 
 Load balance (`shard_columns`): with causal attention the later tokens do more work, so a
 contiguous split would give the last rank ~2·size-1 times the first one's attention work. The row
@@ -216,6 +217,10 @@ class ShardedAttention(ShardedMask):
     @property
     def key_positions(self) -> torch.Tensor:
         return self.shard.position_ids
+
+    @property
+    def columns(self) -> torch.Tensor:
+        return self.shard.columns
 
 
 class _GatherColumns(torch.autograd.Function):

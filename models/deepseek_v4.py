@@ -43,7 +43,7 @@ from vf.models.config import DSV4_CSA, DSV4_SLIDING, ModelConfig, compress_rope_
 from vf.models.gpt_oss import attend_with_sinks, sink_window_bias
 from vf.models.hash_routing import HashRouter
 from vf.models.hyper_connections import HyperConnection, HyperHead, expand, unweighted_rms_norm
-from vf.models.layers import Documents, RMSNorm, Rotary, positions_and_mask, refuse_context_parallel
+from vf.models.layers import Documents, RMSNorm, Rotary, ShardedMask, positions_and_mask
 from vf.models.moe import MoE
 from vf.models.transformer import NativeModel
 
@@ -87,7 +87,6 @@ class DeepseekV4Attention(nn.Module):
         self.widths = [w for _, w in cache_streams(config)]
 
     def forward(self, x, rope, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
-        refuse_context_parallel(mask, "DeepSeek-V4 attention")
         B, T, _ = x.shape
         cos, sin = rope[self.rope]
         q_lat = self.q_a_norm(self.q_a_proj(x))
@@ -107,7 +106,10 @@ class DeepseekV4Attention(nn.Module):
             streams, allowed = cache.store(self.layer_idx, *streams)
             if allowed is not None:  # [B|1, T, S]
                 allowed = allowed.reshape(-1, allowed.shape[-2], allowed.shape[-1])
-        out = self.mix_documents(q, streams, allowed, position_ids, queries, mask)
+        if isinstance(mask, ShardedMask):  # context parallel: every rank's key side, this rank's queries
+            out = self.mix_sharded(q, list(mask.gather(*streams)), position_ids, queries, mask)
+        else:
+            out = self.mix_documents(q, streams, allowed, position_ids, queries, mask)
         out = rope_tail(out, cos, -sin).transpose(1, 2).reshape(B, T, self.groups, -1)  # [B, T, g, nh·hd/g]
         out = torch.einsum("btgi,gri->btgr", out, self.o_a_proj.weight.view(self.groups, self.rank, -1))
         return self.o_b_proj(out.reshape(B, T, self.groups * self.rank))
@@ -122,6 +124,27 @@ class DeepseekV4Attention(nn.Module):
             self.mix(q[b : b + 1, :, s:e], [t[b : b + 1, :, s:e] for t in streams], None, position_ids[b : b + 1, s:e],
                      None if queries is None else [t[b : b + 1, s:e] for t in queries])
             for s, e in row], dim=2) for b, row in enumerate(mask.spans)], dim=0)
+
+    @torch.compiler.disable
+    def mix_sharded(self, q, streams, position_ids, queries, mask):
+        """Context parallelism: `streams` are the whole rows' key side [B, 1, T, w] (gathered), q and
+        `queries` this rank's columns. Per document: this rank's queries in it against the whole
+        document's keys (its compressed entries pooled from every rank's tokens), as `mix` on one
+        process; the outputs go back to this rank's column order."""
+        columns = mask.columns  # [Tl] global columns of this rank's queries
+        rows = []
+        for b, spans in enumerate(mask.documents.spans):
+            parts, where = [], []
+            for s, e in spans:
+                mine = ((columns >= s) & (columns < e)).nonzero()[:, 0]  # local indices, ascending
+                if mine.numel() == 0:
+                    continue
+                parts.append(self.mix(q[b : b + 1, :, mine], [t[b : b + 1, :, s:e] for t in streams], None,
+                                      position_ids[b : b + 1, mine],
+                                      None if queries is None else [t[b : b + 1, mine] for t in queries]))
+                where.append(mine)
+            rows.append(torch.cat(parts, dim=2).index_select(2, torch.argsort(torch.cat(where))))
+        return torch.cat(rows, dim=0)
 
     def mix(self, q, streams, allowed, position_ids, queries):
         """q [B, nh, T, hd]; streams [B, 1, S, width] of tokens at positions 0..S-1; allowed bool

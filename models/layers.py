@@ -290,6 +290,8 @@ class ShardedMask:
 
     visible: torch.Tensor  # bool [B, 1, T/size, T]: causal within documents, this rank's query rows
     key_positions: torch.Tensor  # [B, T]: the whole rows' positions
+    columns: torch.Tensor  # [T/size]: this rank's global columns
+    documents: Documents  # the whole rows' layout
 
 
 # The active context-parallel shard (`context_parallel.context_parallel` sets it for a micro-batch):

@@ -156,6 +156,7 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
 @pytest.mark.parametrize("style,model,extra", [
     ("ring", "dense", ()), ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()),
     ("ulysses", "dense", ()), ("ulysses", "mla", ()), ("ring", "dsa", ()), ("ulysses", "sinks", ()),
+    ("ring", "dsv4", ()),
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
@@ -169,26 +170,23 @@ def test_four_ranks_match_one_process(tmp_path, style, model):  # ulysses at 4: 
 # ---- refusals ---------------------------------------------------------------------------------------
 
 def test_layers_that_cannot_run_on_a_slice_refuse():
-    """DeepSeek-V4's compressed attention pools keys across the split: refused, not run on a slice."""
-    from test_models_deepseek_v4 import CONFIG
+    """A layer that cannot run on a slice (the transformers fallback, vision inputs) refuses a shard
+    before any communication (the shard has no process group)."""
+    from vf.models.layers import refuse_context_parallel
 
-    model = build_model(ModelConfig.from_hf_dict({**CONFIG, "model_type": "deepseek_v4", "sliding_window": 4}), seed=0)
     pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7]])
-    ids = torch.arange(8)[None]
-    model(ids, pos)  # runs without CP
-    # refused before any communication (the shard has no process group)
-    shard = ContextShard(None, 2, 0, "ring", pos)
-    with context_parallel(shard), pytest.raises(UsageError, match="does not support DeepSeek-V4 attention"):
-        model(split_sequence(ids, 2, 0), split_sequence(pos, 2, 0))
+    refuse_context_parallel(Documents(pos), "transformers-fallback")  # no shard: runs
+    with pytest.raises(UsageError, match="does not support transformers-fallback"):
+        refuse_context_parallel(ContextShard(None, 2, 0, "ring", pos).mask(), "transformers-fallback")
 
 
 def test_gather_path_on_one_rank_is_the_plain_forward():
-    """DSA and sink attention under a 1-rank shard (gather = identity, `visible` = the documents'
-    mask rows) give the plain packed forward: the masks and key positions are assembled right."""
+    """DSA, sink attention and DeepSeek-V4 under a 1-rank shard (gather = identity, `visible` = the
+    documents' mask rows) give the plain packed forward: masks and key positions are assembled right."""
     spec = importlib.util.spec_from_file_location("cp_worker", WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
-    for name in ("dsa", "sinks"):
+    for name in ("dsa", "sinks", "dsv4"):
         model = build_model(worker.config(name), seed=0)
         pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]])
         ids = torch.randint(0, worker.V, (1, 16), generator=torch.Generator().manual_seed(0))

@@ -6,8 +6,9 @@
 STYLE ring | ulysses; MODEL dense (qwen3-like GQA: 4 q heads, 2 kv heads, head_dim 16, 2 layers) |
 gated (the same with Qwen3.5's gated attention) | mla (deepseek_v3-like, dense MLP) | dsa (glm_moe_dsa:
 MLA with the indexer's top-6 selection, layer 1 sharing layer 0's; every document is longer than 6) |
-sinks (gpt_oss attention: sinks, a sliding layer of window 8 and a full layer). dsa and sinks run the
-gather path in either style (models/context_parallel.py). Every rank builds the same seeded model and the same packed
+sinks (gpt_oss attention: sinks, a sliding layer of window 8 and a full layer) | dsv4 (DeepSeek-V4:
+sliding, CSA and HCA layers, compressed entries pooled across the chunk edges, hash and top-k MoE,
+hyper-connections). dsa, sinks and dsv4 run the gather path in either style (models/context_parallel.py). Every rank builds the same seeded model and the same packed
 batch (2 rows × 64 tokens, documents straddling the chunk boundaries of every CP size up to 4).
 Reference: the whole rows in this process, no CP: per-token log-probs of the next token, loss =
 their sum, backward. CP: each rank runs its slices under `context_parallel`, loss = the sum over
@@ -49,6 +50,15 @@ def config(kind: str) -> ModelConfig:
     if kind == "sinks":
         return ModelConfig(architecture="gpt_oss", num_heads=4, num_kv_heads=2, head_dim=16, attention_sinks=True,
                            sliding_window=8, layer_types=["sliding_attention", "full_attention"], **common)
+    if kind == "dsv4":  # one layer of each kind: sliding window 6, CSA (pool 4, overlapping, index top-3), HCA (pool 8)
+        kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
+        return ModelConfig.from_hf_dict({
+            "model_type": "deepseek_v4", "vocab_size": V, "hidden_size": 32, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "head_dim": 16, "q_lora_rank": 24, "moe_intermediate_size": 16,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "partial_rotary_factor": 0.5, "layer_types": kinds,
+            "mlp_layer_types": ["hash_moe", "moe", "moe"], "compress_rates": {kinds[1]: 4, kinds[2]: 8},
+            "sliding_window": 6, "o_groups": 2, "o_lora_rank": 8, "index_n_heads": 2, "index_head_dim": 8,
+            "index_topk": 3, "hc_mult": 2, "max_position_embeddings": 256})
     return ModelConfig(architecture="deepseek_v3", **mla, **common)
 
 
@@ -68,7 +78,7 @@ def token_logprobs(model, ids, pos, targets) -> torch.Tensor:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("style", choices=["ring", "ulysses"])
-    ap.add_argument("model", choices=["dense", "gated", "mla", "dsa", "sinks"])
+    ap.add_argument("model", choices=["dense", "gated", "mla", "dsa", "sinks", "dsv4"])
     ap.add_argument("out")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the CP run")
     ap.add_argument("--q-tile", type=int, default=cp_module.Q_TILE,
