@@ -166,6 +166,19 @@ def test_cp_2_matches_one_process(tmp_path, style):
 
 
 @pytest.mark.slow
+def test_cp_2_killed_with_sigkill_resumes_on_one_process(tmp_path):
+    """A cp-2 job killed (every rank) during step 2 resumes from its step-1 checkpoint on one
+    process at cp 1, continuing the 1-process losses (DCP reshards the FSDP shards)."""
+    args = [*EXACT, "--steps", "2"]
+    launch(1, "-o", str(tmp_path / "one"), *args)
+    killed = tmp_path / "killed"
+    assert kill_9_after(1, killed, 2, *args, "--ckpt-every", "1", "--parallel.cp", "2")
+    assert len(losses(killed)) < 3
+    launch(1, "--resume", str(killed), "--parallel.cp", "1")
+    assert losses(killed) == pytest.approx(losses(tmp_path / "one"), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
 def test_cp_and_ep_on_the_same_ranks_match_one_process(moe_dir, tmp_path):
     """cp 2 × ep 2 on 2 processes: each rank has half of every row's tokens and half of the experts
     (tokens from both halves reach every expert through the all-to-all)."""
@@ -174,6 +187,19 @@ def test_cp_and_ep_on_the_same_ranks_match_one_process(moe_dir, tmp_path):
     proc = launch(2, "-o", str(tmp_path / "both"), *args, "--parallel.cp", "2", "--parallel.ep", "2")
     assert "parallel layout over 2 processes: dp_shard 1, cp 2 (ring), ep 2" in proc.stderr
     one, both = rows(tmp_path / "one"), rows(tmp_path / "both")
+    assert [r["loss"] for r in both] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
+    assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_dp_shard_2_by_cp_2_with_ep_2_on_four_processes_matches_one_process(moe_dir, tmp_path):
+    """Every dimension at once on 4 processes: FSDP2 over 4 ranks, 2 data-parallel rows groups,
+    each row split over a cp pair, experts split over ep pairs with 2 replicas each."""
+    args = ["--model", str(moe_dir), *EXACT, "--steps", "1"]
+    launch(1, "-o", str(tmp_path / "one"), *args)
+    proc = launch(4, "-o", str(tmp_path / "all"), *args, "--parallel.cp", "2", "--parallel.ep", "2")
+    assert "parallel layout over 4 processes: dp_shard 2, cp 2 (ring), ep 2" in proc.stderr
+    one, both = rows(tmp_path / "one"), rows(tmp_path / "all")
     assert [r["loss"] for r in both] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
     assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
 
