@@ -209,7 +209,10 @@ def test_every_native_family_through_the_fallback_matches_native_or_is_refused(t
         assert got.token_ids == want.token_ids, family
         assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 1e-4, family
         outcome[family] = "matches"
-    assert {f for f, o in outcome.items() if o == "engine refused: state"} == set(HYBRID_FAMILIES), outcome
+    from test_models_hybrid import ARCH  # hybrid test cases that are a variant of a family (Nemotron-H Super)
+
+    refused = {f for f, o in outcome.items() if o == "engine refused: state"}
+    assert {ARCH.get(f, f) for f in refused} == set(HYBRID_FAMILIES) and set(ARCH) <= refused, outcome
     assert outcome["qwen3"] == outcome["llama"] == outcome["qwen3_moe"] == "matches", outcome
     assert outcome["deepseek_v3"] == "engine refused: cache layout", outcome  # MLA: k dim 20, v dim 10
 
