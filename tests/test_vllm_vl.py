@@ -76,7 +76,7 @@ def test_image_rollouts_carry_vllm_logprobs_the_trainer_reproduces(model_dir, se
     for s in samples:
         # the trace keeps the image as its data URL; the prompt shows its 4 tokens (32x32 image)
         assert len(s.images) == 1 and s.images[0].startswith("data:image/png;base64,")
-        assert s.token_ids.count(model.image_token_id) == 4 and sum(s.mask) > 0
+        assert s.token_ids.count(model.image_token_id) == 4 and sum(s.loss_mask) > 0
     (mb,) = micro_batches(samples, seq_len=512, micro_batch_size=1, image_token_id=model.image_token_id)
     with torch.no_grad():
         logp = PolicyLogprobs(model)(mb.input_ids, mb.position_ids, mb.targets, 1.0, images=mb.images)
@@ -90,20 +90,48 @@ def test_image_rollouts_carry_vllm_logprobs_the_trainer_reproduces(model_dir, se
     assert err < TOL and moved > 10 * TOL
 
 
+GRADED_ENV = '''
+"""image-colors graded by reply length, so a random model's groups differ in reward (advantages are not all 0)."""
+import vf
+from vf.environments.image_colors import ColorTask, ImageColorsTaskset
+
+
+class LengthTask(ColorTask):
+    @vf.reward(weight=1.0)
+    def correct(self, task, trace) -> float:
+        return min(len(trace.last_reply), 12) / 12
+
+
+class GradedColors(ImageColorsTaskset):
+    @classmethod
+    def task_class(cls):
+        return LengthTask
+
+
+__all__ = ["GradedColors"]
+'''
+
+
 def test_vf_train_on_image_colors_against_vllm(model_dir, server, tmp_path):
-    """Two RL steps on image rollouts sampled by vLLM, weights pushed to it after each step."""
+    """Two RL steps on image rollouts sampled by vLLM (weights pushed to it after step 0): every step
+    trains on image samples, and the trainer's log-probs of them match vLLM's (mismatch_kl)."""
+    env = tmp_path / "graded_colors.py"
+    env.write_text(GRADED_ENV)
     out = tmp_path / "train"
     p = subprocess.run([str(BIN / "vf-train"), "--engine.type", "vllm", "--engine.base-url", server.servers[0].url,
-                        "-m", str(model_dir), "--taskset", "image-colors", "--steps", "2", "--warmup.steps", "0",
-                        "--batch-size", "4", "--group-size", "2", "--sampling.max-tokens", "4",
+                        "-m", str(model_dir), "--taskset", str(env), "--steps", "2", "--warmup.steps", "0",
+                        "--batch-size", "8", "--group-size", "4", "--sampling.max-tokens", "4", "--lr", "3e-3",
                         "--async.deterministic", "true", "--async.level", "0",
                         "--eval.at-start", "false", "--eval.at-end", "false", "-o", str(out)],
                        capture_output=True, text=True, timeout=TIMEOUT, env=TRAIN_ENV, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r.get("phase") == "rl"]
-    assert len(rl) == 2 and all(r["num_loss_tokens"] > 0 for r in rl)
+    print("vf-train rows:", [{k: r.get(k) for k in ("step", "num_loss_tokens", "mismatch_kl", "reward")} for r in rl])
+    assert len(rl) == 2 and all(r["num_loss_tokens"] > 0 and r["errored_rollouts"] == 0 for r in rl)
+    assert all(0 <= r["mismatch_kl"] < 1e-6 for r in rl)  # step 1 sampled the pushed weights, images included
     episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    assert len(episodes) == 16
     for ep in episodes:
         user = next(n for n in ep["traces"][0]["nodes"] if n["message"]["role"] == "user")
         assert user["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")

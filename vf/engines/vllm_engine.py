@@ -33,11 +33,11 @@ samples, which also resumes a server left paused by a failed load.
 Requests go to the token-in route `/inference/v1/generate`: the prompt is rendered here with the
 model's chat template, and a conversation that continues one of this engine's own replies reuses
 that reply's exact token ids (prompt + sampled tokens, EOS included) and appends only the new
-turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). A prompt with
-image_url parts (a VL checkpoint) is sent with its images as the route's `content_parts`; vLLM
-expands each image's placeholder, and the expanded prompt it returns must equal the trainer's
-expansion (`vf.engines.vllm_images`). Sampling sends
-top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
+turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). A prompt with image_url
+parts (a VL checkpoint) is sent with its images as the route's `content_parts`; vLLM expands each
+image's placeholder, and the expanded prompt it returns must equal the trainer's expansion
+(`vf.engines.vllm_images`); such prompts are rendered afresh each turn (`TurnCache` holds text
+prompts only). Sampling sends top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
 log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
 `policy_version`, the last one's `policy_version_end`.
 
