@@ -37,8 +37,8 @@ turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). A prompt 
 parts (a VL checkpoint) is sent with its images as the route's `content_parts`; vLLM expands each
 image's placeholder, and the expanded prompt it returns must equal the trainer's expansion
 (`vf.engines.vllm_images`); such prompts are rendered afresh each turn (`TurnCache` holds text
-prompts only). Sampling sends top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
-log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
+prompts only). Sampling sends top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0`
+(the sampled token's log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
 `policy_version`, the last one's `policy_version_end`.
 
 Router replay (`router_replay=True`, MoE models): started servers get `--enable-return-routed-experts`
@@ -258,7 +258,8 @@ class VLLMEngine:
         self.moe_layers = moe_layer_indices(self.model_path) if router_replay else None
         self.images = ImageSpec.from_dir(self.model_path)
         """A VL checkpoint's image processor and placeholder token (`vllm_images`); None: text only."""
-        self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]  # local image files: as the embedded engine
+        # local image files are read under these, as the embedded engine reads them
+        self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]
         if router_replay:
             if not self.moe_layers:
                 raise UsageError(f"router replay needs a MoE model; {self.model_name} has no MoE layers",
