@@ -33,9 +33,12 @@ samples, which also resumes a server left paused by a failed load.
 Requests go to the token-in route `/inference/v1/generate`: the prompt is rendered here with the
 model's chat template, and a conversation that continues one of this engine's own replies reuses
 that reply's exact token ids (prompt + sampled tokens, EOS included) and appends only the new
-turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). Sampling sends
-top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0` (the sampled token's
-log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
+turns' tokens, so nothing the model saw is re-tokenised (`TurnCache`). A prompt with image_url
+parts (a VL checkpoint) is sent with its images as the route's `content_parts`; vLLM expands each
+image's placeholder, and the expanded prompt it returns must equal the trainer's expansion
+(`vf.engines.vllm_images`); such prompts are rendered afresh each turn (`TurnCache` holds text
+prompts only). Sampling sends top_p/top_k/min_p as given (training: 1 / off / 0) and `logprobs: 0`
+(the sampled token's log-prob). Every reply carries vLLM's `weight_versions` spans: the first span's version is
 `policy_version`, the last one's `policy_version_end`.
 
 Router replay (`router_replay=True`, MoE models): started servers get `--enable-return-routed-experts`
@@ -67,6 +70,8 @@ from pathlib import Path
 from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Usage
+from vf.engines.chat import image_refs
+from vf.engines.vllm_images import ImageSpec, check_expansion, image_request
 from vf.errors import EngineError, UsageError
 
 BACKEND = "vf_safetensors"
@@ -229,7 +234,8 @@ class VLLMEngine:
                  python: str | None = None, dtype: str = "float32", max_model_len: int | None = None,
                  kv_cache_gb: float = 1.0, startup_timeout: float = 900.0, timeout: float = 600.0,
                  extra_args: tuple[str, ...] | list[str] = (), log_dir: str | os.PathLike | None = None,
-                 on_event=None, port: int | None = None, router_replay: bool = False, **_: Any):
+                 on_event=None, port: int | None = None, router_replay: bool = False,
+                 image_roots: list[str | os.PathLike] | None = None, **_: Any):
         from vf.engines.local import resolve_model_path
 
         if isinstance(base_urls, str):
@@ -250,6 +256,10 @@ class VLLMEngine:
         self.startup_timeout, self.timeout = startup_timeout, timeout
         self.extra_args = list(extra_args)
         self.moe_layers = moe_layer_indices(self.model_path) if router_replay else None
+        self.images = ImageSpec.from_dir(self.model_path)
+        """A VL checkpoint's image processor and placeholder token (`vllm_images`); None: text only."""
+        # local image files are read under these, as the embedded engine reads them
+        self.image_roots = [Path(r) for r in (image_roots or [Path.cwd()])]
         if router_replay:
             if not self.moe_layers:
                 raise UsageError(f"router replay needs a MoE model; {self.model_name} has no MoE layers",
@@ -508,8 +518,17 @@ class VLLMEngine:
         if not self._ready:
             await asyncio.to_thread(self.start)
         tok = self.tokenizer
-        prompt_ids = self.turns.prompt(tok, request.messages, request.tools)
-        body = self._body(request, prompt_ids)
+        mm = None
+        if self.images is not None and image_refs(request.messages):
+            # images: vLLM resolves content_parts and expands the placeholders (see vllm_images);
+            # the expanded prompt is the trace's, so TurnCache (unexpanded text ids) is not used
+            mm = await asyncio.to_thread(image_request, tok, self.images, request.messages, request.tools,
+                                         self.image_roots)
+            prompt_ids = mm.token_ids
+            body = {**self._body(request, prompt_ids), "content_parts": mm.content_parts, "return_token_ids": True}
+        else:
+            prompt_ids = self.turns.prompt(tok, request.messages, request.tools)
+            body = self._body(request, prompt_ids)
         for _attempt in range(1 + 2 * len(self.servers)):
             s = await self._pick()
             lost = s.lost
@@ -533,11 +552,14 @@ class VLLMEngine:
             data = r.json()
             if data["choices"][0].get("finish_reason") == "abort":
                 continue  # aborted by the server (a failed weight load): retried
+            if mm is not None:
+                check_expansion(mm, data.get("prompt_token_ids"))
+                return self._result(request, mm.expanded_ids, data, s.url, cache=False)
             return self._result(request, prompt_ids, data, s.url)
         raise EngineError("every vLLM server failed this request", type="ServerLost")
 
     def _result(self, request: GenerateRequest, prompt_ids: list[int], data: dict[str, Any],
-                endpoint: str | None = None) -> GenerateResult:
+                endpoint: str | None = None, cache: bool = True) -> GenerateResult:
         from vf.engines.chat import parse_tool_calls
 
         choice = data["choices"][0]
@@ -566,7 +588,8 @@ class VLLMEngine:
 
         routed = None if self.moe_layers is None else routed_experts_from_vllm(choice.get("routed_experts"), len(ids),
                                                                                 self.moe_layers)
-        self.turns.put(request.messages + [message], request.tools, prompt_ids + ids)
+        if cache:
+            self.turns.put(request.messages + [message], request.tools, prompt_ids + ids)
         return GenerateResult(
             message=message, finish_reason="tool_calls" if calls else (choice.get("finish_reason") or "stop"),
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(ids)),
