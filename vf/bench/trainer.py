@@ -83,8 +83,11 @@ NEMOTRON_H = {
     "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "router_scoring": "sigmoid",
     "expert_bias": True, "expert_act": "relu2", "max_position_embeddings": 8192,
 }
+# Nemotron-H Super's latent MoE on the same layout: the routed experts run in a 128-wide latent space
+# (a quarter of the hidden size) between fc1/fc2 latent projections, with more, wider experts
+NEMOTRON_H_SUPER = {**NEMOTRON_H, "moe_latent_size": 128, "num_experts": 64, "moe_intermediate_size": 384}
 SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-30b-a3b": QWEN3_30B_A3B, "glm-4.5-air": GLM_4_5_AIR,
-          "qwen3-next": QWEN3_NEXT, "nemotron-h": NEMOTRON_H}
+          "qwen3-next": QWEN3_NEXT, "nemotron-h": NEMOTRON_H, "nemotron-h-super": NEMOTRON_H_SUPER}
 
 # case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
 # steps: timed steps after the warm-up step (0: the warm-up step is the timed one). interleave:
@@ -103,6 +106,8 @@ SIZES: dict[str, list[dict[str, Any]]] = {
          "interleave": True},
         {"name": "nemotron-h-8L-V4k", "shape": "nemotron-h", "layers": None, "batch": 1, "seq": 2048, "steps": 3,
          "interleave": True},
+        {"name": "nemotron-h-super-latent-8L-V4k", "shape": "nemotron-h-super", "layers": None, "batch": 1,
+         "seq": 2048, "steps": 3, "interleave": True},
     ],
     "quick": [
         {"name": "tiny", "shape": "tiny", "batch": 8, "seq": 256, "steps": 3, "interleave": True},
