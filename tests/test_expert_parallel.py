@@ -32,10 +32,10 @@ def torchrun() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def run_worker(tmp_path, nproc: int, *args: str) -> dict:
-    out = tmp_path / "ep.json"
-    # its own session: a hung collective is killed with every worker process, not just torchrun
-    proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(WORKER), str(out), *args],
+def launch_worker(worker: Path, out: Path, nproc: int, *args: str) -> tuple[dict, int, str]:
+    """Run `worker OUT ARGS` on `nproc` torchrun processes: (the JSON report it wrote to OUT, exit
+    code, stderr). Its own session, so a hung collective is killed with every worker process."""
+    proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(worker), str(out), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
         _, stderr = proc.communicate(timeout=180)
@@ -44,8 +44,12 @@ def run_worker(tmp_path, nproc: int, *args: str) -> dict:
         proc.communicate()
         raise
     assert out.exists(), stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert proc.returncode == 0 and report["ok"], (report["errors"], stderr[-2000:])
+    return json.loads(out.read_text()), proc.returncode, stderr
+
+
+def run_worker(tmp_path, nproc: int, *args: str) -> dict:
+    report, code, stderr = launch_worker(WORKER, tmp_path / "ep.json", nproc, *args)
+    assert code == 0 and report["ok"], (report["errors"], stderr[-2000:])
     return report
 
 

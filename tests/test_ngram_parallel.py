@@ -4,15 +4,11 @@ same packed batch (outputs bit-exact, gathered table gradients, the full table s
 errors as JSON; plus the in-process parts that need no process group."""
 
 import itertools
-import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from test_expert_parallel import ENV, FakeGroup, torchrun
+from test_expert_parallel import FakeGroup, launch_worker
 from torch import nn
 from vf.models.errors import ModelLoadError
 from vf.models.ngram_embedding import NGramEmbedding, NGramSpec
@@ -32,20 +28,9 @@ IDS_PER_ROW = 16 * 4  # the worker's T tokens × H heads
 
 
 def run_worker(tmp_path, nproc: int, *cases: str) -> list[dict]:
-    out = tmp_path / "ngram.json"
     args = [a for c in cases for a in ("--case", c)]
-    # its own session: a hung collective is killed with every worker process, not just torchrun
-    proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(WORKER), str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert out.exists(), stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert proc.returncode == 0 and report["ok"], ([c["errors"] for c in report["cases"]], stderr[-2000:])
+    report, code, stderr = launch_worker(WORKER, tmp_path / "ngram.json", nproc, *args)
+    assert code == 0 and report["ok"], ([c["errors"] for c in report["cases"]], stderr[-2000:])
     for case in report["cases"]:
         assert case["forward_exact"] and case["tables"] == 2
         assert max(case["errors"].values()) < TOL, case["errors"]
