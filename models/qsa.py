@@ -1,0 +1,112 @@
+"""QSA indexed sparse attention of Qwen3.8 Flash Next (transformers' `Qwen4ExpTextQSAIndexer` and
+`Qwen4ExpTextAttention`): gated GQA attention (layers.Attention with the output gate) whose keys are
+restricted per query to the blocks an indexer picks plus the query's incomplete last block.
+
+Shape legend: B batch, T queries, S keys, nh index heads, d index_head_dim, r indexer_compress_ratio,
+k = indexer_budget / r blocks per query, nb = S // r blocks.
+Indexer (parameters named as transformers'): index_qk_proj [(nh + 1)·d, H] gives per token nh query
+heads and one raw key; q = rope(q_layernorm(q)) at the query's position (zero-centred RMSNorm, rope on
+the first rotary_dim dims, half-split). For a query at position p (keys 0..p of its document):
+  block b = keys [b·r, (b+1)·r), complete when (b+1)·r <= p+1;  c(p) complete blocks
+  key_b   = rope(k_layernorm(mean of its r raw keys)) at position b·r
+  score_b = Σ_heads relu(q_h · key_b) / sqrt(d)
+  selected = the top-min(k, c(p)) complete blocks by score, plus the tail keys c(p)·r .. p
+Attention then runs on the selected keys only (causal). This differs from GLM-5's DSA (dsa.py: a
+top-k of single keys from a weighted-ReLU indexer) and DeepSeek-V4's (compressed entries): its own
+module. Packed rows run per document (blocks start at each document's first token). Engine cache:
+the layer stores k, v and the raw index key per token (`cache.store`), and re-pools the blocks from
+the stored raw keys at each step (elementwise work, no projection recomputed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vf.models.config import ModelConfig
+from vf.models.layers import Attention, Documents, RMSNorm, Rotary, apply_rope, refuse_context_parallel
+
+
+class QSAIndexer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.nh, self.d = config.index_n_heads, config.index_head_dim
+        self.ratio = config.indexer_compress_ratio
+        self.topk = config.indexer_budget // self.ratio
+        self.index_qk_proj = nn.Linear(config.hidden_size, (self.nh + 1) * self.d, bias=False)
+        self.q_layernorm = RMSNorm(self.d, config.rms_norm_eps, zero_centered=True)
+        self.k_layernorm = RMSNorm(self.d, config.rms_norm_eps, zero_centered=True)
+
+    def project(self, x, cos, sin):
+        """x [B, T, H] -> (queries [B, T, nh, d] normed and roped, raw keys [B, T, d])."""
+        q, k = self.index_qk_proj(x).split([self.nh * self.d, self.d], dim=-1)
+        q = self.q_layernorm(q.unflatten(-1, (self.nh, self.d)))
+        return apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2), k
+
+    def select(self, q, raw, positions, rotary: Rotary) -> torch.Tensor:
+        """q [B, T, nh, d], raw keys [B, S, d] at positions 0..S-1, query positions [B, T] ->
+        bool [B, T, S]: the keys each query attends to (module docstring)."""
+        B, S, d = raw.shape
+        r, nb = self.ratio, raw.shape[1] // self.ratio
+        key_pos = torch.arange(S, device=raw.device)
+        complete = torch.div(positions + 1, r, rounding_mode="floor")  # [B, T]
+        tail = (key_pos >= (complete * r)[..., None]) & (key_pos <= positions[..., None])
+        if nb == 0:
+            return tail
+        pooled = self.k_layernorm(raw[:, : nb * r].reshape(B, nb, r, d).float().mean(dim=2).to(raw.dtype))
+        cos, sin = rotary((torch.arange(nb, device=raw.device) * r).expand(B, nb), raw.dtype)
+        keys = apply_rope(pooled[:, None], cos, sin)[:, 0]  # [B, nb, d]
+        scores = torch.relu(torch.einsum("bthd,bnd->btnh", q.float(), keys.float())).sum(-1) / math.sqrt(d)
+        valid = torch.arange(nb, device=raw.device) < complete[..., None]  # [B, T, nb]
+        scores = scores.masked_fill(~valid, float("-inf"))
+        top = scores.topk(min(self.topk, nb), dim=-1).indices
+        chosen = torch.zeros_like(valid).scatter_(-1, top, True) & valid
+        blocks = F.pad(chosen.repeat_interleave(r, dim=-1), (0, S - nb * r))
+        return blocks | tail
+
+
+class QSAttention(Attention):
+    """Gated attention (Attention with attn_output_gate, q/k norm, rope) plus the QSA indexer."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.indexer = QSAIndexer(config)
+        self.rotary = Rotary(config)  # the index blocks' rope at their start positions
+        self.sparse = True  # False: every causal key (tests switch the selection off)
+
+    def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "QSA indexed attention")
+        B, T, _ = x.shape
+        (q, gate), k, v = self.project(x, cos, sin)
+        with torch.no_grad():  # a hard selection: no gradient, as in transformers
+            iq, ik = self.indexer.project(x, cos, sin)
+        allowed = None
+        if cache is not None:
+            (k, v, ik), allowed = cache.store(self.layer_idx, k, v, ik[:, None])
+            ik = ik[:, 0]
+            if allowed is not None:  # [T, S] or [B|1, 1, T, S]
+                allowed = allowed.reshape(-1, *allowed.shape[-2:])
+        if isinstance(mask, Documents) and not mask.single:
+            out = torch.cat([torch.cat([
+                self.mix(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], iq[b:b + 1, s:e],
+                         ik[b:b + 1, s:e], position_ids[b:b + 1, s:e], None)
+                for s, e in row], dim=2) for b, row in enumerate(mask.spans)], dim=0)
+        else:
+            out = self.mix(q, k, v, iq, ik, position_ids, allowed)
+        out = out.transpose(1, 2).reshape(B, T, self.nh * self.hd) * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def mix(self, q, k, v, iq, ik, positions, allowed):
+        """q [B, nh, T, hd], k/v [B, nkv, S, hd] and raw index keys [B, S, d] at positions 0..S-1,
+        index queries iq [B, T, nI, d] at `positions` [B, T] -> [B, nh, T, hd]."""
+        S = k.shape[2]
+        with torch.no_grad():
+            if self.sparse:
+                keep = self.indexer.select(iq, ik, positions, self.rotary)
+            else:
+                keep = torch.arange(S, device=k.device) <= positions[..., None]
+            if allowed is not None:
+                keep = keep & allowed
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None], enable_gqa=self.nh != self.nkv)

@@ -1,0 +1,87 @@
+"""Qwen3.8 Flash Next (`qwen4_exp_text`, transformers' Qwen4ExpForCausalLM): gated DeltaNet and QSA
+indexed-attention layers (`config.layer_types`: linear_attention | indexed_attention), a softmax-routed
+MoE with a sigmoid-gated shared expert in every layer (moe.py), gated residual streams instead of
+pre-norms (gated_residual.py), per-layer n-gram embeddings on the layers of `ple_layer_ids`
+(ple.py). Mirrors transformers' modeling_qwen4_exp (text only: the mrope of the vision model reduces
+to the plain rope when the three position axes are equal).
+
+Shape legend: B batch, T tokens, n hc_count streams, H hidden. Per decoder layer, h [B, T, n·H]:
+    h = h + ple(h, ids)                              (PLE layers only)
+    x, w = attn_hc(h);  h = h + concat_k w_k · attn(x)        attn: deltanet.GatedDeltaNet | qsa.QSAttention
+    x, w = mlp_hc(h);   h = h + concat_k w_k · mlp(x)
+The model embeds, repeats the embeddings n times, runs the layers, and `hc_mixer` (a GatedResidual
+without injection) collapses the streams to [B, T, H] for the LM head: there is no final norm.
+Native parameters: `layers.{i}.attn.*` (as the Qwen3.5 hybrids, plus `attn.indexer.*`),
+`layers.{i}.mlp.*` (moe.MoE), `layers.{i}.{attn,mlp}_hc.*`, `layers.{i}.ple.*`, `hc_mixer.*`;
+convert.py maps them to transformers' names.
+Engine cache: indexed layers "kv" with streams k, v (nkv, hd) and the raw index key (1, d); linear
+layers "state" (DeltaNet's conv and delta state); a PLE layer's conv and n-gram history under its own
+state slot (`num_layers + i`, ple.PLE.state_key).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vf.models.config import ModelConfig
+from vf.models.deltanet import GatedDeltaNet
+from vf.models.gated_residual import GatedResidual
+from vf.models.layers import Documents, positions_and_mask
+from vf.models.moe import MoE
+from vf.models.ple import PLE
+from vf.models.qsa import QSAttention
+from vf.models.transformer import NativeModel
+
+
+class Qwen4ExpLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.kind = config.layer_types[layer_idx]
+        n, H, r, eps = config.hc_mult, config.hidden_size, config.hc_lowrank, config.rms_norm_eps
+        self.attn = (GatedDeltaNet if self.kind == "linear_attention" else QSAttention)(config, layer_idx)
+        self.mlp = MoE(config, config.moe_impl_for(layer_idx))
+        self.attn_hc = GatedResidual(n, H, r, eps)
+        self.mlp_hc = GatedResidual(n, H, r, eps)
+        ids = config.ple_layer_ids
+        self.ple = PLE(config, layer_idx, ids.index(layer_idx + 1)) if layer_idx + 1 in ids else None
+
+    @property
+    def cache_kind(self) -> str:
+        return "state" if self.kind == "linear_attention" else "kv"
+
+    def forward(self, h, cos, sin, mask=None, cache=None, position_ids=None, input_ids=None):  # [B, T, n·H]
+        if self.ple is not None:
+            spans = mask.spans if isinstance(mask, Documents) and not mask.single and cache is None else None
+            h = h + self.ple(h, input_ids, position_ids, spans, cache)
+        x, w = self.attn_hc(h)
+        h = GatedResidual.inject(h, self.attn(x, cos, sin, mask, cache, position_ids), w)
+        x, w = self.mlp_hc(h)
+        return GatedResidual.inject(h, self.mlp(x), w)
+
+
+class Qwen4ExpModel(NativeModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)  # embeddings, Qwen4ExpLayer layers, rope, head
+        del self.norm  # the streams' mixer takes the final norm's place
+        self.hc_mixer = GatedResidual(config.hc_mult, config.hidden_size, config.hc_lowrank, config.rms_norm_eps,
+                                      combine=False)
+
+    def kv_streams(self) -> list[tuple[int, int]]:
+        c = self.config
+        return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim), (1, c.index_head_dim)]
+
+    def state_shapes(self) -> dict[int, list[tuple[tuple[int, ...], torch.dtype | None]]]:
+        out = {i: layer.attn.state_shapes() for i, layer in enumerate(self.layers) if layer.cache_kind == "state"}
+        out.update({layer.ple.state_key: layer.ple.state_shapes() for layer in self.layers if layer.ple is not None})
+        return out
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        T = input_ids.shape[1]
+        position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        h = self.run_layers(x.repeat(1, 1, self.config.hc_mult), cos, sin, mask, cache=cache,
+                            position_ids=position_ids, input_ids=input_ids)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.hc_mixer(h)
