@@ -42,6 +42,7 @@ ARCHITECTURES = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "qwen4_exp_text": "Qwen4ExpForCausalLM",  # Qwen3.8 Flash Next's text model (models/qwen4_exp.py)
+    "qwen4_exp": "Qwen4ExpForConditionalGeneration",  # nests a qwen4_exp_text model (text prompts only)
 }
 # gated DeltaNet + gated full attention, zero-centred (1 + w) RMSNorm (the Qwen "Next" line)
 DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -578,10 +579,10 @@ class ModelConfig:
 
 
 # ---- vision-language families: config.json nests the text model under text_config ----------------
-VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5")
-_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text"}
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen4_exp")
+_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
 # the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE)
-_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text"}
+_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
 
 
 def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
@@ -603,7 +604,7 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
                             "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
                            source)
     half = cfg.rotary_dim // 2
-    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10]}[d["model_type"]]  # transformers' defaults
+    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10], "qwen4_exp": [11, 11, 10]}[d["model_type"]]
     cfg.mrope_section = list(mrope) if mrope is not None else default
     if sum(cfg.mrope_section) != half:
         raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")

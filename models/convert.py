@@ -190,10 +190,12 @@ def derived_hf_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
     """HF tensors that are functions of the config (qwen4_exp's n-gram tables): written on save,
     compared on load."""
     out = {}
+    prefix = VL_TEXT_PREFIX if config.vision is not None else "model."
     for ple_index, layer_id in enumerate(config.ple_layer_ids if config.architecture == "qwen4_exp_text" else []):
+        tables = derived_tables(ngram_spec(config, ple_index))
         for ours, theirs in _PLE_BUFFERS.items():
-            values = derived_tables(ngram_spec(config, ple_index))[ours]
-            out[PL.format(i=layer_id - 1) + f"ple_embedding.{theirs}"] = torch.tensor(values, dtype=torch.long)
+            name = prefix + PL.format(i=layer_id - 1).removeprefix("model.") + f"ple_embedding.{theirs}"
+            out[name] = torch.tensor(tables[ours], dtype=torch.long)
     return out
 
 

@@ -28,7 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
 from vf.models.gated_residual import GroupRMSNorm
-from vf.models.ngram_embedding import NGramEmbedding, NGramSpec, head_offsets, head_vocab_sizes, layer_multipliers
+from vf.models.ngram_embedding import (
+    NGramEmbedding,
+    NGramSpec,
+    head_offsets,
+    head_vocab_sizes,
+    layer_multipliers,
+)
 
 
 def ngram_spec(config: ModelConfig, ple_index: int) -> NGramSpec:
@@ -51,7 +57,7 @@ def dilated_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int, spans=Non
     """SiLU(depthwise causal conv with dilation) over time. x [B, T, C], weight [C, 1, K]; `spans`
     (packed rows): each document alone; `state` [B, C, S]: the previous S inputs; `lengths` [B]:
     right-padded rows. Returns (out [B, T, C], new state [B, C, S] or None with spans)."""
-    B, T, C = x.shape
+    B, _, C = x.shape
     S = (weight.shape[-1] - 1) * dilation
     xt = x.transpose(1, 2)
     if spans is not None:

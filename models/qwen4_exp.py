@@ -14,6 +14,10 @@ without injection) collapses the streams to [B, T, H] for the LM head: there is 
 Native parameters: `layers.{i}.attn.*` (as the Qwen3.5 hybrids, plus `attn.indexer.*`),
 `layers.{i}.mlp.*` (moe.MoE), `layers.{i}.{attn,mlp}_hc.*`, `layers.{i}.ple.*`, `hc_mixer.*`;
 convert.py maps them to transformers' names.
+The vision-language checkpoint (`qwen4_exp`, Qwen4ExpForConditionalGeneration: the same text model
+under `model.language_model.`, a Qwen3.5 vision tower under `model.visual.`) loads as
+`Qwen4ExpVLModel` and runs text prompts; image inputs are refused (exit 2) until the QSA block keys
+take the image tokens' M-RoPE positions.
 Engine cache: indexed layers "kv" with streams k, v (nkv, hd) and the raw index key (1, d); linear
 layers "state" (DeltaNet's conv and delta state); a PLE layer's conv and n-gram history under its own
 state slot (`num_layers + i`, ple.PLE.state_key).
@@ -30,7 +34,11 @@ from vf.models.layers import Documents, positions_and_mask
 from vf.models.moe import MoE
 from vf.models.ple import PLE
 from vf.models.qsa import QSAttention
+from vf.models.qwen3_vl import MRotary, Qwen3VLModel
 from vf.models.transformer import NativeModel
+from vf.models.vision import VisionTower
+
+from vf.errors import UsageError
 
 
 class Qwen4ExpLayer(nn.Module):
@@ -82,6 +90,40 @@ class Qwen4ExpModel(NativeModel):
         cos, sin = self.rotary(position_ids, x.dtype)
         h = self.run_layers(x.repeat(1, 1, self.config.hc_mult), cos, sin, mask, cache=cache,
                             position_ids=position_ids, input_ids=input_ids)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.hc_mixer(h)
+
+
+class Qwen4ExpVLModel(Qwen3VLModel):
+    """Qwen4ExpForConditionalGeneration on text prompts: Qwen4ExpModel's decoder with the vision tower
+    loaded (so the checkpoint round-trips) and image inputs refused."""
+
+    def __init__(self, config: ModelConfig):
+        NativeModel.__init__(self, config)
+        del self.norm
+        self.hc_mixer = GatedResidual(config.hc_mult, config.hidden_size, config.hc_lowrank, config.rms_norm_eps,
+                                      combine=False)
+        self.visual = VisionTower(config.vision, "qwen3_5")  # Qwen3.5's tower (no DeepStack)
+        self.merge = self.visual.merge
+        self.rotary = MRotary(config)
+
+    kv_streams = Qwen4ExpModel.kv_streams
+    state_shapes = Qwen4ExpModel.state_shapes
+
+    def forward(self, input_ids, position_ids=None, cache=None, *, pixel_values=None, image_grid_thw=None,
+                mm_token_type_ids=None, **_unused):
+        if pixel_values is not None or image_grid_thw is not None:
+            raise UsageError("qwen4_exp: image inputs are not supported by the native model yet (the QSA "
+                             "indexer's block keys would need the image tokens' M-RoPE positions)",
+                             hint="run text prompts, or serve the model with --engine.type vllm")
+        T = input_ids.shape[1]
+        text_pos, triples = self.positions(input_ids, position_ids, cache, None, None)
+        text_pos, mask = positions_and_mask(input_ids, text_pos, cache)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(triples, x.dtype)
+        h = self.run_layers(x.repeat(1, 1, self.config.hc_mult), cos, sin, mask, cache=cache,
+                            position_ids=text_pos, input_ids=input_ids)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.hc_mixer(h)

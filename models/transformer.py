@@ -195,9 +195,9 @@ def model_class(config: ModelConfig) -> type[NativeModel]:
 
         return DeepseekV4Model
     if config.architecture == "qwen4_exp_text":
-        from vf.models.qwen4_exp import Qwen4ExpModel
+        from vf.models.qwen4_exp import Qwen4ExpModel, Qwen4ExpVLModel
 
-        return Qwen4ExpModel
+        return Qwen4ExpModel if config.vision is None else Qwen4ExpVLModel
     if config.vision is not None:
         from vf.models.qwen3_vl import Qwen3VLModel
 

@@ -1,7 +1,13 @@
 """Qwen3.8 Flash Next (`qwen4_exp_text`, transformers' Qwen4ExpForCausalLM) against transformers on a
 random-initialised tiny config: fp32 logits (also with eos tokens inside the row, which cut the
 n-gram history), packed rows, cached decode, the engine's greedy continuation and log-probs, HF round
-trip, each mechanism mattering, broken checkpoints and configs, and vf-train."""
+trip, each mechanism mattering, broken checkpoints and configs, and vf-train. The vision-language
+checkpoint (`qwen4_exp`, Qwen4ExpForConditionalGeneration) on text prompts: the same checks, and
+image inputs refused.
+
+The QSA indexer's top-k has no defined order for exactly tied block scores (every index head's ReLU
+at 0): the configs use 8 index heads so that no tie reaches the k-th place in these rows (with 2
+heads, ties do, and the logits differ from transformers' by ~0.5 although both are valid)."""
 
 import json
 
@@ -199,3 +205,51 @@ def test_qwen4_exp_activation_checkpointing_same_loss_and_grads(saved):
 @pytest.mark.slow
 def test_vf_train_runs_rl_steps_on_qwen4_exp(saved, tmp_path):
     check_vf_train(saved[1], tmp_path)
+
+
+# ---- the vision-language checkpoint (Qwen4ExpForConditionalGeneration) on text prompts ----------------
+VL_TEXT = {k: v for k, v in CONFIG.items() if k != "rope_parameters"} | {
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                        "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}}
+VL_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
+             "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64, "num_position_embeddings": 16}
+VL_TOKENS = {"image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
+
+
+@pytest.fixture(scope="module")
+def saved_vl(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen4_exp_vl")
+    cfg = transformers.Qwen4ExpConfig(text_config=VL_TEXT, vision_config=VL_VISION, **VL_TOKENS)
+    torch.manual_seed(1)
+    hf = transformers.Qwen4ExpForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.uniform_(-0.5, 0.5) if "norm" in name else p.normal_(0, 0.2 if name.endswith("gate.weight") else 0.1)
+    hf.config._attn_implementation = hf.config.text_config._attn_implementation = "eager"
+    return save_with_tiny_tokenizer(hf, d), d
+
+
+def test_qwen4_exp_vl_text_prompts_match_transformers_round_trip_and_engine(saved_vl, tmp_path):
+    hf, d = saved_vl
+    model = load_model(d)
+    assert type(model).__name__ == "Qwen4ExpVLModel" and model.config.vl_architecture == "qwen4_exp"
+    with torch.no_grad():
+        assert (model.compute_logits(IDS) - hf_logits(hf, IDS)).abs().max().item() <= 1e-4
+    check_packed_rows(model, IDS)
+    save_hf(model, tmp_path)
+    from safetensors.torch import load_file
+
+    orig, ours = load_file(d / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert orig.keys() == ours.keys() and all(torch.equal(orig[k], ours[k]) for k in orig)
+    back = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert torch.equal(hf_logits(back, IDS), hf_logits(hf, IDS))
+    check_engine_greedy(hf, d, [IDS[0, :13].tolist(), IDS[1, :5].tolist()], [(2, 16), (2, 16), (1, 16)], new_tokens=12)
+
+
+def test_qwen4_exp_vl_image_inputs_are_refused(saved_vl):
+    from vf.errors import UsageError
+
+    model = load_model(saved_vl[1])
+    ids = torch.tensor([[5, 500, 500, 6]])
+    with pytest.raises(UsageError, match="image inputs"):
+        model.compute_logits(ids, pixel_values=torch.zeros(16, 96), image_grid_thw=torch.tensor([[1, 4, 4]]))
