@@ -6,16 +6,18 @@ Shape legend: B batch, T queries, S keys, nh index heads, d index_head_dim, r in
 k = indexer_budget / r blocks per query, nb = S // r blocks.
 Indexer (parameters named as transformers'): index_qk_proj [(nh + 1)·d, H] gives per token nh query
 heads and one raw key; q = rope(q_layernorm(q)) at the query's position (zero-centred RMSNorm, rope on
-the first rotary_dim dims, half-split). For a query at position p (keys 0..p of its document):
+the first rotary_dim dims, half-split). For the query at index p of its document (it sees keys 0..p; p counts tokens, whatever the rope
+positions are: M-RoPE moves them around images):
   block b = keys [b·r, (b+1)·r), complete when (b+1)·r <= p+1;  c(p) complete blocks
-  key_b   = rope(k_layernorm(mean of its r raw keys)) at position b·r
+  key_b   = rope(k_layernorm(mean of its r raw keys)) with the rope of the block's first token
   score_b = Σ_heads relu(q_h · key_b) / sqrt(d)
   selected = the top-min(k, c(p)) complete blocks by score, plus the tail keys c(p)·r .. p
 Attention then runs on the selected keys only (causal). This differs from GLM-5's DSA (dsa.py: a
 top-k of single keys from a weighted-ReLU indexer) and DeepSeek-V4's (compressed entries): its own
 module. Packed rows run per document (blocks start at each document's first token). Engine cache:
-the layer stores k, v and the raw index key per token (`cache.store`), and re-pools the blocks from
-the stored raw keys at each step (elementwise work, no projection recomputed).
+the layer stores k, v, the raw index key and the token's rope (cos | sin, [1, 2·rotary_dim]) per
+token (`cache.store`), and re-pools the blocks from the stored raw keys at each step (elementwise
+work, no projection recomputed); a query's index p is then the count of keys the cache lets it see.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import Attention, Documents, RMSNorm, Rotary, apply_rope, refuse_context_parallel
+from vf.models.layers import Attention, Documents, RMSNorm, apply_rope, refuse_context_parallel
 
 
 class QSAIndexer(nn.Module):
@@ -45,19 +47,20 @@ class QSAIndexer(nn.Module):
         q = self.q_layernorm(q.unflatten(-1, (self.nh, self.d)))
         return apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2), k
 
-    def select(self, q, raw, positions, rotary: Rotary) -> torch.Tensor:
-        """q [B, T, nh, d], raw keys [B, S, d] at positions 0..S-1, query positions [B, T] ->
-        bool [B, T, S]: the keys each query attends to (module docstring)."""
+    def select(self, q, raw, index, key_cos, key_sin) -> torch.Tensor:
+        """q [B, T, nh, d]; raw keys [B, S, d] and their rope key_cos/key_sin [B, S, rd]; the
+        queries' indices `index` [B, T] (query p sees keys 0..p) -> bool [B, T, S]: the keys each
+        query attends to (module docstring)."""
         B, S, d = raw.shape
         r, nb = self.ratio, raw.shape[1] // self.ratio
-        key_pos = torch.arange(S, device=raw.device)
-        complete = torch.div(positions + 1, r, rounding_mode="floor")  # [B, T]
-        tail = (key_pos >= (complete * r)[..., None]) & (key_pos <= positions[..., None])
+        key_idx = torch.arange(S, device=raw.device)
+        complete = torch.div(index + 1, r, rounding_mode="floor")  # [B, T]
+        tail = (key_idx >= (complete * r)[..., None]) & (key_idx <= index[..., None])
         if nb == 0:
             return tail
         pooled = self.k_layernorm(raw[:, : nb * r].reshape(B, nb, r, d).float().mean(dim=2).to(raw.dtype))
-        cos, sin = rotary((torch.arange(nb, device=raw.device) * r).expand(B, nb), raw.dtype)
-        keys = apply_rope(pooled[:, None], cos, sin)[:, 0]  # [B, nb, d]
+        starts = slice(0, nb * r, r)  # each block's first token
+        keys = apply_rope(pooled[:, None], key_cos[:, starts], key_sin[:, starts])[:, 0]  # [B, nb, d]
         scores = torch.relu(torch.einsum("bthd,bnd->btnh", q.float(), keys.float())).sum(-1) / math.sqrt(d)
         valid = torch.arange(nb, device=raw.device) < complete[..., None]  # [B, T, nb]
         scores = scores.masked_fill(~valid, float("-inf"))
@@ -73,7 +76,6 @@ class QSAttention(Attention):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__(config, layer_idx)
         self.indexer = QSAIndexer(config)
-        self.rotary = Rotary(config)  # the index blocks' rope at their start positions
         self.sparse = True  # False: every causal key (tests switch the selection off)
 
     def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
@@ -82,31 +84,37 @@ class QSAttention(Attention):
         (q, gate), k, v = self.project(x, cos, sin)
         with torch.no_grad():  # a hard selection: no gradient, as in transformers
             iq, ik = self.indexer.project(x, cos, sin)
+        rope = torch.cat([cos, sin], dim=-1).expand(B, T, -1)  # [B, T, 2·rd]: the keys' rope, for the blocks
         allowed = None
         if cache is not None:
-            (k, v, ik), allowed = cache.store(self.layer_idx, k, v, ik[:, None])
-            ik = ik[:, 0]
+            (k, v, ik, rope), allowed = cache.store(self.layer_idx, k, v, ik[:, None], rope[:, None])
+            ik, rope = ik[:, 0], rope[:, 0]
             if allowed is not None:  # [T, S] or [B|1, 1, T, S]
                 allowed = allowed.reshape(-1, *allowed.shape[-2:])
         if isinstance(mask, Documents) and not mask.single:
             out = torch.cat([torch.cat([
                 self.mix(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], iq[b:b + 1, s:e],
-                         ik[b:b + 1, s:e], position_ids[b:b + 1, s:e], None)
+                         ik[b:b + 1, s:e], rope[b:b + 1, s:e], None)
                 for s, e in row], dim=2) for b, row in enumerate(mask.spans)], dim=0)
         else:
-            out = self.mix(q, k, v, iq, ik, position_ids, allowed)
+            out = self.mix(q, k, v, iq, ik, rope, allowed)
         out = out.transpose(1, 2).reshape(B, T, self.nh * self.hd) * torch.sigmoid(gate)
         return self.o_proj(out)
 
-    def mix(self, q, k, v, iq, ik, positions, allowed):
-        """q [B, nh, T, hd], k/v [B, nkv, S, hd] and raw index keys [B, S, d] at positions 0..S-1,
-        index queries iq [B, T, nI, d] at `positions` [B, T] -> [B, nh, T, hd]."""
-        S = k.shape[2]
+    def mix(self, q, k, v, iq, ik, rope, allowed):
+        """q [B, nh, T, hd], index queries iq [B, T, nI, d]; per key (tokens 0..S-1 of the row or
+        document) k/v [B, nkv, S, hd], raw index keys [B, S, d], rope [B, S, 2·rd]; `allowed` (a
+        cache's) bool [B|1, T, S] or None (the T queries are the last T keys) -> [B, nh, T, hd]."""
+        B, T, S = q.shape[0], q.shape[2], k.shape[2]
         with torch.no_grad():
+            if allowed is None:
+                index = torch.arange(S - T, S, device=q.device).expand(B, T)
+            else:  # the cache shows each query the keys up to its own
+                index = allowed.sum(-1).expand(B, T) - 1
             if self.sparse:
-                keep = self.indexer.select(iq, ik, positions, self.rotary)
+                keep = self.indexer.select(iq, ik, index, *rope.chunk(2, dim=-1))
             else:
-                keep = torch.arange(S, device=k.device) <= positions[..., None]
+                keep = torch.arange(S, device=k.device) <= index[..., None]
             if allowed is not None:
                 keep = keep & allowed
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None], enable_gqa=self.nh != self.nkv)

@@ -16,9 +16,11 @@ Native parameters: `layers.{i}.attn.*` (as the Qwen3.5 hybrids, plus `attn.index
 convert.py maps them to transformers' names.
 The vision-language checkpoint (`qwen4_exp`, Qwen4ExpForConditionalGeneration: the same text model
 under `model.language_model.`, a Qwen3.5 vision tower under `model.visual.`) loads as
-`Qwen4ExpVLModel` and runs text prompts; image inputs are refused (exit 2) until the QSA block keys
-take the image tokens' M-RoPE positions.
-Engine cache: indexed layers "kv" with streams k, v (nkv, hd) and the raw index key (1, d); linear
+`Qwen4ExpVLModel`: image embeddings scattered into the image-pad tokens and M-RoPE positions, as
+qwen3_vl.Qwen3VLModel (whose positions, rope and image helpers it inherits); the QSA blocks take the
+rope of their first token, image tokens included.
+Engine cache: indexed layers "kv" with streams k, v (nkv, hd), the raw index key (1, d) and the
+token's rope (1, 2·rotary_dim) (qsa.py); linear
 layers "state" (DeltaNet's conv and delta state); a PLE layer's conv and n-gram history under its own
 state slot (`num_layers + i`, ple.PLE.state_key).
 """
@@ -30,7 +32,7 @@ from torch import nn
 from vf.models.config import ModelConfig
 from vf.models.deltanet import GatedDeltaNet
 from vf.models.gated_residual import GatedResidual
-from vf.models.layers import Documents, positions_and_mask
+from vf.models.layers import Documents, positions_and_mask, refuse_context_parallel
 from vf.models.moe import MoE
 from vf.models.ple import PLE
 from vf.models.qsa import QSAttention
@@ -76,7 +78,7 @@ class Qwen4ExpModel(NativeModel):
 
     def kv_streams(self) -> list[tuple[int, int]]:
         c = self.config
-        return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim), (1, c.index_head_dim)]
+        return [(c.num_kv_heads, c.head_dim), (c.num_kv_heads, c.head_dim), (1, c.index_head_dim), (1, 2 * c.rotary_dim)]
 
     def state_shapes(self) -> dict[int, list[tuple[tuple[int, ...], torch.dtype | None]]]:
         out = {i: layer.attn.state_shapes() for i, layer in enumerate(self.layers) if layer.cache_kind == "state"}
@@ -96,8 +98,7 @@ class Qwen4ExpModel(NativeModel):
 
 
 class Qwen4ExpVLModel(Qwen3VLModel):
-    """Qwen4ExpForConditionalGeneration on text prompts: Qwen4ExpModel's decoder with the vision tower
-    loaded (so the checkpoint round-trips) and image inputs refused."""
+    """Qwen4ExpForConditionalGeneration: Qwen4ExpModel's decoder with Qwen3.5's vision tower."""
 
     def __init__(self, config: ModelConfig):
         NativeModel.__init__(self, config)
@@ -113,14 +114,19 @@ class Qwen4ExpVLModel(Qwen3VLModel):
 
     def forward(self, input_ids, position_ids=None, cache=None, *, pixel_values=None, image_grid_thw=None,
                 mm_token_type_ids=None, **_unused):
-        if pixel_values is not None or image_grid_thw is not None:
-            raise UsageError("qwen4_exp: image inputs are not supported by the native model yet (the QSA "
-                             "indexer's block keys would need the image tokens' M-RoPE positions)",
-                             hint="run text prompts, or serve the model with --engine.type vllm")
         T = input_ids.shape[1]
-        text_pos, triples = self.positions(input_ids, position_ids, cache, None, None)
+        text_pos, triples = self.positions(input_ids, position_ids, cache, image_grid_thw, mm_token_type_ids)
         text_pos, mask = positions_and_mask(input_ids, text_pos, cache)
         x = self.embed_tokens(input_ids)
+        if pixel_values is not None or image_grid_thw is not None:  # M-RoPE and image spans need whole rows
+            refuse_context_parallel(mask, "image inputs of vision-language")
+        if pixel_values is not None:
+            embeds, _ = self.visual(pixel_values, image_grid_thw)  # Qwen3.5's tower: no DeepStack outputs
+            image_mask = input_ids == self.image_token_id
+            n = int(image_mask.sum())
+            if n != embeds.shape[0]:
+                raise UsageError(f"the prompt holds {n} image tokens and the images give {embeds.shape[0]}")
+            x = x.masked_scatter(image_mask[..., None], embeds.to(x.dtype))
         cos, sin = self.rotary(triples, x.dtype)
         h = self.run_layers(x.repeat(1, 1, self.config.hc_mult), cos, sin, mask, cache=cache,
                             position_ids=text_pos, input_ids=input_ids)

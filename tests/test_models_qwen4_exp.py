@@ -99,9 +99,9 @@ def test_qwen4_exp_cache_decode_matches_full_forward(saved):
 
 
 def test_qwen4_exp_engine_greedy_equals_transformers_generate_and_logprobs(saved):
-    # k, v (2 kv heads x 16) and the raw index key (1 x 16); 13 and 5 prompt tokens + 20: blocks close
+    # k, v (2 kv heads x 16), the raw index key (1 x 16) and the rope (1 x 2·8); 13 and 5 prompt tokens + 20: blocks close
     # during decode and the top-2 selection starts dropping blocks
-    check_engine_greedy(*saved, [IDS[0, :13].tolist(), IDS[1, :5].tolist()], [(2, 16), (2, 16), (1, 16)],
+    check_engine_greedy(*saved, [IDS[0, :13].tolist(), IDS[1, :5].tolist()], [(2, 16), (2, 16), (1, 16), (1, 16)],
                         new_tokens=20)
 
 
@@ -126,7 +126,7 @@ def test_qwen4_exp_selection_drops_keys_and_each_mechanism_matters(saved):
         x, pos = seen["x"], torch.arange(40).expand(2, 40)
         cos, sin = model.rotary(pos, torch.float32)
         iq, ik = attn.indexer.project(x, cos, sin)
-        keep = attn.indexer.select(iq, ik, pos, attn.rotary)
+        keep = attn.indexer.select(iq, ik, pos, cos, sin)
         assert keep.sum(-1)[0].tolist() == [min(t + 1, 8 + (t + 1) % 4) for t in range(40)]
         assert not (keep & ~torch.ones(40, 40, dtype=torch.bool).tril()).any()  # causal
 
@@ -243,13 +243,58 @@ def test_qwen4_exp_vl_text_prompts_match_transformers_round_trip_and_engine(save
     assert orig.keys() == ours.keys() and all(torch.equal(orig[k], ours[k]) for k in orig)
     back = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert torch.equal(hf_logits(back, IDS), hf_logits(hf, IDS))
-    check_engine_greedy(hf, d, [IDS[0, :13].tolist(), IDS[1, :5].tolist()], [(2, 16), (2, 16), (1, 16)], new_tokens=12)
+    check_engine_greedy(hf, d, [IDS[0, :13].tolist(), IDS[1, :5].tolist()], [(2, 16), (2, 16), (1, 16), (1, 16)], new_tokens=12)
 
 
-def test_qwen4_exp_vl_image_inputs_are_refused(saved_vl):
+def _image_prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
+    """Token ids: text, then per image <start> pads <end> and some text; and random patches."""
+    ids = list(text)
+    for i, (t, h, w) in enumerate(grids):
+        ids += [502] + [500] * (t * h * w // 4) + [503] + list(gap if i < len(grids) - 1 else tail)
+    g = torch.Generator().manual_seed(len(ids))
+    return ids, torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 4 * 4, generator=g)
+
+
+def test_qwen4_exp_vl_image_prompts_match_transformers(saved_vl):
+    """Two images in a 33-token prompt (M-RoPE positions jump after them; QSA blocks start on image
+    tokens): logits equal transformers'; without the pixels they move; a wrong image-token count is
+    refused; the engine's greedy continuation of an image prompt (beside a text one) equals
+    transformers.generate."""
+    import asyncio
+
+    from vf.engines.base import Sampling
+    from vf.engines.local import LocalEngine
     from vf.errors import UsageError
 
-    model = load_model(saved_vl[1])
-    ids = torch.tensor([[5, 500, 500, 6]])
-    with pytest.raises(UsageError, match="image inputs"):
-        model.compute_logits(ids, pixel_values=torch.zeros(16, 96), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    hf, d = saved_vl
+    model = load_model(d)
+    grids = [(1, 8, 8), (1, 4, 6)]
+    p, px = _image_prompt(grids)
+    ids = torch.tensor([p])
+    kw = {"pixel_values": px, "image_grid_thw": torch.tensor(grids)}
+    with torch.no_grad():
+        ref = hf(input_ids=ids, mm_token_type_ids=(ids == 500).int(), **kw).logits
+        out = model.compute_logits(ids, **kw)
+        assert (out - ref).abs().max().item() <= 1e-4
+        assert (model.compute_logits(ids) - out).abs().max().item() > 1e-3
+        with pytest.raises(UsageError, match="image tokens"):
+            model.compute_logits(IDS[:1, :10], **kw)  # images without their pad tokens
+    one = [(1, 8, 8)]
+    p, px = _image_prompt(one)
+    mm = {"pixel_values": px, "image_grid_thw": torch.tensor(one), "rope_delta": model.rope_delta(p, one)}
+    engine = LocalEngine(model, None, max_batch=4)
+
+    async def go():
+        try:
+            return await asyncio.gather(
+                engine.generate_ids(p, Sampling(temperature=0.0, max_tokens=12), ignore_eos=True, mm=mm),
+                engine.generate_ids(IDS[0, :7].tolist(), Sampling(temperature=0.0, max_tokens=6), ignore_eos=True))
+        finally:
+            await engine.close()
+
+    seq, _ = asyncio.run(go())
+    x = torch.tensor([p])
+    with torch.no_grad():
+        want = hf.generate(input_ids=x, pixel_values=mm["pixel_values"], image_grid_thw=mm["image_grid_thw"],
+                           mm_token_type_ids=(x == 500).int(), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert mm["rope_delta"] < 0 and seq.token_ids == want[0, len(p):].tolist()
