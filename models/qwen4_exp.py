@@ -60,7 +60,8 @@ class Qwen4ExpLayer(nn.Module):
         return "state" if self.kind == "linear_attention" else "kv"
 
     def forward(self, h, cos, sin, mask=None, cache=None, position_ids=None, input_ids=None):  # [B, T, n·H]
-        if self.ple is not None:
+        if self.ple is not None:  # its conv and n-gram history would stop at this rank's slice
+            refuse_context_parallel(mask, "PLE (per-layer n-gram embedding)")
             spans = mask.spans if isinstance(mask, Documents) and not mask.single and cache is None else None
             h = h + self.ple(h, input_ids, position_ids, spans, cache)
         x, w = self.attn_hc(h)

@@ -202,6 +202,22 @@ def test_qwen4_exp_activation_checkpointing_same_loss_and_grads(saved):
     assert "layers.0.ple.ngram.weight" in out[False][1] and "layers.1.attn.indexer.index_qk_proj.weight" not in out[False][1]
 
 
+def test_qwen4_exp_layers_refuse_context_parallel_slices(saved):
+    """A PLE layer (conv, n-gram history) and a QSA layer (blocks over the whole row) cannot run on a
+    rank's slice: both refuse (exit 2) rather than compute as if the slice were the row."""
+    from vf.models.context_parallel import ContextShard
+
+    from vf.errors import UsageError
+
+    model = load_model(saved[1])
+    pos = torch.arange(8)[None]
+    mask = ContextShard(None, 2, 0, "ring", pos).mask()
+    h, (cos, sin) = torch.zeros(1, 4, 3 * 64), model.rotary(pos[:, :4], torch.float32)
+    for layer, what in ((model.layers[0], "PLE"), (model.layers[1], "QSA")):
+        with pytest.raises(UsageError, match=f"does not support {what}"):
+            layer(h, cos, sin, mask, None, pos[:, :4], IDS[:1, :4])
+
+
 @pytest.mark.slow
 def test_vf_train_runs_rl_steps_on_qwen4_exp(saved, tmp_path):
     check_vf_train(saved[1], tmp_path)
@@ -258,7 +274,7 @@ def _image_prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
 def test_qwen4_exp_vl_image_prompts_match_transformers(saved_vl):
     """Two images in a 33-token prompt (M-RoPE positions jump after them; QSA blocks start on image
     tokens): logits equal transformers'; without the pixels they move; a wrong image-token count is
-    refused; the engine's greedy continuation of an image prompt (beside a text one) equals
+    refused; packed with a text document it gives the documents' own logits; the engine's greedy continuation of an image prompt (beside a text one) equals
     transformers.generate."""
     import asyncio
 
@@ -279,6 +295,11 @@ def test_qwen4_exp_vl_image_prompts_match_transformers(saved_vl):
         assert (model.compute_logits(ids) - out).abs().max().item() > 1e-3
         with pytest.raises(UsageError, match="image tokens"):
             model.compute_logits(IDS[:1, :10], **kw)  # images without their pad tokens
+        text = IDS[1, :12]  # packed after the image prompt: each document as if alone
+        packed, pos = torch.cat([ids[0], text])[None], torch.cat([torch.arange(len(p)), torch.arange(12)])[None]
+        got = model.compute_logits(packed, pos, **kw)[0]
+        sep = torch.cat([out[0], model.compute_logits(text[None])[0]])
+        assert (got - sep).abs().max().item() <= 1e-5
     one = [(1, 8, 8)]
     p, px = _image_prompt(one)
     mm = {"pixel_values": px, "image_grid_thw": torch.tensor(one), "rope_delta": model.rope_delta(p, one)}
