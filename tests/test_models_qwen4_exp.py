@@ -53,7 +53,7 @@ IDS = torch.randint(3, V, (2, 40), generator=torch.Generator().manual_seed(1))
 def build(out, seed=0, **overrides):
     """A random tiny Qwen4ExpForCausalLM checkpoint in `out` with the tiny tokenizer; returns the HF model.
     transformers zero-inits the (1 + w) norms and the PLE conv: randomised so every tensor matters."""
-    cfg = transformers.Qwen4ExpTextConfig(**{**CONFIG, **overrides})
+    cfg = transformers.Qwen4ExpTextConfig(**{k: v for k, v in {**CONFIG, **overrides}.items() if v is not None})
     torch.manual_seed(seed)
     hf = transformers.Qwen4ExpForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -200,6 +200,52 @@ def test_qwen4_exp_activation_checkpointing_same_loss_and_grads(saved):
     assert out[False][0] == out[True][0] and out[False][1].keys() == out[True][1].keys()
     assert all(torch.allclose(out[False][1][n], out[True][1][n], atol=1e-7) for n in out[False][1])
     assert "layers.0.ple.ngram.weight" in out[False][1] and "layers.1.attn.indexer.index_qk_proj.weight" not in out[False][1]
+
+
+# ---- a sweep of configs against transformers --------------------------------------------------------
+# transformers' Qwen4ExpTextConfig defaults with only the sizes shrunk (and the QSA sizes, which have
+# none): 4 streams, trigrams with 8 heads per order, ple_embed_dim = hidden, 512 checkpoint shards for
+# a table of fewer rows (torch.chunk then writes fewer), full rotary, conv kernel 4
+SHRUNK = {
+    "vocab_size": V, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "layer_types": ["linear_attention", "indexed_attention"], "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "hc_lowrank": 8,
+    "ple_layer_ids": [1], "ngram_vocab_size_base": 300, "indexer_n_heads": 8, "indexer_kv_heads": 1,
+    "indexer_head_dim": 16, "indexer_budget": 8, "indexer_compress_ratio": 4, "eos_token_id": EOS,
+    "max_position_embeddings": 256,
+}
+SWEEP = {
+    "shrunk_defaults": {},
+    "budget_above_prompt": {"indexer_budget": 64},  # every complete block selected
+    "single_token_blocks": {"indexer_compress_ratio": 1, "indexer_budget": 5},
+    "no_ple": {"ple_layer_ids": []},
+    "fourgrams_two_ple_layers": {"num_hidden_layers": 3, "ple_layer_ids": [1, 2], "ngram_size": 4,
+                                 "heads_per_ngram": 2, "ple_embed_dim": 48, "ple_conv_kernel_size": 2,
+                                 "layer_types": ["linear_attention", "linear_attention", "indexed_attention"]},
+    "default_pattern_eos_list": {"num_hidden_layers": 4, "layer_types": None, "eos_token_id": [EOS, 3]},
+    "tied_half_rotary_two_streams": {"tie_word_embeddings": True, "hc_count": 2, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+}
+SWEEP_IDS = torch.randint(3, V, (2, 48), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("case", list(SWEEP))
+def test_qwen4_exp_sweep_matches_transformers(case, tmp_path):
+    """Each config: logits, packed rows, cached decode, and a bit-exact round trip of the checkpoint."""
+    from safetensors.torch import load_file
+
+    overrides = {k: v for k, v in {**SHRUNK, **SWEEP[case]}.items() if v is not None}
+    hf = build(tmp_path / "hf", seed=4, **{k: None for k in CONFIG if k not in overrides}, **overrides)
+    model = load_model(tmp_path / "hf")
+    with torch.no_grad():
+        diff = (model.compute_logits(SWEEP_IDS) - hf_logits(hf, SWEEP_IDS)).abs().max().item()
+    assert diff <= 1e-4, f"{case}: max abs logit diff {diff}"
+    check_packed_rows(model, SWEEP_IDS)
+    check_cached_decode(model, SWEEP_IDS, prefill=37)
+    save_hf(model, tmp_path / "ours")
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "ours" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_qwen4_exp_layers_refuse_context_parallel_slices(saved):
