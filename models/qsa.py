@@ -61,7 +61,12 @@ class QSAIndexer(nn.Module):
         pooled = self.k_layernorm(raw[:, : nb * r].reshape(B, nb, r, d).float().mean(dim=2).to(raw.dtype))
         starts = slice(0, nb * r, r)  # each block's first token
         keys = apply_rope(pooled[:, None], key_cos[:, starts], key_sin[:, starts])[:, 0]  # [B, nb, d]
-        scores = torch.relu(torch.einsum("bthd,bnd->btnh", q.float(), keys.float())).sum(-1) / math.sqrt(d)
+        # one head at a time: [B, T, nb] scores instead of a [B, T, nb, nh] product
+        qf, kf = q.float(), keys.float().transpose(1, 2)
+        scores = torch.zeros(B, q.shape[1], nb, device=q.device)
+        for h in range(q.shape[2]):
+            scores += torch.relu(qf[:, :, h] @ kf)
+        scores = scores / math.sqrt(d)
         valid = torch.arange(nb, device=raw.device) < complete[..., None]  # [B, T, nb]
         scores = scores.masked_fill(~valid, float("-inf"))
         top = scores.topk(min(self.topk, nb), dim=-1).indices
