@@ -6,7 +6,8 @@ deepseek_v4 (compressed/sparse attention, hyper-connections, hash routing: model
 hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
 transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
 text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern; Super's latent MoE
-with `moe_latent_size`). Family-specific HF keys are read and written through
+with `moe_latent_size`); qwen4_exp_text (Qwen3.8 Flash Next, models/qwen4_exp.py; its vision-language
+`qwen4_exp` nests it). Family-specific HF keys are read and written through
 `FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
 (router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 
