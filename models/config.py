@@ -6,7 +6,8 @@ deepseek_v4 (compressed/sparse attention, hyper-connections, hash routing: model
 hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
 transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
 text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern; Super's latent MoE
-with `moe_latent_size`). Family-specific HF keys are read and written through
+with `moe_latent_size`); qwen4_exp_text (Qwen3.8 Flash Next, models/qwen4_exp.py; its vision-language
+`qwen4_exp` nests it). Family-specific HF keys are read and written through
 `FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
 (router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
 
@@ -41,6 +42,8 @@ ARCHITECTURES = {
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "qwen4_exp_text": "Qwen4ExpForCausalLM",  # Qwen3.8 Flash Next's text model (models/qwen4_exp.py)
+    "qwen4_exp": "Qwen4ExpForConditionalGeneration",  # nests a qwen4_exp_text model (text prompts only)
 }
 # gated DeltaNet + gated full attention, zero-centred (1 + w) RMSNorm (the Qwen "Next" line)
 DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -178,6 +181,20 @@ FAMILY_KEYS.update({
         "moe_latent_size": ("moe_latent_size", None),  # Nemotron-H Super: routed experts in a latent space
     },
 })
+# Qwen3.8 Flash Next (models/qwen4_exp.py); defaults: transformers' Qwen4ExpTextConfig
+QWEN4_EXP = "qwen4_exp_text"
+FAMILY_KEYS[QWEN4_EXP] = {
+    **_DELTANET_KEYS, **_QWEN_NEXT_MOE, "norm_topk_prob": ("norm_topk_prob", True),
+    "hc_count": ("hc_mult", 4), "hc_lowrank": ("hc_lowrank", 320),
+    "ple_layer_ids": ("ple_layer_ids", []), "ple_embed_dim": ("ple_embed_dim", None),
+    "ple_conv_kernel_size": ("ple_conv_kernel", 4), "ngram_size": ("ngram_size", 3),
+    "heads_per_ngram": ("heads_per_ngram", 8), "ngram_vocab_size_base": ("ngram_vocab_size_base", 20_000_000),
+    "make_ngram_vocab_size_divisible_by": ("ngram_divisible_by", 128), "seed": ("ngram_seed", 1234),
+    "split_ngram_parts": ("split_ngram_parts", 512),
+    "indexer_n_heads": ("index_n_heads", _REQUIRED), "indexer_kv_heads": ("indexer_kv_heads", 1),
+    "indexer_head_dim": ("index_head_dim", _REQUIRED), "indexer_budget": ("indexer_budget", _REQUIRED),
+    "indexer_compress_ratio": ("indexer_compress_ratio", _REQUIRED), "output_gate_type": ("output_gate_type", None),
+}
 # older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
 _ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"},
             "nemotron_h": {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "chunk_size": "mamba_chunk_size",
@@ -193,6 +210,7 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "qwen3_vl": {"use_qk_norm": True},
     "qwen3_next": {"shared_expert_gate": True},
     "qwen3_5_moe_text": {"shared_expert_gate": True, "norm_topk_prob": True},
+    QWEN4_EXP: {"shared_expert_gate": True},
     "nemotron_h": {"router_scoring": "sigmoid", "expert_bias": True, "expert_act": "relu2"},
 }
 _DEFAULT_PARTIAL_ROTARY = {"glm4_moe": 0.5, **{f: 0.25 for f in DELTANET_FAMILIES}}  # transformers' Glm4MoeConfig default
@@ -322,6 +340,22 @@ class ModelConfig:
     mamba_proj_bias: bool = False
     mamba_chunk_size: int = 128
     mamba_dt_min: float = 0.0
+    # qwen4_exp_text (models/qwen4_exp.py): gated-residual streams (hc_mult, hc_lowrank), the PLE layers'
+    # hashed n-gram embeddings (models/ngram_embedding.py), QSA indexed attention (index_n_heads/head_dim)
+    hc_lowrank: int = 0
+    ple_layer_ids: list[int] = field(default_factory=list)  # one-indexed decoder layers with a PLE
+    ple_embed_dim: int | None = None  # None: hidden_size
+    ple_conv_kernel: int = 4
+    ngram_size: int = 3
+    heads_per_ngram: int = 8
+    ngram_vocab_size_base: int = 20_000_000
+    ngram_divisible_by: int = 128
+    ngram_seed: int = 1234
+    split_ngram_parts: int = 512  # row blocks of each n-gram table in the HF checkpoint
+    indexer_kv_heads: int = 1
+    indexer_budget: int = 0  # tokens selected from complete blocks per query
+    indexer_compress_ratio: int = 0  # tokens pooled into one index block
+    output_gate_type: str | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -336,7 +370,7 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.architecture in ("qwen3", "qwen3_moe", *DELTANET_FAMILIES) or self.use_qk_norm
+        return self.architecture in ("qwen3", "qwen3_moe", *DELTANET_FAMILIES, QWEN4_EXP) or self.use_qk_norm
 
     @property
     def hybrid(self) -> bool:
@@ -346,12 +380,12 @@ class ModelConfig:
     @property
     def zero_centered_norm(self) -> bool:
         """RMSNorms scale by (1 + w), w initialised to 0 (the Qwen "Next" line)."""
-        return self.architecture in DELTANET_FAMILIES
+        return self.architecture in (*DELTANET_FAMILIES, QWEN4_EXP)
 
     @property
     def attn_output_gate(self) -> bool:
         """Full attention's q_proj also emits a per-head gate: out = o_proj(attn · sigmoid(gate))."""
-        return self.architecture in DELTANET_FAMILIES
+        return self.architecture in (*DELTANET_FAMILIES, QWEN4_EXP)
 
     @property
     def o_proj_bias(self) -> bool:
@@ -377,7 +411,7 @@ class ModelConfig:
             return False
         if self.architecture == "nemotron_h":
             return self.layer_types[layer_idx] == "moe"
-        if self.architecture in ("qwen3_5_moe_text", "deepseek_v4"):
+        if self.architecture in ("qwen3_5_moe_text", "deepseek_v4", QWEN4_EXP):
             return True
         if self.mlp_layer_types is not None:
             return self.mlp_layer_types[layer_idx] == "sparse"
@@ -491,6 +525,8 @@ class ModelConfig:
                 _check_dsa(cfg, d, source)
             if cfg.hybrid:
                 _check_hybrid(cfg, d, source)
+            if arch == QWEN4_EXP:
+                _check_qwen4_exp(cfg, source)
             return cfg
         except KeyError as e:
             raise ModelLoadError(f"{source}: required key {e.args[0]!r} is missing") from None
@@ -544,10 +580,10 @@ class ModelConfig:
 
 
 # ---- vision-language families: config.json nests the text model under text_config ----------------
-VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5")
-_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text"}
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen4_exp")
+_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
 # the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE)
-_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text"}
+_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
 
 
 def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
@@ -569,7 +605,7 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
                             "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
                            source)
     half = cfg.rotary_dim // 2
-    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10]}[d["model_type"]]  # transformers' defaults
+    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10], "qwen4_exp": [11, 11, 10]}[d["model_type"]]
     cfg.mrope_section = list(mrope) if mrope is not None else default
     if sum(cfg.mrope_section) != half:
         raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
@@ -722,6 +758,40 @@ def _check_hybrid(cfg: ModelConfig, d: dict, source: str) -> None:
         if cfg.mamba_num_heads % cfg.mamba_n_groups:
             raise ModelLoadError(f"{source}: n_groups={cfg.mamba_n_groups} does not divide mamba_num_heads")
     elif cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise ModelLoadError(f"{source}: linear_num_key_heads must divide linear_num_value_heads")
+
+
+def _check_qwen4_exp(cfg: ModelConfig, source: str) -> None:
+    """Qwen3.8 Flash Next: the invariants transformers' Qwen4ExpTextConfig checks, plus what the native
+    model supports (QSA on every full-attention layer, DeltaNet's silu output gate). Derives the layer
+    pattern (every 4th layer indexed attention) and reads "full_attention" as "indexed_attention", as
+    transformers does."""
+    if cfg.layer_types is None:
+        cfg.layer_types = ["linear_attention" if (i + 1) % 4 else "indexed_attention" for i in range(cfg.num_layers)]
+    cfg.layer_types = ["indexed_attention" if t == "full_attention" else t for t in cfg.layer_types]
+    bad = sorted(set(cfg.layer_types) - {"linear_attention", "indexed_attention"})
+    if len(cfg.layer_types) != cfg.num_layers or bad:
+        raise ModelLoadError(f"{source}: qwen4_exp layer_types must be linear_attention / indexed_attention "
+                             f"for each of {cfg.num_layers} layers (got {bad or len(cfg.layer_types)})")
+    if cfg.output_gate_type not in (None, "silu"):
+        raise ModelLoadError(f"{source}: output_gate_type={cfg.output_gate_type!r} is not supported natively (only silu)")
+    if cfg.hc_mult < 2 or cfg.hc_lowrank < 1:
+        raise ModelLoadError(f"{source}: qwen4_exp needs hc_count >= 2 and hc_lowrank >= 1")
+    if cfg.indexer_kv_heads != 1:
+        raise ModelLoadError(f"{source}: QSA needs indexer_kv_heads=1, got {cfg.indexer_kv_heads}")
+    ratio, budget = cfg.indexer_compress_ratio, cfg.indexer_budget
+    if min(cfg.index_n_heads, cfg.index_head_dim, ratio, budget) < 1 or budget % ratio:
+        raise ModelLoadError(f"{source}: QSA indexer sizes must be positive and indexer_budget ({budget}) a multiple "
+                             f"of indexer_compress_ratio ({ratio})")
+    if cfg.rotary_dim > cfg.index_head_dim:
+        raise ModelLoadError(f"{source}: the rotary dims ({cfg.rotary_dim}) must fit indexer_head_dim")
+    cfg.ple_layer_ids = sorted(set(cfg.ple_layer_ids))
+    wrong = [i for i in cfg.ple_layer_ids if not 1 <= i <= cfg.num_layers or cfg.layer_types[i - 1] != "linear_attention"]
+    if wrong:
+        raise ModelLoadError(f"{source}: ple_layer_ids {wrong} are not one-indexed linear_attention layers")
+    if cfg.ple_layer_ids and cfg.eos_token_id is None:
+        raise ModelLoadError(f"{source}: eos_token_id must be set when PLE layers are enabled")
+    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
         raise ModelLoadError(f"{source}: linear_num_key_heads must divide linear_num_value_heads")
 
 

@@ -13,6 +13,8 @@ Ops:
   deinterleave_t  deinterleave, then swap the last two dims (GPT-OSS gate_up_proj: HF [E, H, 2Im]
                   interleaved -> native [E, 2Im, H])
   transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
+  row_shards      native = cat(HF row blocks shard_0, shard_1, ..., dim 0); saved as
+                  torch.chunk(native, split_ngram_parts) (qwen4_exp's n-gram tables, as transformers)
   regroup_qkvzba  Qwen3-Next's linear-attention in_proj_qkvz [2kd + 2vd, H] and in_proj_ba [2nv, H]
                   group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
                   `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
@@ -30,6 +32,7 @@ from collections.abc import Callable
 import torch
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError
+from vf.models.ple import derived_tables, ngram_spec
 
 L = "model.layers.{i}."
 # native name template -> (op, [HF name templates])
@@ -163,6 +166,38 @@ FAMILY_TABLE["deepseek_v4"] = {
     "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "ffn.shared_experts.w2.weight"]),
 }
 
+# Qwen3.8 Flash Next (models/qwen4_exp.py): the Qwen3.5 hybrid rows, QSA indexer, gated residuals, PLE
+HC, PL = "model.layers.{i}.{part}_hyper_connection.", L + "ple."
+_GATED_RESIDUAL = ("hc_norm.weight", "input_mix_weight_down.weight", "input_mix_weight_up.weight")
+FAMILY_TABLE["qwen4_exp_text"] = {
+    **FAMILY_TABLE["qwen3_5_text"],
+    **{f"layers.{{i}}.attn.indexer.{p}": ("rename", [A + f"indexer.{p}"])
+       for p in ("index_qk_proj.weight", "q_layernorm.weight", "k_layernorm.weight")},
+    **{f"layers.{{i}}.{part}_hc.{p}": ("rename", [HC.replace("{part}", part) + p])
+       for part in ("attn", "mlp") for p in (*_GATED_RESIDUAL, "block_inject_weight.weight")},
+    **{f"hc_mixer.{p}": ("rename", ["model.hyper_connection_mixer." + p]) for p in _GATED_RESIDUAL},
+    **{f"layers.{{i}}.ple.{p}": ("rename", [PL + p])
+       for p in ("key_proj.weight", "value_proj.weight", "norm_key.weight", "norm_query.weight", "norm_conv.weight")},
+    "layers.{i}.ple.conv_weight": ("rename", [PL + "conv1d.weight"]),
+    "layers.{i}.ple.ngram.weight": ("row_shards", [PL + "ple_embedding.ngram_embedding.shard_{k}.weight"]),
+}
+# transformers' persistent copies of the n-gram tables (derived from the config: checked, never loaded)
+_PLE_BUFFERS = {"multipliers": "layer_multipliers", "head_sizes": "ngram_heads_vocab_sizes",
+                "head_offsets": "ngram_heads_offsets"}
+
+
+def derived_hf_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF tensors that are functions of the config (qwen4_exp's n-gram tables): written on save,
+    compared on load."""
+    out = {}
+    prefix = VL_TEXT_PREFIX if config.vision is not None else "model."
+    for ple_index, layer_id in enumerate(config.ple_layer_ids if config.architecture == "qwen4_exp_text" else []):
+        tables = derived_tables(ngram_spec(config, ple_index))
+        for ours, theirs in _PLE_BUFFERS.items():
+            name = prefix + PL.format(i=layer_id - 1).removeprefix("model.") + f"ple_embedding.{theirs}"
+            out[name] = torch.tensor(tables[ours], dtype=torch.long)
+    return out
+
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not
 # `model.`) and the vision tower's under `model.visual.` with the native names of models/vision.py.
@@ -281,6 +316,16 @@ def hf_to_native(
             else:
                 out[name] = torch.stack(per_expert)
             continue
+        if op == "row_shards":
+            keys = []
+            while has(sources[0].format(k=len(keys), **fmt)):
+                keys.append(sources[0].format(k=len(keys), **fmt))
+            if not keys:
+                missing.append(sources[0].format(k=0, **fmt))
+                continue
+            out[name] = torch.cat([get(k) for k in keys], dim=0)
+            used.update(keys)
+            continue
         keys = [s.format(**fmt) for s in sources]
         absent = [k for k in keys if not has(k)]
         if absent:
@@ -300,6 +345,14 @@ def hf_to_native(
         raise ModelLoadError(
             f"checkpoint lacks {len(missing)} tensor(s) the {config.architecture} model needs: {shown}"
         )
+    for key, want in derived_hf_tensors(config).items():
+        if has(key):
+            got = get(key)
+            if tuple(got.shape) != tuple(want.shape) or not torch.equal(got.long(), want):
+                raise ModelLoadError(f"checkpoint tensor {key} differs from the one its config derives "
+                                     "(the n-gram table would be read at the wrong rows)",
+                                     hint="the checkpoint does not match its config.json")
+            used.add(key)
     return out, used
 
 
@@ -314,6 +367,9 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
             out[sources[0].format(**fmt)] = t
         elif op in PERMUTE:
             out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
+        elif op == "row_shards":
+            for k, part in enumerate(t.chunk(config.split_ngram_parts, dim=0)):
+                out[sources[0].format(k=k, **fmt)] = part
         elif op == "regroup_qkvzba":
             for src, part in zip(sources, _regroup_to_hf(t, config)):
                 out[src.format(**fmt)] = part
@@ -325,4 +381,5 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
             for e in range(t.shape[0]):
                 for s, part in zip(sources, t[e].chunk(len(sources), dim=0)):
                     out[s.format(e=e, **fmt)] = part
+    out.update(derived_hf_tensors(config))
     return {k: v.detach().contiguous() for k, v in out.items()}

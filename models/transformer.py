@@ -79,6 +79,10 @@ def decoder_layer(config: ModelConfig, layer_idx: int) -> nn.Module:
         from vf.models.deepseek_v4 import DeepseekV4Layer
 
         return DeepseekV4Layer(config, layer_idx)
+    if config.architecture == "qwen4_exp_text":  # gated residual streams, PLE (models/qwen4_exp.py)
+        from vf.models.qwen4_exp import Qwen4ExpLayer
+
+        return Qwen4ExpLayer(config, layer_idx)
     if config.architecture == "nemotron_h":
         from vf.models.hybrid import MixerLayer
 
@@ -185,11 +189,15 @@ def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02)
 
 
 def model_class(config: ModelConfig) -> type[NativeModel]:
-    """NativeModel, or its subclass for DeepSeek-V4 or a model with a vision tower."""
+    """NativeModel, or its subclass for DeepSeek-V4, Qwen3.8 Flash Next or a model with a vision tower."""
     if config.architecture == "deepseek_v4":
         from vf.models.deepseek_v4 import DeepseekV4Model
 
         return DeepseekV4Model
+    if config.architecture == "qwen4_exp_text":
+        from vf.models.qwen4_exp import Qwen4ExpModel, Qwen4ExpVLModel
+
+        return Qwen4ExpModel if config.vision is None else Qwen4ExpVLModel
     if config.vision is not None:
         from vf.models.qwen3_vl import Qwen3VLModel
 
