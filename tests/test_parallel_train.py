@@ -205,6 +205,31 @@ def test_dp_shard_2_by_cp_2_with_ep_2_on_four_processes_matches_one_process(moe_
 
 
 @pytest.mark.slow
+def test_ngram_tables_split_by_row_over_two_processes_match_one_process(tmp_path):
+    """Qwen3.8 Flash Next (tiny qwen4_exp): under torchrun its hashed n-gram tables are split by row
+    over the ranks (lookups exchange ids and rows); 2 data-parallel processes give the 1-process
+    losses and gradient norms; the 2-process checkpoint (table blocks as DTensors) resumes on one
+    process, and a 1-process checkpoint resumes on two (the blocks cut on load)."""
+    from test_models_qwen4_exp import build
+
+    model = tmp_path / "qwen4"
+    build(model)
+    args = ["--model", str(model), *EXACT, "--steps", "2", "--ckpt-every", "1"]
+    launch(1, "-o", str(tmp_path / "one"), *args)
+    proc = launch(2, "-o", str(tmp_path / "two"), *args)
+    assert "n-gram table(s) by row over 2 processes" in proc.stderr, proc.stderr[-2000:]
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5, abs=1e-7)
+    assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
+    want = losses(tmp_path / "one")
+    for name, src, nproc in (("two_to_one", "two", 1), ("one_to_two", "one", 2)):
+        run = tmp_path / name
+        back_to(2, tmp_path / src, run)  # the first RL step's checkpoint (step 1 is the warm-up)
+        launch(nproc, "--resume", str(run))
+        assert losses(run) == pytest.approx(want, rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.slow
 def test_trainer_role_at_cp_2_with_an_orchestrator_process(tmp_path):
     """`--role trainer` under torchrun at cp 2, batches from a separate `--role orchestrator`
     process: the 1-process losses."""

@@ -202,11 +202,17 @@ def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
 
     model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)  # also creates AdamW's state
     view = learner.mesh.checkpoint_view  # DTensor views of the expert blocks: DCP reshards them in place
-    state = {"model": view(model_state), "optimizer": {"state": view(optim_state["state"])}}
     saved_world, d = restore["sharded"]["world_size"], learner.d
+    reader = safe_reader(Path(path) / SHARDED)
     try:
         with _quiet_dcp():
-            dcp.load(state, storage_reader=safe_reader(Path(path) / SHARDED))
+            saved = set(reader.read_metadata().state_dict_metadata)
+            # a parameter that never had a gradient (DSA's indexer: a hard selection) has no AdamW
+            # state in the checkpoint; it keeps the zeros just created (what it would have had)
+            moments = {k: v for k, v in optim_state["state"].items()
+                       if any(key.startswith(f"optimizer.state.{k}.") for key in saved)}
+            state = {"model": view(model_state), "optimizer": {"state": view(moments)}}
+            dcp.load(state, storage_reader=reader)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's failure
         lines = [line for line in str(e).splitlines() if line.strip()]
         raise UsageError(f"cannot load the sharded checkpoint {path} (saved by {saved_world} processes) into "

@@ -177,7 +177,14 @@ def load_optimizer_state(policy, optimizer, state: dict[str, Any], d: Dist) -> N
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(policy, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    # A parameter that never had a gradient (DSA's indexer: a hard selection) has no AdamW state in
+    # a checkpoint; torch refuses that unless not strict. Such a parameter starts without moments,
+    # as it would have had none; checkpoints are written whole (tmp dir, rename), so a missing state
+    # is not a torn write.
+    names = {name for name, p in policy.named_parameters() if p.requires_grad}
+    missing = names - set(state["state"])
+    set_optimizer_state_dict(policy, optimizer, state,
+                             options=StateDictOptions(full_state_dict=True, strict=not missing))
 
 
 def keyed_optimizer_state(state: dict[str, Any], names: list[str], by_name: bool) -> dict[str, Any]:

@@ -81,12 +81,16 @@ class Learner:
         if d.enabled:
             say(layout.describe())
         mesh = parallel.Mesh.build(layout, d.device)
-        expert_blocks = mesh.shard_experts(model)  # before FSDP: it must leave them alone
+        own_blocks = mesh.shard_experts(model)  # before FSDP: it must leave them alone
+        tables = mesh.shard_tables(model)
+        if tables:
+            say(f"split {len(tables)} n-gram table(s) by row over {d.world_size} processes")
+        own_blocks |= tables
         embedding_grad_in_place(model, distributed=d.enabled)
         if m.compile:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
         policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay),
-                                   d, ignored=expert_blocks)
+                                   d, ignored=own_blocks)
         optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None

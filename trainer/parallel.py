@@ -13,10 +13,16 @@ are its replicas. FSDP2 shards every other parameter over all world ranks.
   `Mesh.local_batch(mb)`                -> this rank's columns of a micro-batch (cp), its context
   `Mesh.finish_grads(policy, ...)`      -> expert grads reduced over replicas, global grad norm
 
+Hashed n-gram tables (Qwen3.8 Flash Next's per-layer PLE tables, models/ngram_parallel.py) are split
+by row over all world ranks whenever the model has them and the world is larger than one: each
+rank holds ⌈P / world⌉ rows of every table, lookups exchange ids and rows. FSDP leaves the blocks
+alone, like the expert blocks.
+
 The gradient convention (trainer/step.py): each rank backpropagates Σ its loss tokens × world / N
 and FSDP averages over the world, so non-expert gradients are Σ_all / N. An expert block's gradient
 already sums the tokens of its ep group (the all-to-all carries them back), so summing it over the
-block's world / ep replicas and dividing by `world` gives the same Σ_all / N.
+block's world / ep replicas and dividing by `world` gives the same Σ_all / N. A table block's
+gradient already sums every rank's tokens (it has no replica): divided by `world`.
 """
 
 from __future__ import annotations
@@ -112,6 +118,8 @@ class Mesh:
                          if experts_mesh is not None and layout.world // layout.ep > 1 else None)
         self.expert_names: set[str] = set()  # the native model's expert-block parameters (shard_experts)
         self.block = slice(None)  # this rank's experts (global indices) in every MoE layer
+        self.tables: dict[str, Any] = {}  # the native model's n-gram table parameters -> their NGramEmbedding
+        self.rows_mesh = None  # DeviceMesh ("rows",) over the world: the tables' checkpoint view
 
     @classmethod
     def build(cls, layout: Layout, device: str = "cpu") -> Mesh:
@@ -122,7 +130,9 @@ class Mesh:
         kind = "cuda" if device.startswith("cuda") else "cpu"
         data = init_device_mesh(kind, (layout.dp_shard, layout.cp), mesh_dim_names=("dp_shard", "cp"))
         experts = init_device_mesh(kind, (layout.world // layout.ep, layout.ep), mesh_dim_names=("replica", "ep"))
-        return cls(layout, cp_group=data.get_group("cp") if layout.cp > 1 else None, experts_mesh=experts)
+        mesh = cls(layout, cp_group=data.get_group("cp") if layout.cp > 1 else None, experts_mesh=experts)
+        mesh.rows_mesh = init_device_mesh(kind, (layout.world,), mesh_dim_names=("rows",))
+        return mesh
 
     # -- experts -----------------------------------------------------------------------------------
     def shard_experts(self, model) -> set:
@@ -140,9 +150,27 @@ class Mesh:
         self.expert_names = {n for n, _ in named}
         return {p for _, p in named}
 
+    # -- n-gram tables -----------------------------------------------------------------------------
+    def shard_tables(self, model) -> set:
+        """Split every hashed n-gram table of the model by row over the world (module doc); the
+        table blocks (which FSDP must leave alone). Nothing on one process or without tables."""
+        if self.layout.world == 1:
+            return set()
+        from vf.models.ngram_parallel import ngram_tables, shard_ngram_embeddings
+
+        if not shard_ngram_embeddings(model, self.rows_mesh.get_group("rows")):
+            return set()
+        self.tables = dict(ngram_tables(model))
+        return {m.weight for m in self.tables.values()}
+
     def full_param(self, name: str, p):
         """The full tensor of the native model's parameter `name`: an expert block is gathered over
-        `ep` (a collective: every rank of the group calls it); anything else is `p` itself."""
+        `ep`, a table block over the world (collectives: every rank of the group calls them);
+        anything else is `p` itself."""
+        if name in self.tables:
+            from vf.models.ngram_parallel import gather_table
+
+            return gather_table(p.detach(), self.tables[name].shard)
         if name not in self.expert_names:
             return p
         import torch
@@ -155,30 +183,41 @@ class Mesh:
     def cut_optimizer_state(self, state: dict[str, Any], names: list[str], prefix: str = "model.") -> dict[str, Any]:
         """A full optimizer state (a 1-process checkpoint: keyed by parameter index in the order
         of `names`, or by name) with each expert parameter's moments cut to this rank's block."""
-        if not self.expert_names:
+        if not self.expert_names and not self.tables:
             return state
 
         def cut(key, value):
-            name = names[key] if isinstance(key, int) else key
-            if name.removeprefix(prefix) not in self.expert_names:
+            name = (names[key] if isinstance(key, int) else key).removeprefix(prefix)
+            if name in self.tables:
+                shard = self.tables[name].shard
+                rows = slice(shard.first, shard.first + shard.count)
+            elif name in self.expert_names:
+                rows = self.block
+            else:
                 return value
-            return {k: v[self.block].clone() if getattr(v, "dim", lambda: 0)() else v for k, v in value.items()}
+            return {k: v[rows].clone() if getattr(v, "dim", lambda: 0)() else v for k, v in value.items()}
 
         return {**state, "state": {k: cut(k, v) for k, v in state["state"].items()}}
 
     def checkpoint_view(self, state: dict[str, Any], prefix: str = "model.") -> dict[str, Any]:
         """A (model or optimizer) state dict keyed by the policy's names, with every expert-block
-        tensor wrapped as a DTensor (replicated over "replica", Shard(0) over "ep") that views the
-        local tensor: DCP then writes each block once and reshards it on load at another `ep`."""
-        if not self.expert_names:
+        tensor wrapped as a DTensor (replicated over "replica", Shard(0) over "ep") and every table
+        block as one (Shard(0) over the world) that views the local tensor: DCP then writes each
+        block once and reshards it on load at another `ep` or world size."""
+        if not self.expert_names and not self.tables:
             return state
         from torch.distributed.tensor import DTensor, Replicate, Shard
 
         def wrap(key, value):
-            if key.removeprefix(prefix) in self.expert_names:
+            name = key.removeprefix(prefix)
+            if name in self.expert_names or name in self.tables:
                 if isinstance(value, dict):  # optimizer state: exp_avg, exp_avg_sq (and a scalar step)
                     return {k: wrap(key, v) if getattr(v, "dim", lambda: 0)() else v for k, v in value.items()}
-                return DTensor.from_local(value, self.experts_mesh, [Replicate(), Shard(0)], run_check=False)
+                if name in self.expert_names:
+                    return DTensor.from_local(value, self.experts_mesh, [Replicate(), Shard(0)], run_check=False)
+                full = (self.tables[name].rows, *value.shape[1:])  # the last blocks may be shorter (⌈P / world⌉)
+                return DTensor.from_local(value, self.rows_mesh, [Shard(0)], run_check=False, shape=full,
+                                          stride=(value.shape[1], 1))
             return value
 
         return {k: wrap(k, v) for k, v in state.items()}
@@ -223,29 +262,41 @@ class Mesh:
         doc), then clip every gradient by the global norm over all shards. Returns the norm."""
         import torch
 
-        if self.layout.ep == 1:
+        if self.layout.ep == 1 and not self.tables:
             norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
             return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        from vf.models.expert_parallel import reduce_expert_grads
+        if self.layout.ep > 1:
+            from vf.models.expert_parallel import reduce_expert_grads
 
-        reduce_expert_grads(policy.model, self.replicas, divide=float(self.layout.world))
-        return clip_global(policy.parameters(), max_norm, self.layout)
+            reduce_expert_grads(policy.model, self.replicas, divide=float(self.layout.world))
+        held_once = set()
+        for m in self.tables.values():
+            if m.weight.grad is None:  # no token of any rank hashed into this block: zeros, counted
+                m.weight.grad = torch.zeros_like(m.weight)
+            m.weight.grad.div_(self.layout.world)
+            held_once.add(id(m.weight))
+        return clip_global(policy.parameters(), max_norm, self.layout, held_once)
 
 
-def clip_global(params, max_norm: float, layout: Layout):
+def clip_global(params, max_norm: float, layout: Layout, held_once: set[int] = frozenset()):
     """Clip by the L2 norm of all gradients across ranks, where FSDP shards (DTensors) are disjoint
-    over the world and each expert block is held by world / ep replicas (counted once)."""
+    over the world, each expert block is held by world / ep replicas (counted once) and the
+    parameters in `held_once` (ids: n-gram table blocks) by one rank each."""
     import torch
     import torch.distributed as dist
 
-    grads = [p.grad for p in params if p.grad is not None]
+    params = [p for p in params if p.grad is not None]
     sharded = torch.zeros((), dtype=torch.float64)
     blocks = torch.zeros((), dtype=torch.float64)
-    for g in grads:
+    for p in params:
+        g = p.grad
         if hasattr(g, "to_local"):
             sharded += g.to_local().double().pow(2).sum()
+        elif id(p) in held_once:
+            sharded += g.double().pow(2).sum()
         else:
             blocks += g.double().pow(2).sum()
+    grads = [p.grad for p in params]
     total = sharded + blocks * layout.ep / layout.world
     if layout.world > 1:
         dist.all_reduce(total)
