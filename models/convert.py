@@ -13,10 +13,16 @@ Ops:
   deinterleave_t  deinterleave, then swap the last two dims (GPT-OSS gate_up_proj: HF [E, H, 2Im]
                   interleaved -> native [E, 2Im, H])
   transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
+  fused_experts   Qwen3-VL-MoE's fused experts: saved as transformers holds them (native layout,
+                  gate_up_proj [E, 2Im, H], down_proj [E, H, Im]: what its save_pretrained writes), or
+                  transposed as the released checkpoints store them ([E, H, 2Im], [E, Im, H]); read
+                  transposed unless the tensor already has the native shape (transformers'
+                  `Transpose(1, 2, check_dims=True)`), written in the native layout
   regroup_qkvzba  Qwen3-Next's linear-attention in_proj_qkvz [2kd + 2vd, H] and in_proj_ba [2nv, H]
                   group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
                   `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
-Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
+Every op is a permutation, so the way back is exact (fused_experts: exact from transformers' layout;
+a released checkpoint's transposed experts come back in transformers' layout, which it loads). `table_for(config)` is TABLE with the
 family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
 (`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
 GLM-4.5, DeepSeek-V3 and DeepSeek-V4, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
@@ -163,6 +169,10 @@ FAMILY_TABLE["deepseek_v4"] = {
     "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "ffn.shared_experts.w2.weight"]),
 }
 
+# Qwen3-VL-MoE (Qwen3-MoE's names otherwise); Qwen3.5-MoE with vision is qwen3_5_moe_text's table
+FAMILY_TABLE["qwen3_vl_moe"] = {f"layers.{{i}}.mlp.{p}": ("fused_experts", [L + f"mlp.experts.{p}"])
+                                for p in ("gate_up_proj", "down_proj")}
+
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not
 # `model.`) and the vision tower's under `model.visual.` with the native names of models/vision.py.
@@ -214,6 +224,16 @@ def _regroup_to_hf(t: torch.Tensor, config: ModelConfig) -> list[torch.Tensor]:
     parts = t.split([nk * n for n in qkvz + ba], dim=0)
     grouped = [p.reshape(nk, -1, p.shape[-1]) for p in parts]
     return [torch.cat(grouped[:4], dim=1).reshape(-1, t.shape[-1]), torch.cat(grouped[4:], dim=1).reshape(-1, t.shape[-1])]
+
+
+def _fused_experts_to_native(t: torch.Tensor, native_template: str, config: ModelConfig) -> torch.Tensor:
+    """A fused expert tensor in the native layout: as is when it has the native shape, else with its
+    last two dims swapped (a square one, 2Im == H or Im == H, reads as native, as in transformers)."""
+    E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    native = (E, 2 * Im, H) if native_template.endswith("gate_up_proj") else (E, H, Im)
+    if tuple(t.shape) == native or t.ndim != 3:  # a misshapen tensor is reported by the loader's shape check
+        return t
+    return t.transpose(1, 2).contiguous()
 
 
 # transformers-5 in-memory fused experts (same layout as native), accepted when loading
@@ -269,17 +289,18 @@ def hf_to_native(
                 out[name] = get(alt)
                 used.add(alt)
                 continue
-            per_expert = []
+            per_expert, first_keys = [], []
             for e in range(config.num_experts):
                 keys = [s.format(e=e, **fmt) for s in sources]
                 absent = [k for k in keys if not has(k)]
                 if absent:
                     missing += absent
                     break
-                per_expert.append(torch.cat([get(k) for k in keys], dim=0))
+                per_expert.append(_cat([get(k) for k in keys], keys, name))
+                first_keys.append(keys[0])
                 used.update(keys)
             else:
-                out[name] = torch.stack(per_expert)
+                out[name] = _stack_experts(per_expert, first_keys, name)
             continue
         keys = [s.format(**fmt) for s in sources]
         absent = [k for k in keys if not has(k)]
@@ -289,9 +310,11 @@ def hf_to_native(
         if op == "rename":
             out[name] = get(keys[0])
         elif op == "concat":
-            out[name] = torch.cat([get(k) for k in keys], dim=0)
+            out[name] = _cat([get(k) for k in keys], keys, name)
         elif op == "regroup_qkvzba":
             out[name] = _regroup_to_native([get(k) for k in keys], config)
+        elif op == "fused_experts":
+            out[name] = _fused_experts_to_native(get(keys[0]), tmpl, config)
         else:
             out[name] = PERMUTE[op][0](get(keys[0])).contiguous()
         used.update(keys)
@@ -303,6 +326,26 @@ def hf_to_native(
     return out, used
 
 
+def _cat(tensors: list[torch.Tensor], keys: list[str], name: str) -> torch.Tensor:
+    """cat(HF tensors, dim 0), or a ModelLoadError naming them when their shapes do not fit together
+    (a misshapen tensor: the loader's shape check only sees the result)."""
+    try:
+        return torch.cat(tensors, dim=0)
+    except RuntimeError:
+        shapes = ", ".join(f"{k} {tuple(t.shape)}" for k, t in zip(keys, tensors))
+        raise ModelLoadError(f"the tensors of {name} do not fit together: {shapes}") from None
+
+
+def _stack_experts(per_expert: list[torch.Tensor], keys: list[str], name: str) -> torch.Tensor:
+    """stack(per-expert tensors), or a ModelLoadError naming the experts whose shape differs from the most common."""
+    shapes = [tuple(t.shape) for t in per_expert]
+    usual = max(set(shapes), key=shapes.count)
+    odd = [f"{k} {s}" for k, s in zip(keys, shapes) if s != usual]
+    if odd:
+        raise ModelLoadError(f"experts of {name} differ in shape (most are {usual}): {', '.join(odd[:5])}")
+    return torch.stack(per_expert)
+
+
 def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Native state dict -> HF-named tensors (contiguous clones safe to save)."""
     out = {}
@@ -310,7 +353,7 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     for name, t in state.items():
         tmpl, fmt = _template(name)
         op, sources = table[tmpl]
-        if op == "rename":
+        if op in ("rename", "fused_experts"):
             out[sources[0].format(**fmt)] = t
         elif op in PERMUTE:
             out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
