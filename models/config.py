@@ -78,11 +78,14 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "decoder_sparse_step": ("decoder_sparse_step", 1),
         "mlp_only_layers": ("mlp_only_layers", []),
     },
-    # Qwen3-VL-MoE's text model: Qwen3-MoE's keys without norm_topk_prob (its router always renormalises)
+    # Qwen3-VL-MoE's text model: Qwen3-MoE's keys; its router always renormalises the top-k weights
+    # (`_FAMILY_FIXED`, whatever the file says), and norm_topk_prob is written for readers that take it
+    # from config.json (vLLM; transformers accepts it)
     "qwen3_vl_moe": {
         "num_experts": ("num_experts", _REQUIRED),
         "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
         "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
+        "norm_topk_prob": ("norm_topk_prob", True),
         "decoder_sparse_step": ("decoder_sparse_step", 1),
         "mlp_only_layers": ("mlp_only_layers", []),
     },
@@ -347,6 +350,9 @@ class ModelConfig:
     image_token_id: int | None = None
     vl_architecture: str | None = None  # the VL model_type (a VL_ARCHITECTURES entry) when `architecture` names its text model
     vl_extra: dict = field(default_factory=dict, repr=False)  # other top-level keys of a VL config.json
+    # qwen3_vl_moe: the checkpoint held its fused experts transposed (the released layout, which vLLM
+    # reads), not as transformers' save_pretrained writes them; set on load, saving keeps the layout
+    experts_transposed: bool = False
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
 
     @property

@@ -15,14 +15,14 @@ Ops:
   transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
   fused_experts   Qwen3-VL-MoE's fused experts: saved as transformers holds them (native layout,
                   gate_up_proj [E, 2Im, H], down_proj [E, H, Im]: what its save_pretrained writes), or
-                  transposed as the released checkpoints store them ([E, H, 2Im], [E, Im, H]); read
-                  transposed unless the tensor already has the native shape (transformers'
-                  `Transpose(1, 2, check_dims=True)`), written in the native layout
+                  transposed as the released checkpoints store them ([E, H, 2Im], [E, Im, H]: what
+                  vLLM reads); read transposed unless the tensor already has the native shape
+                  (transformers' `Transpose(1, 2, check_dims=True)`), written in the layout read
+                  (`config.experts_transposed`)
   regroup_qkvzba  Qwen3-Next's linear-attention in_proj_qkvz [2kd + 2vd, H] and in_proj_ba [2nv, H]
                   group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
                   `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
-Every op is a permutation, so the way back is exact (fused_experts: exact from transformers' layout;
-a released checkpoint's transposed experts come back in transformers' layout, which it loads). `table_for(config)` is TABLE with the
+Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
 family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
 (`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
 GLM-4.5, DeepSeek-V3 and DeepSeek-V4, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
@@ -226,14 +226,16 @@ def _regroup_to_hf(t: torch.Tensor, config: ModelConfig) -> list[torch.Tensor]:
     return [torch.cat(grouped[:4], dim=1).reshape(-1, t.shape[-1]), torch.cat(grouped[4:], dim=1).reshape(-1, t.shape[-1])]
 
 
-def _fused_experts_to_native(t: torch.Tensor, native_template: str, config: ModelConfig) -> torch.Tensor:
-    """A fused expert tensor in the native layout: as is when it has the native shape, else with its
-    last two dims swapped (a square one, 2Im == H or Im == H, reads as native, as in transformers)."""
+def _fused_experts_to_native(t: torch.Tensor, native_template: str,
+                             config: ModelConfig) -> tuple[torch.Tensor, bool]:
+    """(a fused expert tensor in the native layout, whether it was transposed): as is when it has the
+    native shape, else with its last two dims swapped (a square one, 2Im == H or Im == H, reads as
+    native, as in transformers)."""
     E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
     native = (E, 2 * Im, H) if native_template.endswith("gate_up_proj") else (E, H, Im)
     if tuple(t.shape) == native or t.ndim != 3:  # a misshapen tensor is reported by the loader's shape check
-        return t
-    return t.transpose(1, 2).contiguous()
+        return t, False
+    return t.transpose(1, 2).contiguous(), True
 
 
 # transformers-5 in-memory fused experts (same layout as native), accepted when loading
@@ -314,7 +316,8 @@ def hf_to_native(
         elif op == "regroup_qkvzba":
             out[name] = _regroup_to_native([get(k) for k in keys], config)
         elif op == "fused_experts":
-            out[name] = _fused_experts_to_native(get(keys[0]), tmpl, config)
+            out[name], transposed = _fused_experts_to_native(get(keys[0]), tmpl, config)
+            config.experts_transposed |= transposed  # saving writes the layout the checkpoint had
         else:
             out[name] = PERMUTE[op][0](get(keys[0])).contiguous()
         used.update(keys)
@@ -353,8 +356,10 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     for name, t in state.items():
         tmpl, fmt = _template(name)
         op, sources = table[tmpl]
-        if op in ("rename", "fused_experts"):
+        if op == "rename" or (op == "fused_experts" and not config.experts_transposed):
             out[sources[0].format(**fmt)] = t
+        elif op == "fused_experts":
+            out[sources[0].format(**fmt)] = t.transpose(1, 2)
         elif op in PERMUTE:
             out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
         elif op == "regroup_qkvzba":

@@ -108,27 +108,35 @@ def test_round_trip_bit_exact_and_loadable_by_transformers(family, saved, tmp_pa
     for key in ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
         assert ours[key] == theirs[key], key
     assert ours["text_config"]["rope_parameters"] == theirs["text_config"]["rope_parameters"]
+    if family == "qwen3_vl_moe":  # for readers that take it from the file (vLLM); the router renormalises
+        assert ours["text_config"]["norm_topk_prob"] is True
 
 
-def test_released_transposed_expert_layout_loads(saved, tmp_path):
-    """Qwen3-VL-MoE's released checkpoints store the fused experts transposed ([E, H, 2Im], [E, Im, H]);
-    transformers' save_pretrained writes its in-memory [E, 2Im, H], [E, H, Im]. Both load to the same
-    model, and saving writes transformers' layout."""
+def test_released_transposed_expert_layout_round_trips(saved, tmp_path):
+    """Qwen3-VL-MoE's released checkpoints store the fused experts transposed ([E, H, 2Im], [E, Im, H],
+    what vLLM reads); transformers' save_pretrained writes its in-memory [E, 2Im, H], [E, H, Im]. Both
+    load to the same model; each saves back in its own layout, bit-exact, and transformers loads it."""
     from safetensors.torch import load_file, save_file
 
-    _, d = saved["qwen3_vl_moe"]
+    hf, d = saved["qwen3_vl_moe"]
     tensors = load_file(d / "model.safetensors")
     fused = [k for k in tensors if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
     assert len(fused) == 2  # layer 0's (layer 1 is a dense mlp_only_layers layer)
-    released = tmp_path / "released"
-    shutil.copytree(d, released)
-    save_file({k: v.transpose(1, 2).contiguous() if k in fused else v for k, v in tensors.items()},
-              released / "model.safetensors")
-    a, b = load_model(d).state_dict(), load_model(released).state_dict()
+    released = {k: v.transpose(1, 2).contiguous() if k in fused else v for k, v in tensors.items()}
+    assert all(released[k].shape != tensors[k].shape for k in fused)  # the tiny config is not square
+    shutil.copytree(d, tmp_path / "released")
+    save_file(released, tmp_path / "released" / "model.safetensors")
+    ours = load_model(tmp_path / "released")
+    a, b = load_model(d).state_dict(), ours.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    save_hf(load_model(released), tmp_path / "resaved")
+    assert ours.config.experts_transposed and not load_model(d).config.experts_transposed
+    save_hf(ours, tmp_path / "resaved")
     resaved = load_file(tmp_path / "resaved" / "model.safetensors")
-    assert all(torch.equal(resaved[k], tensors[k]) for k in fused)
+    assert resaved.keys() == released.keys() and all(torch.equal(resaved[k], released[k]) for k in released)
+    reloaded = type(hf).from_pretrained(tmp_path / "resaved").eval()
+    reloaded.set_attn_implementation("eager")
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=IDS).logits, hf(input_ids=IDS).logits)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
