@@ -4,12 +4,14 @@ Families (HF `model_type`): qwen3, qwen3_moe, llama, glm4_moe (GLM-4.5/4.6/Air),
 (multi-head latent attention), gpt_oss, glm_moe_dsa (GLM-5: MLA + DSA indexed sparse attention),
 deepseek_v4 (compressed/sparse attention, hyper-connections, hash routing: models/deepseek_v4.py);
 hybrids: qwen3_next, qwen3_5_text, qwen3_5_moe_text (gated DeltaNet + gated attention: what
-transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save; the vision-language `qwen3_5` wraps the
-text model) and nemotron_h (Mamba-2, attention, MLP and MoE layers by pattern; Super's latent MoE
-with `moe_latent_size`); qwen4_exp_text (Qwen3.8 Flash Next, models/qwen4_exp.py; its vision-language
-`qwen4_exp` nests it). Family-specific HF keys are read and written through
-`FAMILY_KEYS` (HF key -> field, default when the key is absent); behaviour that is fixed per family
-(router scoring, expert biases, attention sinks) is set by `_FAMILY_FIXED`.
+transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM save) and nemotron_h (Mamba-2, attention, MLP
+and MoE layers by pattern; Super's latent MoE with `moe_latent_size`); qwen4_exp_text (Qwen3.8 Flash
+Next, models/qwen4_exp.py); vision-language (config.json nests the text model, `_vl_from_hf`):
+qwen3_vl and qwen3_vl_moe (Qwen3 / Qwen3-MoE decoders with M-RoPE and DeepStack), qwen3_5 and
+qwen3_5_moe (wrapping qwen3_5_text / qwen3_5_moe_text), qwen4_exp (wrapping qwen4_exp_text).
+Family-specific HF keys are read and written through `FAMILY_KEYS` (HF key -> field, default when
+the key is absent); behaviour that is fixed per family (router scoring, expert biases, attention
+sinks) is set by `_FAMILY_FIXED`.
 
 No torch import here. Shape legend used across models/:
   B batch, T tokens per row, H hidden_size, V vocab_size, L num_layers,
@@ -37,6 +39,8 @@ ARCHITECTURES = {
     "deepseek_v4": "DeepseekV4ForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",  # config.json nests a qwen3_5_text model (VL_ARCHITECTURES)
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",  # Qwen3-VL with Qwen3-MoE's sparse MLPs
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",  # nests a qwen3_5_moe_text model
     # linear-attention / SSM hybrids (models/hybrid.py)
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
@@ -74,6 +78,17 @@ FAMILY_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
         "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
         "norm_topk_prob": ("norm_topk_prob", False),
+        "decoder_sparse_step": ("decoder_sparse_step", 1),
+        "mlp_only_layers": ("mlp_only_layers", []),
+    },
+    # Qwen3-VL-MoE's text model: Qwen3-MoE's keys; its router always renormalises the top-k weights
+    # (`_FAMILY_FIXED`, whatever the file says), and norm_topk_prob is written for readers that take it
+    # from config.json (vLLM; transformers accepts it)
+    "qwen3_vl_moe": {
+        "num_experts": ("num_experts", _REQUIRED),
+        "num_experts_per_tok": ("num_experts_per_tok", _REQUIRED),
+        "moe_intermediate_size": ("moe_intermediate_size", _REQUIRED),
+        "norm_topk_prob": ("norm_topk_prob", True),
         "decoder_sparse_step": ("decoder_sparse_step", 1),
         "mlp_only_layers": ("mlp_only_layers", []),
     },
@@ -197,6 +212,7 @@ FAMILY_KEYS[QWEN4_EXP] = {
 }
 # older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
 _ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"},
+            "qwen3_vl_moe": {"num_experts": "num_local_experts"},  # what transformers' save writes
             "nemotron_h": {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "chunk_size": "mamba_chunk_size",
                            "use_conv_bias": "mamba_conv_bias", "time_step_min": "mamba_dt_min"}}
 _FAMILY_FIXED: dict[str, dict[str, Any]] = {
@@ -208,6 +224,8 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "gpt_oss": {"router_bias": True, "expert_bias_terms": True, "expert_act": "clamped_swiglu",
                 "norm_topk_prob": True, "attention_sinks": True},
     "qwen3_vl": {"use_qk_norm": True},
+    # transformers' Qwen3VLMoeTextTopKRouter renormalises the top-k softmax weights (no norm_topk_prob key)
+    "qwen3_vl_moe": {"use_qk_norm": True, "norm_topk_prob": True},
     "qwen3_next": {"shared_expert_gate": True},
     "qwen3_5_moe_text": {"shared_expert_gate": True, "norm_topk_prob": True},
     QWEN4_EXP: {"shared_expert_gate": True},
@@ -364,8 +382,11 @@ class ModelConfig:
     vision: dict | None = None
     mrope_section: list[int] | None = None  # rope frequencies given to the (t, h, w) position axes
     image_token_id: int | None = None
-    vl_architecture: str | None = None  # the VL model_type ("qwen3_vl", "qwen3_5") when `architecture` names its text model
+    vl_architecture: str | None = None  # the VL model_type (a VL_ARCHITECTURES entry) when `architecture` names its text model
     vl_extra: dict = field(default_factory=dict, repr=False)  # other top-level keys of a VL config.json
+    # qwen3_vl_moe: the checkpoint held its fused experts transposed (the released layout, which vLLM
+    # reads), not as transformers' save_pretrained writes them; set on load, saving keeps the layout
+    experts_transposed: bool = False
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
 
     @property
@@ -580,10 +601,16 @@ class ModelConfig:
 
 
 # ---- vision-language families: config.json nests the text model under text_config ----------------
-VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen4_exp")
-_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
-# the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE)
-_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text", "qwen4_exp": QWEN4_EXP}
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe", "qwen4_exp")
+_VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
+                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP}
+# the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE,
+# Qwen3-VL-MoE's Qwen3-MoE with M-RoPE; the Qwen3.5 ones are the gated-DeltaNet hybrids)
+_VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text", "qwen3_vl_moe": "qwen3_vl_moe",
+                   "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP}
+# transformers' mrope_section when the text rope parameters leave it out (its text rotary embeddings)
+_VL_MROPE_DEFAULT = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10], "qwen3_vl_moe": [24, 20, 20],
+                     "qwen3_5_moe": [11, 11, 10], "qwen4_exp": [11, 11, 10]}
 
 
 def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
@@ -605,8 +632,7 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
                             "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
                            source)
     half = cfg.rotary_dim // 2
-    default = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10], "qwen4_exp": [11, 11, 10]}[d["model_type"]]
-    cfg.mrope_section = list(mrope) if mrope is not None else default
+    cfg.mrope_section = list(mrope) if mrope is not None else list(_VL_MROPE_DEFAULT[d["model_type"]])
     if sum(cfg.mrope_section) != half:
         raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
     cfg.vl_architecture = d["model_type"]

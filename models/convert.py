@@ -15,6 +15,12 @@ Ops:
   transpose       swap the last two dims (GPT-OSS down_proj: HF [E, Im, H] -> native [E, H, Im])
   row_shards      native = cat(HF row blocks shard_0, shard_1, ..., dim 0); saved as
                   torch.chunk(native, split_ngram_parts) (qwen4_exp's n-gram tables, as transformers)
+  fused_experts   Qwen3-VL-MoE's fused experts: saved as transformers holds them (native layout,
+                  gate_up_proj [E, 2Im, H], down_proj [E, H, Im]: what its save_pretrained writes), or
+                  transposed as the released checkpoints store them ([E, H, 2Im], [E, Im, H]: what
+                  vLLM reads); read transposed unless the tensor already has the native shape
+                  (transformers' `Transpose(1, 2, check_dims=True)`), written in the layout read
+                  (`config.experts_transposed`)
   regroup_qkvzba  Qwen3-Next's linear-attention in_proj_qkvz [2kd + 2vd, H] and in_proj_ba [2nv, H]
                   group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
                   `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
@@ -197,6 +203,9 @@ def derived_hf_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
             name = prefix + PL.format(i=layer_id - 1).removeprefix("model.") + f"ple_embedding.{theirs}"
             out[name] = torch.tensor(tables[ours], dtype=torch.long)
     return out
+# Qwen3-VL-MoE (Qwen3-MoE's names otherwise); Qwen3.5-MoE with vision is qwen3_5_moe_text's table
+FAMILY_TABLE["qwen3_vl_moe"] = {f"layers.{{i}}.mlp.{p}": ("fused_experts", [L + f"mlp.experts.{p}"])
+                                for p in ("gate_up_proj", "down_proj")}
 
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not
@@ -249,6 +258,18 @@ def _regroup_to_hf(t: torch.Tensor, config: ModelConfig) -> list[torch.Tensor]:
     parts = t.split([nk * n for n in qkvz + ba], dim=0)
     grouped = [p.reshape(nk, -1, p.shape[-1]) for p in parts]
     return [torch.cat(grouped[:4], dim=1).reshape(-1, t.shape[-1]), torch.cat(grouped[4:], dim=1).reshape(-1, t.shape[-1])]
+
+
+def _fused_experts_to_native(t: torch.Tensor, native_template: str,
+                             config: ModelConfig) -> tuple[torch.Tensor, bool]:
+    """(a fused expert tensor in the native layout, whether it was transposed): as is when it has the
+    native shape, else with its last two dims swapped (a square one, 2Im == H or Im == H, reads as
+    native, as in transformers)."""
+    E, H, Im = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    native = (E, 2 * Im, H) if native_template.endswith("gate_up_proj") else (E, H, Im)
+    if tuple(t.shape) == native or t.ndim != 3:  # a misshapen tensor is reported by the loader's shape check
+        return t, False
+    return t.transpose(1, 2).contiguous(), True
 
 
 # transformers-5 in-memory fused experts (same layout as native), accepted when loading
@@ -304,17 +325,18 @@ def hf_to_native(
                 out[name] = get(alt)
                 used.add(alt)
                 continue
-            per_expert = []
+            per_expert, first_keys = [], []
             for e in range(config.num_experts):
                 keys = [s.format(e=e, **fmt) for s in sources]
                 absent = [k for k in keys if not has(k)]
                 if absent:
                     missing += absent
                     break
-                per_expert.append(torch.cat([get(k) for k in keys], dim=0))
+                per_expert.append(_cat([get(k) for k in keys], keys, name))
+                first_keys.append(keys[0])
                 used.update(keys)
             else:
-                out[name] = torch.stack(per_expert)
+                out[name] = _stack_experts(per_expert, first_keys, name)
             continue
         if op == "row_shards":
             keys = []
@@ -334,9 +356,12 @@ def hf_to_native(
         if op == "rename":
             out[name] = get(keys[0])
         elif op == "concat":
-            out[name] = torch.cat([get(k) for k in keys], dim=0)
+            out[name] = _cat([get(k) for k in keys], keys, name)
         elif op == "regroup_qkvzba":
             out[name] = _regroup_to_native([get(k) for k in keys], config)
+        elif op == "fused_experts":
+            out[name], transposed = _fused_experts_to_native(get(keys[0]), tmpl, config)
+            config.experts_transposed |= transposed  # saving writes the layout the checkpoint had
         else:
             out[name] = PERMUTE[op][0](get(keys[0])).contiguous()
         used.update(keys)
@@ -356,6 +381,26 @@ def hf_to_native(
     return out, used
 
 
+def _cat(tensors: list[torch.Tensor], keys: list[str], name: str) -> torch.Tensor:
+    """cat(HF tensors, dim 0), or a ModelLoadError naming them when their shapes do not fit together
+    (a misshapen tensor: the loader's shape check only sees the result)."""
+    try:
+        return torch.cat(tensors, dim=0)
+    except RuntimeError:
+        shapes = ", ".join(f"{k} {tuple(t.shape)}" for k, t in zip(keys, tensors))
+        raise ModelLoadError(f"the tensors of {name} do not fit together: {shapes}") from None
+
+
+def _stack_experts(per_expert: list[torch.Tensor], keys: list[str], name: str) -> torch.Tensor:
+    """stack(per-expert tensors), or a ModelLoadError naming the experts whose shape differs from the most common."""
+    shapes = [tuple(t.shape) for t in per_expert]
+    usual = max(set(shapes), key=shapes.count)
+    odd = [f"{k} {s}" for k, s in zip(keys, shapes) if s != usual]
+    if odd:
+        raise ModelLoadError(f"experts of {name} differ in shape (most are {usual}): {', '.join(odd[:5])}")
+    return torch.stack(per_expert)
+
+
 def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Native state dict -> HF-named tensors (contiguous clones safe to save)."""
     out = {}
@@ -363,8 +408,10 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     for name, t in state.items():
         tmpl, fmt = _template(name)
         op, sources = table[tmpl]
-        if op == "rename":
+        if op == "rename" or (op == "fused_experts" and not config.experts_transposed):
             out[sources[0].format(**fmt)] = t
+        elif op == "fused_experts":
+            out[sources[0].format(**fmt)] = t.transpose(1, 2)
         elif op in PERMUTE:
             out[sources[0].format(**fmt)] = PERMUTE[op][1](t)
         elif op == "row_shards":

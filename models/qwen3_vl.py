@@ -1,7 +1,9 @@
 """Qwen3-VL (`model_type: qwen3_vl`) and Qwen3.5 with vision (`qwen3_5`, whose text model is the
-gated-DeltaNet hybrid `qwen3_5_text`): the decoder of `transformer.NativeModel` with a vision
-tower (`vision.VisionTower`), image embeddings scattered into the image-pad tokens, DeepStack (Qwen3-VL only: the
-tower's side outputs added to the image tokens' hidden states after the first decoder layers) and
+gated-DeltaNet hybrid `qwen3_5_text`), and their MoEs `qwen3_vl_moe` (Qwen3-MoE decoder layers) and
+`qwen3_5_moe` (text model `qwen3_5_moe_text`): the decoder of `transformer.NativeModel` (its MLPs
+or `moe.MoE` layers, as the text config says) with a vision tower (`vision.VisionTower`), image
+embeddings scattered into the image-pad tokens, DeepStack (the Qwen3-VL towers only: the tower's
+side outputs added to the image tokens' hidden states after the first decoder layers) and
 multimodal rotary positions (M-RoPE).
 
 Shape legend: B rows, T tokens per row, H hidden, hd head_dim, n images, N patches.

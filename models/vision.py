@@ -5,7 +5,8 @@ Shape legend: N patches of all images (sum of t*h*w over `grid_thw` rows), D = C
 patch pixels (channels C, temporal patch tp, patch side p), E vision hidden, nh heads, hd = E/nh,
 m spatial merge size, O out_hidden_size (= the text model's hidden size).
 
-    VisionTower(vision_config: dict)   # the HF vision_config of a qwen3_vl config.json
+    VisionTower(vision_config: dict, family)   # the HF vision_config of a qwen3_vl / qwen3_vl_moe /
+                                               # qwen3_5 / qwen3_5_moe config.json
     forward(pixel_values [N, D], grid_thw [n, 3]) -> (embeds [N/m², O], [deepstack_k [N/m², O] ...])
 
 Patches arrive in the image processor's order: per image, m×m blocks of neighbouring patches are
@@ -28,9 +29,13 @@ DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
 """transformers' Qwen3VLVisionConfig defaults, for keys a config.json leaves out."""
 
 
+NO_DEEPSTACK = ("qwen3_5", "qwen3_5_moe")
+"""VL families whose tower has no DeepStack (transformers' Qwen3_5VisionConfig has no such key)."""
+
+
 def vision_settings(config: dict, family: str = "qwen3_vl") -> dict:
-    """The HF vision_config with defaults filled in (Qwen3.5's tower has no DeepStack)."""
-    defaults = {**DEFAULTS, "deepstack_visual_indexes": []} if family == "qwen3_5" else DEFAULTS
+    """The HF vision_config of VL family `family` with defaults filled in."""
+    defaults = {**DEFAULTS, "deepstack_visual_indexes": []} if family in NO_DEEPSTACK else DEFAULTS
     out = {**defaults, **{k: v for k, v in config.items() if v is not None}}
     theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     out["rope_theta"] = float(theta)

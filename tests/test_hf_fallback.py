@@ -287,13 +287,15 @@ CG_OUTCOME = {"qwen3_vl_moe": "matches", "qwen3_5_moe": "engine refused: state",
               "kimi_k25": "engine refused: cache layout", "qwen4_exp": "refused at load"}
 
 
-def build_conditional_generation(family: str, out, seed: int = 0):
+def build_conditional_generation(family: str, out, seed: int = 0, configs=None, save=None):
     """A random tiny `…ForConditionalGeneration` checkpoint of `family` in `out` with the tiny tokenizer;
-    every tensor random (transformers zero-inits norms, biases, routers and selection biases)."""
+    every tensor random (transformers zero-inits norms, biases, routers and selection biases).
+    `configs`: (text, vision, top-level) instead of CG_FAMILIES[family]; `save(hf, out)` instead of
+    `save_with_tiny_tokenizer`."""
     from test_models_families import save_with_tiny_tokenizer
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    text, vision, top = CG_FAMILIES[family]
+    text, vision, top = configs or CG_FAMILIES[family]
     torch.manual_seed(seed)
     hf = AutoModelForImageTextToText.from_config(
         AutoConfig.for_model(family, text_config=text, vision_config=vision, **top)).eval()
@@ -312,7 +314,7 @@ def build_conditional_generation(family: str, out, seed: int = 0):
                 p.normal_(0, 0.2, generator=g)
             else:
                 p.normal_(0, 0.1, generator=g)
-    return save_with_tiny_tokenizer(hf, out)
+    return (save or save_with_tiny_tokenizer)(hf, out)
 
 
 @pytest.fixture(scope="module")

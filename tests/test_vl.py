@@ -2,7 +2,8 @@
 inline through the embedded engine, and multimodal samples for the trainer.
 
 References: a random-initialised tiny transformers Qwen3-VL (from_config + save_pretrained) and
-transformers' own PIL image processor; no downloads."""
+transformers' own PIL image processor; no downloads. The `check_*` helpers take any VL family's
+model (tests/test_vl_moe.py runs them on the Qwen-VL MoEs)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 IMAGE_TOKEN, START, END = 290, 292, 293
+TOKENS = (IMAGE_TOKEN, START, END)  # (image pad, vision start, vision end) ids of the configs here
 VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4, "out_hidden_size": 64,
               "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1]}
 TEXT = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -48,11 +50,12 @@ def models(hf_dir):
     return Qwen3VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval(), load_model(hf_dir)
 
 
-def prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
-    """Token ids: text, then per image <start> pads <end> and some text."""
+def prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11), tokens=TOKENS):
+    """Token ids: text, then per image <start> pads <end> and some text (`tokens`: image, start, end ids)."""
+    image, start, end = tokens
     ids = list(text)
     for i, (t, h, w) in enumerate(grids):
-        ids += [START] + [IMAGE_TOKEN] * (t * h * w // 4) + [END] + list(gap if i < len(grids) - 1 else tail)
+        ids += [start] + [image] * (t * h * w // 4) + [end] + list(gap if i < len(grids) - 1 else tail)
     return ids
 
 
@@ -62,26 +65,37 @@ def pixels(grids, seed=0):
 
 
 def test_logits_equal_transformers(models):
-    hf, ours = models
+    check_logits(*models)
+
+
+def check_logits(hf, ours, tokens=TOKENS) -> tuple[float, float]:
+    """fp32 logits of a two-image prompt and of a text-only prompt equal transformers' within 1e-4,
+    and the images matter; returns the two max abs differences."""
     grids = [(1, 8, 8), (1, 4, 6)]
-    ids = torch.tensor([prompt(grids)])
-    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids), "mm_token_type_ids": (ids == IMAGE_TOKEN).int()}
+    ids = torch.tensor([prompt(grids, tokens=tokens)])
+    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids), "mm_token_type_ids": (ids == tokens[0]).int()}
     with torch.no_grad():
         ref = hf(input_ids=ids, **kw).logits
         out = ours.compute_logits(ids, **kw)
         text_only = torch.tensor([[1, 2, 3, 4, 5, 6]])
         text_err = (hf(input_ids=text_only).logits - ours.compute_logits(text_only)).abs().max().item()
         no_images = ours.compute_logits(ids)  # the same tokens without pixels: the images must matter
-    assert (ref - out).abs().max().item() < 1e-4
+    image_err = (ref - out).abs().max().item()
+    assert image_err < 1e-4
     assert text_err < 1e-4
     assert (no_images - out).abs().max().item() > 1e-3
+    return image_err, text_err
 
 
 def test_packed_documents_equal_separate(models):
-    """Two image prompts packed into one row (positions restart at 0) give the log-probs of each alone."""
-    _, ours = models
+    check_packed(models[1])
+
+
+def check_packed(ours, tokens=TOKENS) -> float:
+    """Two image prompts packed into one row (positions restart at 0) give the logits of each alone
+    within 1e-5; returns the max abs difference."""
     a, b = [(1, 4, 4)], [(1, 8, 4)]
-    ids_a, ids_b = prompt(a), prompt(b, text=(3,))
+    ids_a, ids_b = prompt(a, tokens=tokens), prompt(b, text=(3,), tokens=tokens)
     pa, pb = pixels(a, 1), pixels(b, 2)
     with torch.no_grad():
         sep_a = ours.compute_logits(torch.tensor([ids_a]), pixel_values=pa, image_grid_thw=torch.tensor(a))
@@ -89,8 +103,9 @@ def test_packed_documents_equal_separate(models):
         pos = torch.tensor([list(range(len(ids_a))) + list(range(len(ids_b)))])
         packed = ours.compute_logits(torch.tensor([ids_a + ids_b]), pos, pixel_values=torch.cat([pa, pb]),
                                      image_grid_thw=torch.tensor(a + b))
-    assert (packed[0, :len(ids_a)] - sep_a[0]).abs().max().item() < 1e-5
-    assert (packed[0, len(ids_a):] - sep_b[0]).abs().max().item() < 1e-5
+    err = max((packed[0, :len(ids_a)] - sep_a[0]).abs().max().item(), (packed[0, len(ids_a):] - sep_b[0]).abs().max().item())
+    assert err < 1e-5
+    return err
 
 
 def test_save_round_trip_is_exact(models, hf_dir, tmp_path):
@@ -198,6 +213,23 @@ def test_trace_samples_keep_image_references():
     assert mb.images == ["data:A", "data:B", "data:A", "data:B"]
 
 
+def save_with_tiny_vl_tokenizer(hf, out):
+    """`hf.save_pretrained(out)` plus tiny-vl's tokenizer files (its chat template writes one
+    <|image_pad|> = 513 per image part, between <|vision_start|> = 512 and <|vision_end|> = 514) and
+    the image processor PROCESSOR; returns `hf`."""
+    import shutil
+
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from vf.models.tiny_vl import ensure_tiny_vl_model
+
+    hf.save_pretrained(out)
+    Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(out)
+    tiny = ensure_tiny_vl_model()
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        shutil.copy(tiny / f, out / f)
+    return hf
+
+
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory):
     from vf.models.tiny_vl import ensure_tiny_vl_model
@@ -217,41 +249,59 @@ def test_engine_greedy_equals_transformers_generate(tiny_vl):
     """The embedded engine (KV cache, rope delta after the image) continues greedily as transformers does."""
     from transformers import Qwen3VLForConditionalGeneration
 
+    hf = Qwen3VLForConditionalGeneration.from_pretrained(tiny_vl, dtype=torch.float32).eval()
+    ids = check_engine_greedy(tiny_vl, hf)
+    assert ids.count(513) == 4  # a 32x32 image is 4 <|image_pad|> tokens
+
+
+def check_engine_greedy(path, hf, text=None, new_tokens=12) -> list[int]:
+    """The embedded engine's greedy continuation of an image chat prompt (and, decoded beside it in
+    the same batch, of the text-only prompt `text`) equals `hf.generate`'s; returns the image
+    prompt's token ids."""
     from vf.engines.base import Sampling
     from vf.engines.chat import render_multimodal
     from vf.engines.local import LocalEngine
 
-    engine = LocalEngine.from_model(str(tiny_vl))
+    engine = LocalEngine.from_model(str(path))
     messages, _ = _image_messages()
     ids, mm = render_multimodal(engine.tokenizer, engine.model, messages)
-    assert ids.count(engine.model.image_token_id) == 4  # a 32x32 image is 4 tokens
-    hf = Qwen3VLForConditionalGeneration.from_pretrained(tiny_vl, dtype=torch.float32).eval()
+    greedy = Sampling(temperature=0.0, max_tokens=new_tokens)
+
+    prompts = [(ids, mm)] + ([(list(text), None)] if text else [])
 
     async def go():
         try:
-            return await engine.generate_ids(ids, Sampling(temperature=0.0, max_tokens=12), ignore_eos=True, mm=mm)
+            return await asyncio.gather(*[engine.generate_ids(p, greedy, ignore_eos=True, mm=m) for p, m in prompts])
         finally:
             await engine.close()
 
-    seq = asyncio.run(go())
+    seqs = asyncio.run(go())
     x = torch.tensor([ids])
     with torch.no_grad():
         ref = hf.generate(input_ids=x, pixel_values=mm["pixel_values"], image_grid_thw=mm["image_grid_thw"],
-                          mm_token_type_ids=(x == engine.model.image_token_id).int(), max_new_tokens=12,
+                          mm_token_type_ids=(x == engine.model.image_token_id).int(), max_new_tokens=new_tokens,
                           do_sample=False, eos_token_id=None)
-    assert seq.token_ids == ref[0, len(ids):].tolist()
+        assert seqs[0].token_ids == ref[0, len(ids):].tolist()
+        if text:
+            ref = hf.generate(input_ids=torch.tensor([text]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+            assert seqs[1].token_ids == ref[0, len(text):].tolist()
+    return ids
 
 
 def test_trainer_logprobs_equal_engine_on_image_rollouts(tiny_vl):
+    check_trainer_logprobs(tiny_vl)
+
+
+def check_trainer_logprobs(path) -> float:
     """Sampled image rollouts: the trainer's log-probs (pixels recomputed from the references) equal
-    the engine's within 1e-5."""
+    the engine's within 1e-5; returns the max abs difference."""
     from vf.trainer.samples import Sample, micro_batches
     from vf.trainer.step import PolicyLogprobs
 
     from vf.engines.base import GenerateRequest, Sampling
     from vf.engines.local import LocalEngine
 
-    engine = LocalEngine.from_model(str(tiny_vl))
+    engine = LocalEngine.from_model(str(path))
     requests = [_image_messages(c) for c in ((200, 30, 30), (30, 30, 200), (30, 200, 30))]
 
     async def go():
@@ -271,6 +321,7 @@ def test_trainer_logprobs_equal_engine_on_image_rollouts(tiny_vl):
     mask = mb.loss_mask.reshape(-1)
     err = (logp[mask] - mb.inference_logprobs.reshape(-1)[mask]).abs().max().item()
     assert mask.sum() == sum(len(r.token_ids) for r in results) and err < 1e-5
+    return err
 
 
 def test_text_only_engine_refuses_images():
@@ -385,19 +436,27 @@ def test_vf_train_on_image_colors_runs(tiny_vl, cli, tmp_path):
     """vf-train on tiny-vl: an SFT warm-up step on image prompts, then an RL step on image rollouts
     whose traces keep the images as data URLs (the trainer-engine log-prob parity of such rollouts:
     test_trainer_logprobs_equal_engine_on_image_rollouts)."""
-    out = tmp_path / "run"
-    cli("vf-train", "-m", str(tiny_vl), "--taskset", "image-colors", "--warmup.steps", "1", "--steps", "1",
-        "--batch-size", "2", "--group-size", "2", "--sampling.max-tokens", "3",
-        "--async.deterministic", "true", "--async.level", "0",
-        "--eval.at-start", "false", "--eval.at-end", "false", "-o", str(out), check=True, timeout=300)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows, episodes = train_on_image_colors(cli, tiny_vl, tmp_path / "run", "--warmup.steps", "1", "--steps", "1")
     assert [r["phase"] for r in rows] == ["warmup", "rl"] and rows[0]["num_loss_tokens"] > 0
-    episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     assert len(episodes) == 2
+    assert all(user_node(ep)["token_ids"].count(513) == 4 for ep in episodes)
+
+
+def train_on_image_colors(cli, model, out, *args):
+    """`vf-train -m MODEL --taskset image-colors ARGS` (batch 2, group 2, 3 new tokens, deterministic);
+    checks the traces keep each image as a data URL; returns (metrics rows, episodes)."""
+    cli("vf-train", "-m", str(model), "--taskset", "image-colors", "--batch-size", "2", "--group-size", "2",
+        "--sampling.max-tokens", "3", "--async.deterministic", "true", "--async.level", "0",
+        "--eval.at-start", "false", "--eval.at-end", "false", "-o", str(out), *args, check=True, timeout=300)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    episodes = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     for ep in episodes:
-        user = next(n for n in ep["traces"][0]["nodes"] if n["message"]["role"] == "user")
-        assert user["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
-        assert user["token_ids"].count(513) == 4
+        assert user_node(ep)["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+    return rows, episodes
+
+
+def user_node(episode) -> dict:
+    return next(n for n in episode["traces"][0]["nodes"] if n["message"]["role"] == "user")
 
 
 def test_qwen3_5_vl_logits_round_trip_and_engine_greedy(tmp_path):
