@@ -291,22 +291,23 @@ def test_program_case_peer_still_gives_the_recorded_figures():
 
 
 def test_parallel_suite_measures_per_rank_memory_under_torchrun():
-    """`vf-bench parallel --size tiny --parallel.ep 4 --parallel.cp-style ulysses`: real torchrun
-    workers at the layouts the flags ask for; ep 4 holds a quarter of the expert bytes per rank and
-    spends time in all-to-all, cp 2 (Ulysses) allocates less per rank than one process, and the MoE
-    block reports an MFU for ours (ep 1 and ep 4) and transformers against the same-process peak."""
+    """`vf-bench parallel --size tiny --parallel.ep 2 --parallel.cp-style ulysses`: real torchrun
+    workers at the layouts the flags ask for (Ulysses instead of the default ring); ep 2 holds half
+    of the expert bytes per rank and spends time in all-to-all, cp 2 (Ulysses) allocates less per
+    rank than one process, and the MoE block reports an MFU for ours (ep 1 and ep 2) and
+    transformers against the same-process peak."""
     from vf.bench import run_suite
 
-    doc = run_suite("parallel", size="tiny", parallel={"ep": 4, "cp_style": "ulysses"})
-    assert (doc["config"]["cp"], doc["config"]["ep"], doc["config"]["cp_styles"]) == (2, 4, ["ulysses"])
+    doc = run_suite("parallel", size="tiny", parallel={"ep": 2, "cp_style": "ulysses"})
+    assert (doc["config"]["cp"], doc["config"]["ep"], doc["config"]["cp_styles"]) == (2, 2, ["ulysses"])
     cases = {c["name"].split("/")[0]: c for c in doc["cases"]}
-    assert set(cases) == {"cp2-ulysses", "ep4", "moe-block-qwen3-30b-a3b"}
-    ep = cases["ep4"]
-    assert ep["ratios"]["expert_memory"]["value"] == 0.25 and ep["ratios"]["expert_memory"]["met"]
+    assert set(cases) == {"cp2-ulysses", "ep2", "moe-block-qwen3-30b-a3b"}
+    ep = cases["ep2"]
+    assert ep["ratios"]["expert_memory"]["value"] == 0.5 and ep["ratios"]["expert_memory"]["met"]
     assert ep["ours"]["all_to_all_s_per_step"] > 0 and ep["ref"]["all_to_all_s"] == 0
     cp = cases["cp2-ulysses"]
     assert 0 < cp["ratios"]["memory"]["value"] < 1, cp
     moe = cases["moe-block-qwen3-30b-a3b"]
     for side in (moe["ours"], moe["ref"]):
         assert 0 < side["mfu_pct"] <= 100 and 0 < side["expert_shape_peak_pct"] <= 100, moe
-    assert 0 < moe["ours"]["ep4_mfu_pct"] <= 100 and moe["ratios"]["mfu_ep4"]["value"] > 0
+    assert 0 < moe["ours"]["ep2_mfu_pct"] <= 100 and moe["ratios"]["mfu_ep2"]["value"] > 0

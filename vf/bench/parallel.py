@@ -292,9 +292,11 @@ def launch(spec: dict[str, Any], world: int, timeout: float = 1200) -> list[dict
                if world > 1 else [sys.executable]) + ["-m", "vf.bench.parallel", json.dumps({**spec, "out": str(out)})]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        if p.returncode != 0 or not out.exists():
+        if p.returncode != 0 or not out.exists():  # a rank's own error, then torchrun's summary
+            lines = p.stderr.strip().splitlines()
+            errors = [line for line in lines[:-15] if any(w in line for w in ("Error", "error:", "terminate", "what()"))]
             raise ChildFailed(f"parallel worker {spec} on {world} failed (exit {p.returncode}):\n"
-                              + "\n".join(p.stderr.strip().splitlines()[-15:]))
+                              + "\n".join(errors[-10:] + lines[-15:]))
         return json.loads(out.read_text())
 
 
