@@ -1,9 +1,7 @@
-"""Native models (Qwen3, Qwen3-MoE, Llama, GLM-4.5 `glm4_moe`, DeepSeek-V3 `deepseek_v3`, DeepSeek-V4 `deepseek_v4`,
-GPT-OSS `gpt_oss`, GLM-5 `glm_moe_dsa`,
-and the hybrids Qwen3-Next `qwen3_next`, Qwen3.5 text `qwen3_5_text` / `qwen3_5_moe_text` (gated DeltaNet) and
-Nemotron-H `nemotron_h` (Mamba-2), and Qwen3.8 Flash Next `qwen4_exp_text` / `qwen4_exp` (gated DeltaNet,
-QSA indexed attention, gated residual streams, per-layer n-gram embeddings: models/qwen4_exp.py)):
-HF checkpoint loading/saving and a built-in tiny model.
+"""Native models: one spec file per family in models/families/ (Qwen3, Qwen3-MoE, Llama, GLM-4.5, GLM-5,
+DeepSeek-V3/V4, GPT-OSS, the hybrids Qwen3-Next, Qwen3.5 and Nemotron-H, Qwen3.8 Flash Next, and the
+Qwen-VL checkpoints), the shared decoder and mechanisms they compose, HF checkpoint loading/saving and
+the built-in tiny models.
 
 Importing `vf.models` does not import torch; the names below load their module on first use.
   load_model(path, dtype=torch.float32, device="cpu") -> NativeModel

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from vf.models.config import ARCHITECTURES, ModelConfig
+from vf.models.config import ModelConfig
 from vf.models.convert import IGNORED_HF, hf_to_native, native_to_hf
 from vf.models.errors import ModelLoadError, read_json_object, under_root
+from vf.models.families import native_model_types
 from vf.models.transformer import NativeModel, model_class
 
 from vf.bounded import load_json
@@ -99,11 +100,11 @@ def resolve_impl(path: str | os.PathLike, impl: str = "auto") -> str:
         model_type = load_json(cfg_file.read_bytes()).get("model_type")
     except (OSError, ValueError, AttributeError):  # unreadable, not UTF-8, not JSON (BoundsError), not an object
         return "native"  # read_config reports what is wrong with the directory
-    if impl == "hf" or model_type in ARCHITECTURES:
+    if impl == "hf" or model_type in native_model_types():
         return impl if impl != "auto" else "native"
     if impl == "native":
         raise ModelLoadError(f"{cfg_file}: model_type {model_type!r} has no native implementation",
-                             hint=f"native families: {', '.join(ARCHITECTURES)}; --model.impl auto or hf runs "
+                             hint=f"native families: {', '.join(native_model_types())}; --model.impl auto or hf runs "
                                   "any causal LM transformers implements")
     from vf.models.hf_fallback import SLOWER
 
@@ -185,14 +186,14 @@ def load_model(
 
 
 def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
-    """GLM-4.5 / GLM-5 / DeepSeek-V3 checkpoints append their multi-token-prediction layers after the last
-    decoder layer (`model.layers.{num_hidden_layers + j}.*`), the hybrids (Qwen3-Next, Qwen3.5,
-    Nemotron-H) keep them under `mtp.` (DeepSeek-V4 also under `model.mtp.`); like transformers we do
-    not run them."""
-    if (config.hybrid or config.architecture == "deepseek_v4") and re.match(r"(model\.)?mtp\.", hf_name):
-        return True
+    """Multi-token-prediction tensors, which (like transformers) we do not run: under `mtp.` /
+    `model.mtp.` ("prefixed": the hybrids, DeepSeek-V4) or as decoder layers appended after the last one
+    (`model.layers.{num_hidden_layers + j}.*`, "appended": GLM-4.5, GLM-5, DeepSeek-V3)."""
+    where = config.family.mtp
+    if where == "prefixed":
+        return bool(re.match(r"(model\.)?mtp\.", hf_name))
     m = re.match(r"model\.layers\.(\d+)\.", hf_name)
-    return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers
+    return where == "appended" and bool(m) and int(m.group(1)) >= config.num_layers
 
 
 def write_hf_config(path: Path, config: ModelConfig, dtypes: set[torch.dtype]) -> None:

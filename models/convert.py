@@ -25,7 +25,7 @@ Ops:
                   group their rows per key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]); native
                   `in_proj` takes the rows part by part (q, k, v, z, b, a: models/deltanet.py)
 Every op is a permutation, so the way back is exact. `table_for(config)` is TABLE with the
-family's overrides (`FAMILY_TABLE`). Loading also accepts transformers-5 fused expert tensors
+family's rows (`Family.weights`, models/families/). Loading also accepts transformers-5 fused expert tensors
 (`ALT_SOURCES`); saving writes the layout transformers itself saves (per-expert tensors for Qwen3-MoE,
 GLM-4.5, DeepSeek-V3 and DeepSeek-V4, stacked ones for GPT-OSS), so load -> save -> load is bit-exact.
 """
@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError
-from vf.models.ple import derived_tables, ngram_spec
+from vf.models.families import resolve
 
 L = "model.layers.{i}."
 # native name template -> (op, [HF name templates])
@@ -65,147 +65,16 @@ TABLE: dict[str, tuple[str, list[str]]] = {
     ),
     "layers.{i}.mlp.down_proj": ("stack", [L + "mlp.experts.{e}.down_proj.weight"]),
 }
-A = L + "self_attn."
-FAMILY_TABLE: dict[str, dict[str, tuple[str, list[str]]]] = {
-    "glm4_moe": {},
-    "deepseek_v3": {
-        "layers.{i}.attn.qkv_a_proj.weight": ("concat", [A + "q_a_proj.weight", A + "kv_a_proj_with_mqa.weight"]),
-        "layers.{i}.attn.qkv_a_proj.bias": ("concat", [A + "q_a_proj.bias", A + "kv_a_proj_with_mqa.bias"]),
-        "layers.{i}.attn.q_a_norm.weight": ("rename", [A + "q_a_layernorm.weight"]),
-        "layers.{i}.attn.q_b_proj.weight": ("rename", [A + "q_b_proj.weight"]),
-        "layers.{i}.attn.q_proj.weight": ("rename", [A + "q_proj.weight"]),
-        "layers.{i}.attn.kv_a_proj.weight": ("rename", [A + "kv_a_proj_with_mqa.weight"]),
-        "layers.{i}.attn.kv_a_proj.bias": ("rename", [A + "kv_a_proj_with_mqa.bias"]),
-        "layers.{i}.attn.kv_a_norm.weight": ("rename", [A + "kv_a_layernorm.weight"]),
-        "layers.{i}.attn.kv_b_proj.weight": ("rename", [A + "kv_b_proj.weight"]),
-    },
-    "gpt_oss": {
-        "layers.{i}.attn.sinks": ("rename", [A + "sinks"]),
-        "layers.{i}.mlp.router.weight": ("rename", [L + "mlp.router.weight"]),
-        "layers.{i}.mlp.router.bias": ("rename", [L + "mlp.router.bias"]),
-        "layers.{i}.mlp.gate_up_proj": ("deinterleave_t", [L + "mlp.experts.gate_up_proj"]),
-        "layers.{i}.mlp.gate_up_proj_bias": ("deinterleave", [L + "mlp.experts.gate_up_proj_bias"]),
-        "layers.{i}.mlp.down_proj": ("transpose", [L + "mlp.experts.down_proj"]),
-        "layers.{i}.mlp.down_proj_bias": ("rename", [L + "mlp.experts.down_proj_bias"]),
-    },
-}
-LA = L + "linear_attn."
-_DELTANET = {  # gated DeltaNet layers (models/deltanet.py) and the gated-attention / MoE parts around them
-    "layers.{i}.attn.conv_weight": ("rename", [LA + "conv1d.weight"]),
-    **{f"layers.{{i}}.attn.{p}": ("rename", [LA + p]) for p in ("dt_bias", "A_log", "norm.weight", "out_proj.weight")},
-    "layers.{i}.mlp.shared.gate_up_proj.weight": (
-        "concat", [L + "mlp.shared_expert.gate_proj.weight", L + "mlp.shared_expert.up_proj.weight"]),
-    "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_expert.down_proj.weight"]),
-    "layers.{i}.mlp.shared_gate.weight": ("rename", [L + "mlp.shared_expert_gate.weight"]),
-}
-FAMILY_TABLE["qwen3_next"] = {
-    **_DELTANET, "layers.{i}.attn.in_proj.weight": ("regroup_qkvzba", [LA + "in_proj_qkvz.weight", LA + "in_proj_ba.weight"])}
-FAMILY_TABLE["qwen3_5_text"] = {**_DELTANET, "layers.{i}.attn.in_proj.weight": (
-    "concat", [LA + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")])}
-FAMILY_TABLE["qwen3_5_moe_text"] = FAMILY_TABLE["qwen3_5_text"]
-# Nemotron-H: transformers saves under `backbone.`, one mixer per layer (models/hybrid.py, mamba2.py)
-NB, NM = "backbone.layers.{i}.", "backbone.layers.{i}.mixer."
-FAMILY_TABLE["nemotron_h"] = {
-    "embed_tokens.weight": ("rename", ["backbone.embeddings.weight"]),
-    "norm.weight": ("rename", ["backbone.norm_f.weight"]),
-    "layers.{i}.norm.weight": ("rename", [NB + "norm.weight"]),
-    "layers.{i}.mixer.qkv_proj.weight": ("concat", [NM + f"{p}_proj.weight" for p in "qkv"]),
-    "layers.{i}.mixer.conv_weight": ("rename", [NM + "conv1d.weight"]),
-    "layers.{i}.mixer.conv_bias": ("rename", [NM + "conv1d.bias"]),
-    **{f"layers.{{i}}.mixer.{p}": ("rename", [NM + p]) for p in (
-        "o_proj.weight", "in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias", "dt_bias", "A_log", "D",
-        "norm.weight", "up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias")},
-    **{f"layers.{{i}}.mixer.shared.{p}": ("rename", [NM + f"shared_experts.{p}"]) for p in (
-        "up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias")},
-    # Super's latent MoE (moe_latent_size): hidden -> latent before the routed experts, latent -> hidden after
-    **{f"layers.{{i}}.mixer.{ours}.{p}": ("rename", [NM + f"{theirs}.{p}"]) for ours, theirs in (
-        ("latent_in", "fc1_latent_proj"), ("latent_out", "fc2_latent_proj")) for p in ("weight", "bias")},
-    "layers.{i}.mixer.router.weight": ("rename", [NM + "gate.weight"]),
-    "layers.{i}.mixer.router.expert_bias": ("rename", [NM + "gate.e_score_correction_bias"]),
-    "layers.{i}.mixer.gate_up_proj": ("stack", [NM + "experts.{e}.up_proj.weight"]),
-    "layers.{i}.mixer.down_proj": ("stack", [NM + "experts.{e}.down_proj.weight"]),
-}
-# GLM-5 is DeepSeek-V3's MLA plus the DSA indexer (models/dsa.py)
-FAMILY_TABLE["glm_moe_dsa"] = {
-    **FAMILY_TABLE["deepseek_v3"],
-    **{f"layers.{{i}}.attn.indexer.{p}": ("rename", [A + f"indexer.{p}"])
-       for p in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")},
-}
-# DeepSeek-style MoE parts (GLM-4.5, GLM-5 and DeepSeek-V3 share transformers' module names)
-for _fam in ("glm4_moe", "deepseek_v3", "glm_moe_dsa"):
-    FAMILY_TABLE[_fam].update({
-        "layers.{i}.mlp.router.expert_bias": ("rename", [L + "mlp.gate.e_score_correction_bias"]),
-        "layers.{i}.mlp.shared.gate_up_proj.weight": (
-            "concat", [L + "mlp.shared_experts.gate_proj.weight", L + "mlp.shared_experts.up_proj.weight"]),
-        "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_experts.down_proj.weight"]),
-    })
-
-# DeepSeek-V4: transformers saves DeepSeek's own names (`attn.wq_a`, `ffn.experts.{e}.w1`, `hc_attn_fn`,
-# `head`, ...) under `model.` (its in-memory names are `self_attn.q_a_proj`, ...); models/deepseek_v4.py
-AT, CP, IX = L + "attn.", L + "attn.compressor.", L + "attn.indexer."
-FAMILY_TABLE["deepseek_v4"] = {
-    "lm_head.weight": ("rename", ["head.weight"]),
-    "hc_head.fn": ("rename", ["model.hc_head.hc_fn"]),
-    "hc_head.base": ("rename", ["model.hc_head.hc_base"]),
-    "hc_head.scale": ("rename", ["model.hc_head.hc_scale"]),
-    "layers.{i}.attn_norm.weight": ("rename", [L + "attn_norm.weight"]),
-    "layers.{i}.mlp_norm.weight": ("rename", [L + "ffn_norm.weight"]),
-    **{f"layers.{{i}}.{ours}_hc.{p}": ("rename", [L + f"hc_{theirs}_{p}"])
-       for ours, theirs in (("attn", "attn"), ("mlp", "ffn")) for p in ("fn", "base", "scale")},
-    **{f"layers.{{i}}.attn.{ours}": ("rename", [AT + theirs]) for ours, theirs in (
-        ("q_a_proj.weight", "wq_a.weight"), ("q_a_norm.weight", "q_norm.weight"), ("q_b_proj.weight", "wq_b.weight"),
-        ("kv_proj.weight", "wkv.weight"), ("kv_norm.weight", "norm.weight"), ("o_a_proj.weight", "wo_a.weight"),
-        ("o_b_proj.weight", "wo_b.weight"), ("sinks", "attn_sink"))},
-    **{f"layers.{{i}}.attn.{part}.{ours}": ("rename", [src + theirs]) for part, src in (
-        ("compressor", CP), ("indexer.compressor", IX + "compressor.")) for ours, theirs in (
-        ("kv_proj.weight", "wkv.weight"), ("gate_proj.weight", "wgate.weight"), ("position_bias", "ape"),
-        ("kv_norm.weight", "norm.weight"))},
-    "layers.{i}.attn.indexer.q_b_proj.weight": ("rename", [IX + "wq_b.weight"]),
-    "layers.{i}.attn.indexer.weights_proj.weight": ("rename", [IX + "weights_proj.weight"]),
-    "layers.{i}.mlp.router.weight": ("rename", [L + "ffn.gate.weight"]),
-    "layers.{i}.mlp.router.expert_bias": ("rename", [L + "ffn.gate.bias"]),
-    "layers.{i}.mlp.router.tid2eid": ("rename", [L + "ffn.gate.tid2eid"]),
-    "layers.{i}.mlp.gate_up_proj": ("stack", [L + "ffn.experts.{e}.w1.weight", L + "ffn.experts.{e}.w3.weight"]),
-    "layers.{i}.mlp.down_proj": ("stack", [L + "ffn.experts.{e}.w2.weight"]),
-    "layers.{i}.mlp.shared.gate_up_proj.weight": (
-        "concat", [L + "ffn.shared_experts.w1.weight", L + "ffn.shared_experts.w3.weight"]),
-    "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "ffn.shared_experts.w2.weight"]),
-}
-
-# Qwen3.8 Flash Next (models/qwen4_exp.py): the Qwen3.5 hybrid rows, QSA indexer, gated residuals, PLE
-HC, PL = "model.layers.{i}.{part}_hyper_connection.", L + "ple."
-_GATED_RESIDUAL = ("hc_norm.weight", "input_mix_weight_down.weight", "input_mix_weight_up.weight")
-FAMILY_TABLE["qwen4_exp_text"] = {
-    **FAMILY_TABLE["qwen3_5_text"],
-    **{f"layers.{{i}}.attn.indexer.{p}": ("rename", [A + f"indexer.{p}"])
-       for p in ("index_qk_proj.weight", "q_layernorm.weight", "k_layernorm.weight")},
-    **{f"layers.{{i}}.{part}_hc.{p}": ("rename", [HC.replace("{part}", part) + p])
-       for part in ("attn", "mlp") for p in (*_GATED_RESIDUAL, "block_inject_weight.weight")},
-    **{f"hc_mixer.{p}": ("rename", ["model.hyper_connection_mixer." + p]) for p in _GATED_RESIDUAL},
-    **{f"layers.{{i}}.ple.{p}": ("rename", [PL + p])
-       for p in ("key_proj.weight", "value_proj.weight", "norm_key.weight", "norm_query.weight", "norm_conv.weight")},
-    "layers.{i}.ple.conv_weight": ("rename", [PL + "conv1d.weight"]),
-    "layers.{i}.ple.ngram.weight": ("row_shards", [PL + "ple_embedding.ngram_embedding.shard_{k}.weight"]),
-}
-# transformers' persistent copies of the n-gram tables (derived from the config: checked, never loaded)
-_PLE_BUFFERS = {"multipliers": "layer_multipliers", "head_sizes": "ngram_heads_vocab_sizes",
-                "head_offsets": "ngram_heads_offsets"}
 
 
 def derived_hf_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF tensors that are functions of the config (qwen4_exp's n-gram tables): written on save,
-    compared on load."""
-    out = {}
+    """HF tensors that are functions of the config (`Family.derived_tensors`, e.g. qwen4_exp's n-gram
+    tables): written on save, compared on load."""
+    hook = config.family.derived_tensors
+    if not hook:
+        return {}
     prefix = VL_TEXT_PREFIX if config.vision is not None else "model."
-    for ple_index, layer_id in enumerate(config.ple_layer_ids if config.architecture == "qwen4_exp_text" else []):
-        tables = derived_tables(ngram_spec(config, ple_index))
-        for ours, theirs in _PLE_BUFFERS.items():
-            name = prefix + PL.format(i=layer_id - 1).removeprefix("model.") + f"ple_embedding.{theirs}"
-            out[name] = torch.tensor(tables[ours], dtype=torch.long)
-    return out
-# Qwen3-VL-MoE (Qwen3-MoE's names otherwise); Qwen3.5-MoE with vision is qwen3_5_moe_text's table
-FAMILY_TABLE["qwen3_vl_moe"] = {f"layers.{{i}}.mlp.{p}": ("fused_experts", [L + f"mlp.experts.{p}"])
-                                for p in ("gate_up_proj", "down_proj")}
+    return {prefix + name: t for name, t in resolve(hook)(config).items()}
 
 
 # Vision-language families: the text model's HF names live under `model.language_model.` (not
@@ -215,7 +84,7 @@ VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
 
 
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
-    table = {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
+    table = {**TABLE, **config.family.weights}
     if config.vision is not None:
         table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
                  for k, (op, srcs) in table.items()}
@@ -276,8 +145,6 @@ def _fused_experts_to_native(t: torch.Tensor, native_template: str,
 ALT_SOURCES: dict[str, str] = {
     "layers.{i}.mlp.gate_up_proj": L + "mlp.experts.gate_up_proj",
     "layers.{i}.mlp.down_proj": L + "mlp.experts.down_proj",
-    "layers.{i}.mixer.gate_up_proj": NM + "experts.up_proj",
-    "layers.{i}.mixer.down_proj": NM + "experts.down_proj",
 }
 # HF tensors that are runtime buffers, never weights
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
@@ -319,9 +186,10 @@ def hf_to_native(
         if tmpl not in table:
             raise ModelLoadError(f"no HF mapping for native tensor {name!r}")
         op, sources = table[tmpl]
+        alt = {**ALT_SOURCES, **config.family.fused_sources}.get(tmpl) if op == "stack" else None
         if op == "stack":
-            alt = ALT_SOURCES[tmpl].format(**fmt)
-            if has(alt):
+            alt = alt and alt.format(**fmt)
+            if alt and has(alt):
                 out[name] = get(alt)
                 used.add(alt)
                 continue

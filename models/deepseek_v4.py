@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.compressed_attention import Compressor, Indexer, half_rope, rope_tail, visible_entries
-from vf.models.config import DSV4_CSA, DSV4_SLIDING, ModelConfig, compress_rope_config
+from vf.models.config import ModelConfig
+from vf.models.families.deepseek_v4 import CSA, SLIDING, compress_rope_config
 from vf.models.gpt_oss import attend_with_sinks, sink_window_bias
 from vf.models.hash_routing import HashRouter
 from vf.models.hyper_connections import HyperConnection, HyperHead, expand, unweighted_rms_norm
@@ -54,9 +55,9 @@ def cache_streams(config: ModelConfig) -> list[tuple[int, int]]:
     of the list; HCA projections are zero-padded to the CSA width when both kinds are present."""
     kinds, hd = set(config.layer_types), config.head_dim
     streams = [(1, hd)]
-    if kinds - {DSV4_SLIDING}:
-        streams += [(1, 2 * hd if DSV4_CSA in kinds else hd)] * 2
-    if DSV4_CSA in kinds:
+    if kinds - {SLIDING}:
+        streams += [(1, 2 * hd if CSA in kinds else hd)] * 2
+    if CSA in kinds:
         streams += [(1, 2 * config.index_head_dim)] * 2
     return streams
 
@@ -76,13 +77,13 @@ class DeepseekV4Attention(nn.Module):
         self.o_a_proj = nn.Linear(nh * hd // self.groups, self.groups * self.rank, bias=False)
         self.o_b_proj = nn.Linear(self.groups * self.rank, H, bias=False)
         self.sinks = nn.Parameter(torch.empty(nh))
-        self.rope = "main" if self.kind == DSV4_SLIDING else "compress"
+        self.rope = "main" if self.kind == SLIDING else "compress"
         self.compressor = self.indexer = None
-        if self.kind != DSV4_SLIDING:
+        if self.kind != SLIDING:
             rate = config.compress_rates[self.kind]
-            self.compressor = Compressor(config, hd, rate, overlap=self.kind == DSV4_CSA)
+            self.compressor = Compressor(config, hd, rate, overlap=self.kind == CSA)
             self.rotary = Rotary(compress_rope_config(config))  # the entries' rope (positions w·rate)
-            if self.kind == DSV4_CSA:
+            if self.kind == CSA:
                 self.indexer = Indexer(config, rate)
         self.widths = [w for _, w in cache_streams(config)]
 

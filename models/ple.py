@@ -52,6 +52,22 @@ def derived_tables(spec: NGramSpec) -> dict[str, list[int]]:
             "head_sizes": sizes, "head_offsets": head_offsets(sizes)}
 
 
+# transformers' persistent copies of the n-gram tables (derived from the config: checked, never loaded)
+_HF_BUFFERS = {"multipliers": "layer_multipliers", "head_sizes": "ngram_heads_vocab_sizes",
+               "head_offsets": "ngram_heads_offsets"}
+
+
+def hf_buffers(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """{HF name below the model prefix: tensor} of every PLE layer's derived tables (the family's
+    `derived_tensors`, models/convert.py `derived_hf_tensors`)."""
+    out = {}
+    for ple_index, layer_id in enumerate(config.ple_layer_ids):
+        tables = derived_tables(ngram_spec(config, ple_index))
+        for ours, theirs in _HF_BUFFERS.items():
+            out[f"layers.{layer_id - 1}.ple.ple_embedding.{theirs}"] = torch.tensor(tables[ours], dtype=torch.long)
+    return out
+
+
 def dilated_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int, spans=None,
                  state: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
     """SiLU(depthwise causal conv with dilation) over time. x [B, T, C], weight [C, 1, K]; `spans`

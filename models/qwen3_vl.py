@@ -82,7 +82,7 @@ class Qwen3VLModel(NativeModel):
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
-        self.visual = VisionTower(config.vision, config.vl_architecture or config.architecture)
+        self.visual = VisionTower(config.vision, config.vl.deepstack)
         self.merge = self.visual.merge
         self.rotary = MRotary(config)
 

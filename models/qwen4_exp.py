@@ -106,7 +106,7 @@ class Qwen4ExpVLModel(Qwen3VLModel):
         del self.norm
         self.hc_mixer = GatedResidual(config.hc_mult, config.hidden_size, config.hc_lowrank, config.rms_norm_eps,
                                       combine=False)
-        self.visual = VisionTower(config.vision, "qwen3_5")  # Qwen3.5's tower (no DeepStack)
+        self.visual = VisionTower(config.vision, config.vl.deepstack)  # Qwen3.5's tower (no DeepStack)
         self.merge = self.visual.merge
         self.rotary = MRotary(config)
 

@@ -1,12 +1,11 @@
 """The native decoder-only transformer (every family shares it; config flags pick the parts).
 
-Per layer: attention is `layers.Attention` (Qwen3, Llama, GLM-4.5), `mla.MLAttention`
-(DeepSeek-V3), `dsa.DSAttention` (GLM-5: MLA with indexed sparse attention),
-`gpt_oss.SinkAttention` (GPT-OSS), or for the hybrids (Qwen3-Next, Qwen3.5) gated attention or
-`deltanet.GatedDeltaNet` by `config.layer_types`; the MLP is `layers.MLP` or `moe.MoE`
-(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`. Nemotron-H layers are
-`hybrid.MixerLayer` (one mixer each: Mamba-2, attention, MLP or MoE); DeepSeek-V4's are
-`deepseek_v4.DeepseekV4Layer` (hyper-connection streams) in its `DeepseekV4Model` subclass.
+Per layer: the attention mechanism the family names (`Family.attention`: `layers.Attention`,
+`mla.MLAttention`, `dsa.DSAttention`, `gpt_oss.SinkAttention`), or on "linear_attention" layers its
+`Family.linear_attention` (e.g. `deltanet.GatedDeltaNet`); the MLP is `layers.MLP` or `moe.MoE`
+(`config.is_moe_layer`), its compute path per layer from `config.moe_impl`. A family may replace
+the whole decoder layer (`Family.layer`: hyper-connection streams, one mixer per layer) and the
+model class (`Family.model`, `VisionLanguage.model`); models/families/ says which.
 Engine caches: `cache_kinds()` says per layer whether it keeps keys/values ("kv"), recurrent state
 ("state", shapes from `state_shapes()`) or nothing (None).
 
@@ -29,28 +28,20 @@ import re
 import torch
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.layers import MLP, Attention, Embedding, RMSNorm, Rotary, positions_and_mask
+from vf.models.families import resolve
+from vf.models.layers import MLP, Embedding, RMSNorm, Rotary, positions_and_mask
 from vf.models.moe import MoE, check_impl
+
+# the full-attention mechanism a family names (`Family.attention`)
+ATTENTION = {"mha": "vf.models.layers:Attention", "mla": "vf.models.mla:MLAttention",
+             "dsa": "vf.models.dsa:DSAttention", "sinks": "vf.models.gpt_oss:SinkAttention"}
 
 
 def attention_class(config: ModelConfig, layer_idx: int = 0):
-    if config.zero_centered_norm and config.layer_types[layer_idx] == "linear_attention":
-        from vf.models.deltanet import GatedDeltaNet
-
-        return GatedDeltaNet
-    if config.dsa:
-        from vf.models.dsa import DSAttention
-
-        return DSAttention
-    if config.mla:
-        from vf.models.mla import MLAttention
-
-        return MLAttention
-    if config.attention_sinks:
-        from vf.models.gpt_oss import SinkAttention
-
-        return SinkAttention
-    return Attention
+    spec = config.family
+    if spec.linear_attention and config.layer_types[layer_idx] == "linear_attention":
+        return resolve(spec.linear_attention)
+    return resolve(ATTENTION[spec.attention])
 
 
 class DecoderLayer(nn.Module):
@@ -75,19 +66,9 @@ class DecoderLayer(nn.Module):
 
 
 def decoder_layer(config: ModelConfig, layer_idx: int) -> nn.Module:
-    if config.architecture == "deepseek_v4":  # hyper-connection streams (models/deepseek_v4.py)
-        from vf.models.deepseek_v4 import DeepseekV4Layer
-
-        return DeepseekV4Layer(config, layer_idx)
-    if config.architecture == "qwen4_exp_text":  # gated residual streams, PLE (models/qwen4_exp.py)
-        from vf.models.qwen4_exp import Qwen4ExpLayer
-
-        return Qwen4ExpLayer(config, layer_idx)
-    if config.architecture == "nemotron_h":
-        from vf.models.hybrid import MixerLayer
-
-        return MixerLayer(config, layer_idx)
-    return DecoderLayer(config, layer_idx)
+    """The family's own decoder layer (`Family.layer`: streams, one mixer per layer, ...) or the shared one."""
+    layer = config.family.layer
+    return (resolve(layer) if layer else DecoderLayer)(config, layer_idx)
 
 
 class NativeModel(nn.Module):
@@ -189,20 +170,10 @@ def init_weights(model: NativeModel, seed: int | None = None, std: float = 0.02)
 
 
 def model_class(config: ModelConfig) -> type[NativeModel]:
-    """NativeModel, or its subclass for DeepSeek-V4, Qwen3.8 Flash Next or a model with a vision tower."""
-    if config.architecture == "deepseek_v4":
-        from vf.models.deepseek_v4 import DeepseekV4Model
-
-        return DeepseekV4Model
-    if config.architecture == "qwen4_exp_text":
-        from vf.models.qwen4_exp import Qwen4ExpModel, Qwen4ExpVLModel
-
-        return Qwen4ExpModel if config.vision is None else Qwen4ExpVLModel
+    """NativeModel, or the subclass a family names (`Family.model`, `VisionLanguage.model` with a vision tower)."""
     if config.vision is not None:
-        from vf.models.qwen3_vl import Qwen3VLModel
-
-        return Qwen3VLModel
-    return NativeModel
+        return resolve(config.vl.model)
+    return resolve(config.family.model) if config.family.model else NativeModel
 
 
 def build_model(

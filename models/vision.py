@@ -5,8 +5,8 @@ Shape legend: N patches of all images (sum of t*h*w over `grid_thw` rows), D = C
 patch pixels (channels C, temporal patch tp, patch side p), E vision hidden, nh heads, hd = E/nh,
 m spatial merge size, O out_hidden_size (= the text model's hidden size).
 
-    VisionTower(vision_config: dict, family)   # the HF vision_config of a qwen3_vl / qwen3_vl_moe /
-                                               # qwen3_5 / qwen3_5_moe config.json
+    VisionTower(vision_config: dict, deepstack)  # the HF vision_config of a Qwen3-VL / Qwen3.5-style
+                                                 # config.json; deepstack: the family's tower has DeepStack
     forward(pixel_values [N, D], grid_thw [n, 3]) -> (embeds [N/m², O], [deepstack_k [N/m², O] ...])
 
 Patches arrive in the image processor's order: per image, m×m blocks of neighbouring patches are
@@ -29,13 +29,10 @@ DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
 """transformers' Qwen3VLVisionConfig defaults, for keys a config.json leaves out."""
 
 
-NO_DEEPSTACK = ("qwen3_5", "qwen3_5_moe")
-"""VL families whose tower has no DeepStack (transformers' Qwen3_5VisionConfig has no such key)."""
-
-
-def vision_settings(config: dict, family: str = "qwen3_vl") -> dict:
-    """The HF vision_config of VL family `family` with defaults filled in."""
-    defaults = {**DEFAULTS, "deepstack_visual_indexes": []} if family in NO_DEEPSTACK else DEFAULTS
+def vision_settings(config: dict, deepstack: bool = True) -> dict:
+    """The HF vision_config with defaults filled in; a tower without DeepStack (`VisionLanguage.deepstack`
+    false: transformers' Qwen3_5VisionConfig has no such key) defaults to no DeepStack layers."""
+    defaults = DEFAULTS if deepstack else {**DEFAULTS, "deepstack_visual_indexes": []}
     out = {**defaults, **{k: v for k, v in config.items() if v is not None}}
     theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     out["rope_theta"] = float(theta)
@@ -122,9 +119,9 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
-    def __init__(self, vision_config: dict, family: str = "qwen3_vl"):
+    def __init__(self, vision_config: dict, deepstack: bool = True):
         super().__init__()
-        c = self.settings = vision_settings(vision_config, family)
+        c = self.settings = vision_settings(vision_config, deepstack)
         self.merge = c["spatial_merge_size"]
         self.patch_embed = PatchEmbed(c)
         self.pos_embed = nn.Embedding(c["num_position_embeddings"], c["hidden_size"])

@@ -173,7 +173,8 @@ def test_every_native_family_through_the_fallback_matches_native_or_is_refused(t
     from transformers import AutoTokenizer
     from vf.errors import UsageError
     from vf.models import ModelLoadError, load_model
-    from vf.models.config import HYBRID_FAMILIES
+    from vf.models.families import family as family_spec
+    from vf.models.families import native_model_types
 
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
@@ -212,7 +213,8 @@ def test_every_native_family_through_the_fallback_matches_native_or_is_refused(t
     from test_models_hybrid import ARCH  # hybrid test cases that are a variant of a family (Nemotron-H Super)
 
     refused = {f for f, o in outcome.items() if o == "engine refused: state"}
-    assert {ARCH.get(f, f) for f in refused} == set(HYBRID_FAMILIES) and set(ARCH) <= refused, outcome
+    hybrids = {t for t in native_model_types() if family_spec(t).hybrid}
+    assert {ARCH.get(f, f) for f in refused} == hybrids and set(ARCH) <= refused, outcome
     assert outcome["qwen3"] == outcome["llama"] == outcome["qwen3_moe"] == "matches", outcome
     assert outcome["deepseek_v3"] == "engine refused: cache layout", outcome  # MLA: k dim 20, v dim 10
 

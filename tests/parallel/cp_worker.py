@@ -48,7 +48,7 @@ def config(kind: str) -> ModelConfig:
         return ModelConfig(architecture="glm_moe_dsa", index_topk=6, index_head_dim=16, index_n_heads=2,
                            indexer_types=["full", "shared"], **mla, **common)
     if kind == "sinks":
-        return ModelConfig(architecture="gpt_oss", num_heads=4, num_kv_heads=2, head_dim=16, attention_sinks=True,
+        return ModelConfig(architecture="gpt_oss", num_heads=4, num_kv_heads=2, head_dim=16,
                            sliding_window=8, layer_types=["sliding_attention", "full_attention"], **common)
     if kind == "dsv4":  # one layer of each kind: sliding window 6, CSA (pool 4, overlapping, index top-3), HCA (pool 8)
         kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
