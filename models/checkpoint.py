@@ -192,6 +192,9 @@ def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     if (config.hybrid or config.architecture == "deepseek_v4") and re.match(r"(model\.)?mtp\.", hf_name):
         return True
     m = re.match(r"model\.layers\.(\d+)\.", hf_name)
+    if config.architecture == "glm5_next":  # glm5_next (registry): its MTP layer and heads (transformers skips them)
+        m = re.match(r"model\.language_model\.layers\.(\d+)\.(shared_head\.)?", hf_name)
+        return bool(m) and (int(m.group(1)) >= config.num_layers or bool(m.group(2)))
     return bool(m) and config.architecture in ("glm4_moe", "deepseek_v3", "glm_moe_dsa") and int(m.group(1)) >= config.num_layers
 
 

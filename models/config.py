@@ -25,6 +25,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vf.models import glm5_next_spec as _glm5_next  # glm5_next (registry)
 from vf.models.errors import ModelLoadError
 
 # model_type -> HF architectures entry
@@ -48,6 +49,7 @@ ARCHITECTURES = {
     "nemotron_h": "NemotronHForCausalLM",
     "qwen4_exp_text": "Qwen4ExpForCausalLM",  # Qwen3.8 Flash Next's text model (models/qwen4_exp.py)
     "qwen4_exp": "Qwen4ExpForConditionalGeneration",  # nests a qwen4_exp_text model (text prompts only)
+    _glm5_next.MODEL_TYPE: _glm5_next.ARCHITECTURE,  # glm5_next (registry)
 }
 # gated DeltaNet + gated full attention, zero-centred (1 + w) RMSNorm (the Qwen "Next" line)
 DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -210,6 +212,7 @@ FAMILY_KEYS[QWEN4_EXP] = {
     "indexer_head_dim": ("index_head_dim", _REQUIRED), "indexer_budget": ("indexer_budget", _REQUIRED),
     "indexer_compress_ratio": ("indexer_compress_ratio", _REQUIRED), "output_gate_type": ("output_gate_type", None),
 }
+FAMILY_KEYS[_glm5_next.MODEL_TYPE] = _glm5_next.HF_KEYS  # glm5_next (registry)
 # older/newer spellings of a FAMILY_KEYS key, read when the key itself is absent
 _ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"},
             "qwen3_vl_moe": {"num_experts": "num_local_experts"},  # what transformers' save writes
@@ -230,6 +233,7 @@ _FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "qwen3_5_moe_text": {"shared_expert_gate": True, "norm_topk_prob": True},
     QWEN4_EXP: {"shared_expert_gate": True},
     "nemotron_h": {"router_scoring": "sigmoid", "expert_bias": True, "expert_act": "relu2"},
+    _glm5_next.MODEL_TYPE: _glm5_next.FIXED,  # glm5_next (registry)
 }
 _DEFAULT_PARTIAL_ROTARY = {"glm4_moe": 0.5, **{f: 0.25 for f in DELTANET_FAMILIES}}  # transformers' Glm4MoeConfig default
 
@@ -374,6 +378,10 @@ class ModelConfig:
     indexer_budget: int = 0  # tokens selected from complete blocks per query
     indexer_compress_ratio: int = 0  # tokens pooled into one index block
     output_gate_type: str | None = None
+    # glm5_next (registry): models/glm5_next_spec.py NEW_FIELDS
+    linear_lower_bound: float | None = _glm5_next.NEW_FIELDS["linear_lower_bound"]
+    index_kpool: int = _glm5_next.NEW_FIELDS["index_kpool"]
+    index_kpool_always_select_tail: bool = _glm5_next.NEW_FIELDS["index_kpool_always_select_tail"]
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -467,6 +475,11 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
         arch = d.get("model_type")
+        if arch == _glm5_next.MODEL_TYPE and "vision_config" in d:  # glm5_next (registry)
+            flat, top = _glm5_next.unnest(d, source)
+            cfg = cls.from_hf_dict(flat, source)
+            _glm5_next.nest(cfg, top)
+            return cfg
         if arch in VL_ARCHITECTURES and isinstance(d.get("text_config"), dict):
             return _vl_from_hf(cls, d, source)
         if arch not in ARCHITECTURES:
@@ -548,6 +561,9 @@ class ModelConfig:
                 _check_hybrid(cfg, d, source)
             if arch == QWEN4_EXP:
                 _check_qwen4_exp(cfg, source)
+            if arch == _glm5_next.MODEL_TYPE:  # glm5_next (registry): the DSA indexer schedule, then its own
+                _check_dsa(cfg, d, source)
+                _glm5_next.check(cfg, d, source)
             return cfg
         except KeyError as e:
             raise ModelLoadError(f"{source}: required key {e.args[0]!r} is missing") from None
@@ -592,6 +608,8 @@ class ModelConfig:
             _dsv4_to_hf(self, d)
         if self.torch_dtype:
             d["dtype"] = self.torch_dtype
+        if self.architecture == _glm5_next.MODEL_TYPE:  # glm5_next (registry)
+            return _glm5_next.to_hf(self, d)
         if self.vision is not None:
             return _vl_to_hf(self, d)
         return dict(sorted(d.items()))

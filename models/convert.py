@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 
 import torch
+from vf.models import glm5_next_spec as _glm5_next  # glm5_next (registry)
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError
 from vf.models.ple import derived_tables, ngram_spec
@@ -203,6 +204,7 @@ def derived_hf_tensors(config: ModelConfig) -> dict[str, torch.Tensor]:
             name = prefix + PL.format(i=layer_id - 1).removeprefix("model.") + f"ple_embedding.{theirs}"
             out[name] = torch.tensor(tables[ours], dtype=torch.long)
     return out
+FAMILY_TABLE["glm5_next"] = _glm5_next.WEIGHTS  # glm5_next (registry)
 # Qwen3-VL-MoE (Qwen3-MoE's names otherwise); Qwen3.5-MoE with vision is qwen3_5_moe_text's table
 FAMILY_TABLE["qwen3_vl_moe"] = {f"layers.{{i}}.mlp.{p}": ("fused_experts", [L + f"mlp.experts.{p}"])
                                 for p in ("gate_up_proj", "down_proj")}

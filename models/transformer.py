@@ -83,6 +83,10 @@ def decoder_layer(config: ModelConfig, layer_idx: int) -> nn.Module:
         from vf.models.qwen4_exp import Qwen4ExpLayer
 
         return Qwen4ExpLayer(config, layer_idx)
+    if config.architecture == "glm5_next":  # glm5_next (registry): mHC streams, KDA / k-pool MLA layers
+        from vf.models.glm5_next import Glm5NextLayer
+
+        return Glm5NextLayer(config, layer_idx)
     if config.architecture == "nemotron_h":
         from vf.models.hybrid import MixerLayer
 
@@ -198,6 +202,10 @@ def model_class(config: ModelConfig) -> type[NativeModel]:
         from vf.models.qwen4_exp import Qwen4ExpModel, Qwen4ExpVLModel
 
         return Qwen4ExpModel if config.vision is None else Qwen4ExpVLModel
+    if config.architecture == "glm5_next":  # glm5_next (registry)
+        from vf.models.glm5_next import Glm5NextModel
+
+        return Glm5NextModel
     if config.vision is not None:
         from vf.models.qwen3_vl import Qwen3VLModel
 

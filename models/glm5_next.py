@@ -1,0 +1,213 @@
+"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration) on text prompts: linear-attention
+(KDA, kda.py) and indexed-attention layers (`config.layer_types`), hyper-connection residual streams
+(hyper_connections.py, DeepSeek-V4's mHC math), dense then sparse MLPs with SwiGLU clipped at
+`swiglu_limit` (moe.py: sigmoid router with expert bias, shared expert). No rope anywhere in the text
+model (NoPE). Declarative parts (config keys, checks, weight rows): glm5_next_spec.py.
+
+Shape legend: B batch, T tokens, S keys, H hidden, n hc_mult streams, rkv kv_lora_rank, di index_head_dim,
+m index_kpool, Nw = S // m complete pools.
+
+Indexed attention (`KPoolAttention`, transformers' Glm5NextTextAttention + Glm5NextTextIndexer): MLA
+(mla.py) with qk_rope_head_dim 0, whose keys are cut per query by a k-pool indexer:
+  index keys  k_s = k_norm(wk(x_s)) [di] and gate logits z_s = index_kpool_compress_gate · x_s [di]
+  pools       tokens w·m .. w·m+m-1 of a document (counted from its first token);
+              entry_w = Σ_slots softmax_slots(z + index_kpool_compress_ape[slot]) · k   (per channel)
+  scores      dsa.Indexer.index_scores over the entries: Σ_h w_h(t) relu(q_h(t)·entry_w / sqrt(di))
+  selected    the top index_topk / m complete pools the query may see (compressed_attention's
+              visible_entries: the pool ends at or before the query), as raw tokens, plus the
+              query's own incomplete pool (the tail: its (p+1) % m latest tokens, itself included)
+The selection is hard and made under no_grad (as transformers), so the indexer gets no gradient.
+"shared" layers (indexer_types) reuse the previous layer's selection (dsa.link_shared_indexers).
+Decoder layer: h [B, T, n, H];  x, post, comb = attn_hc(h);  h = merge(h, attn(norm(x)), post, comb);
+the same with mlp_hc and the MLP. The model expands the embeddings to n streams and averages them
+(transformers' Glm5NextTextHyperHead: an unweighted mean) before the final norm.
+Engine cache: indexed layers store the MLA latent [1, rkv], the index key and gate logits [1, di]
+each ("kv"); pools are re-formed from them every step (keys at absolute positions). KDA layers keep
+their conv window and delta state ("state").
+The vision tower's weights (`visual.*`) load and save with the checkpoint; images are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vf.models.compressed_attention import visible_entries
+from vf.models.config import ModelConfig
+from vf.models.dsa import Indexer, link_shared_indexers, top_k_mask
+from vf.models.hyper_connections import HyperConnection, expand
+from vf.models.kda import KimiDeltaAttention
+from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel
+from vf.models.mla import MLAttention
+from vf.models.moe import MoE
+from vf.models.transformer import NativeModel
+
+from vf.errors import UsageError
+
+
+class KPoolIndexer(Indexer):
+    """dsa.Indexer (wq_b, wk, k_norm, weights_proj; no rope here) scoring k-pools instead of tokens."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.pool, self.tail = config.index_kpool, config.index_kpool_always_select_tail
+        self.index_kpool_compress_ape = nn.Parameter(torch.empty(self.pool, self.di))
+        self.index_kpool_compress_gate = nn.Parameter(torch.empty(self.di, config.hidden_size))
+
+    def project(self, x, cos, sin):
+        """x [B, T, H] -> (index keys, gate logits) [B, 1, T, di]: what the engine cache stores."""
+        return self.key(x, cos, sin), F.linear(x, self.index_kpool_compress_gate)[:, None]
+
+    @torch.no_grad()
+    def select(self, x, q_lat, keys, gates, cos, sin, position_ids):
+        """One document: x [B, T, H], q_lat [B, T, rq], keys/gates [B, 1, S, di] of tokens at
+        positions 0..S-1, position_ids [B, T] -> bool [B, T, S]: the keys each query attends to."""
+        B, _, S, di = keys.shape
+        m, nw = self.pool, S // self.pool
+        k = keys[:, 0, : nw * m].unflatten(1, (nw, m))  # [B, Nw, m, di]
+        z = gates[:, 0, : nw * m].unflatten(1, (nw, m)).float() + self.index_kpool_compress_ape.float()
+        entries = (z.softmax(dim=2).to(k.dtype) * k).sum(dim=2)  # [B, Nw, di]
+        visible = visible_entries(position_ids, nw, m)  # [B, T, Nw]
+        picked = top_k_mask(self.index_scores(x, q_lat, entries[:, None], cos, sin, visible[:, None]), self.topk // m)
+        j = torch.arange(S, device=x.device)
+        pool_of = (j // m).clamp(max=max(nw - 1, 0)).expand(*picked.shape[:2], S)
+        chosen = picked.gather(-1, pool_of) if nw else torch.zeros_like(pool_of, dtype=torch.bool)
+        chosen = chosen & (j < nw * m)
+        p = position_ids[..., None]
+        tail = (j <= p) & (j >= p + 1 - (p + 1) % m)  # the query's incomplete pool
+        return chosen | tail if self.tail else chosen
+
+
+class KPoolAttention(MLAttention):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        # transformers' q_a_layernorm / kv_a_layernorm take rms_norm_eps here (mla.py's default is 1e-6)
+        self.q_a_norm.eps = self.kv_a_norm.eps = config.rms_norm_eps
+        self.di = config.index_head_dim
+        self.indexer = KPoolIndexer(config) if config.indexer_types[layer_idx] == "full" else None
+        self.source: tuple[KPoolAttention, ...] = (self,)  # shared layers: set by link_shared_indexers
+        self.selection: torch.Tensor | None = None
+        self.sparse = True  # False: attend to every visible key (the selection switched off)
+
+    def forward(self, x, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, H] -> [B, T, H]
+        refuse_context_parallel(mask, "GLM-5.3 k-pool indexed attention")
+        B, T, _ = x.shape
+        q, q_lat, latent, _ = self.project(x, cos, sin)
+        if self.indexer is not None:
+            keys, gates = self.indexer.project(x, cos, sin)
+        else:  # the index streams stay empty on shared layers
+            keys = gates = latent.new_zeros(B, 1, T, self.di)
+        if cache is not None:
+            (latent, keys, gates), mask = cache.store(self.layer_idx, latent, keys, gates)
+        S = latent.shape[2]
+        docs = mask.spans if isinstance(mask, Documents) and not mask.single else None
+        if isinstance(mask, Documents):
+            mask = mask.dense() if docs else None
+        if mask is None:  # plain causal over a block with no earlier keys
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)[None, None]
+        if self.indexer is not None:
+            self.selection = self._select(x, q_lat, keys, gates, cos, sin, position_ids, docs)
+        if self.sparse:
+            mask = mask & self.source[0].selection
+        return self.attend(q, latent, latent.new_zeros(B, 1, S, 0), mask, causal_none=False)
+
+    def _select(self, x, q_lat, keys, gates, cos, sin, position_ids, docs):
+        """bool [B, 1, T, S]: the indexer's keys per query; for packed rows per document (pools count
+        from each document's first token, no key crosses a document)."""
+        if docs is None:
+            return self.indexer.select(x, q_lat, keys, gates, cos, sin, position_ids)[:, None]
+        B, T, _ = x.shape
+        out = torch.zeros(B, 1, T, T, dtype=torch.bool, device=x.device)
+        for b, row in enumerate(docs):
+            for s, e in row:
+                out[b, 0, s:e, s:e] = self.indexer.select(
+                    x[b : b + 1, s:e], q_lat[b : b + 1, s:e], keys[b : b + 1, :, s:e], gates[b : b + 1, :, s:e],
+                    cos[b : b + 1, s:e], sin[b : b + 1, s:e], position_ids[b : b + 1, s:e])[0]
+        return out
+
+
+class Glm5NextLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.kind = config.layer_types[layer_idx]
+        H, eps = config.hidden_size, config.rms_norm_eps
+        self.attn_norm = RMSNorm(H, eps)
+        self.attn = (KimiDeltaAttention if self.kind == "linear_attention" else KPoolAttention)(config, layer_idx)
+        self.mlp_norm = RMSNorm(H, eps)
+        self.mlp = (MoE(config, config.moe_impl_for(layer_idx)) if config.is_moe_layer(layer_idx)
+                    else MLP(H, config.intermediate_size, limit=config.swiglu_limit))
+        self.attn_hc = HyperConnection(config)
+        self.mlp_hc = HyperConnection(config)
+
+    @property
+    def cache_kind(self) -> str:
+        return "state" if self.kind == "linear_attention" else "kv"
+
+    def forward(self, h, cos, sin, mask=None, cache=None, position_ids=None):  # [B, T, n, H]
+        x, post, comb = self.attn_hc(h)
+        h = self.attn_hc.merge(h, self.attn(self.attn_norm(x), cos, sin, mask, cache, position_ids), post, comb)
+        x, post, comb = self.mlp_hc(h)
+        return self.mlp_hc.merge(h, self.mlp(self.mlp_norm(x)), post, comb)
+
+
+class Glm5NextModel(NativeModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)  # embeddings, Glm5NextLayer layers, final norm, head
+        link_shared_indexers([layer.attn for layer in self.layers if layer.kind == "indexed_attention"])
+        self.visual = Glm5NextVisionWeights(config.vision) if config.vision is not None else None
+
+    def kv_streams(self) -> list[tuple[int, int]]:
+        c = self.config
+        return [(1, c.kv_lora_rank), (1, c.index_head_dim), (1, c.index_head_dim)]
+
+    def forward(self, input_ids, position_ids=None, cache=None, *, pixel_values=None, **_unused):
+        if pixel_values is not None:
+            raise UsageError("image inputs of GLM-5.3 (glm5_next) are not supported natively",
+                             hint="--model.impl hf runs them through transformers")
+        T = input_ids.shape[1]
+        position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
+        x = self.embed_tokens(input_ids)
+        nope = x.new_zeros(*position_ids.shape, 0)  # no rope: zero-width cos/sin
+        h = self.run_layers(expand(x, self.config.hc_mult), nope, nope, mask, cache=cache, position_ids=position_ids)
+        if cache is not None and hasattr(cache, "advance"):
+            cache.advance(T)
+        return self.norm(h.mean(dim=2))  # transformers' Glm5NextTextHyperHead
+
+
+class _VisionBlock(nn.Module):
+    def __init__(self, v: dict):
+        super().__init__()
+        H, heads, I, bias = v["hidden_size"], v["num_heads"], v["intermediate_size"], v["attention_bias"]
+        self.norm1, self.norm2 = RMSNorm(H, v["rms_norm_eps"]), RMSNorm(H, v["rms_norm_eps"])
+        self.attn = nn.Module()
+        self.attn.qkv, self.attn.proj = nn.Linear(H, 3 * H, bias=bias), nn.Linear(H, H, bias=bias)
+        self.attn.q_norm, self.attn.k_norm = RMSNorm(H // heads, v["rms_norm_eps"]), RMSNorm(H // heads, v["rms_norm_eps"])
+        self.mlp = nn.Module()
+        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(H, I, bias=bias), nn.Linear(H, I, bias=bias)
+        self.mlp.down_proj = nn.Linear(I, H, bias=bias)
+
+
+class Glm5NextVisionWeights(nn.Module):
+    """The parameters of transformers' Glm5NextVisionModel under their HF names (`visual.*` =
+    `model.visual.*`), so a checkpoint loads and saves whole; no forward (images are refused)."""
+
+    DEFAULTS = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
+                "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 1536, "intermediate_size": 4096,
+                "projection_intermediate_size": 10240, "attention_bias": True, "rms_norm_eps": 1e-5}
+
+    def __init__(self, vision: dict):
+        super().__init__()
+        v = {**self.DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
+        H, out, ctx, p, tp = (v["hidden_size"], v["out_hidden_size"], v["projection_intermediate_size"],
+                              v["patch_size"], v["temporal_patch_size"])
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv3d(v["in_channels"], H, kernel_size=(tp, p, p), stride=(tp, p, p))
+        self.blocks = nn.ModuleList(_VisionBlock(v) for _ in range(v["depth"]))
+        self.post_layernorm = RMSNorm(H, v["rms_norm_eps"])
+        m = v["spatial_merge_size"]
+        self.downsample = nn.Conv2d(H, out, kernel_size=m, stride=m)
+        self.merger = nn.Module()
+        self.merger.proj = nn.Linear(out, out, bias=False)
+        self.merger.post_projection_norm = nn.LayerNorm(out)
+        self.merger.gate_proj, self.merger.up_proj = nn.Linear(out, ctx, bias=False), nn.Linear(out, ctx, bias=False)
+        self.merger.down_proj = nn.Linear(ctx, out, bias=False)
