@@ -24,7 +24,9 @@ the same with mlp_hc and the MLP. The model expands the embeddings to n streams 
 Engine cache: indexed layers store the MLA latent [1, rkv], the index key and gate logits [1, di]
 each ("kv"); pools are re-formed from them every step (keys at absolute positions). KDA layers keep
 their conv window and delta state ("state").
-The vision tower's weights (`visual.*`) load and save with the checkpoint; images are refused.
+Images (`compute_logits(ids, pixel_values=, image_grid_thw=)`): `Glm5NextVision` embeds them and the
+embeddings replace the image tokens (no positions to adjust: the text model has no rope); videos are
+refused. The engine and trainer run text prompts (no image processor is wired for this family).
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from vf.models.config import ModelConfig
 from vf.models.dsa import Indexer, link_shared_indexers, top_k_mask
 from vf.models.hyper_connections import HyperConnection, expand
 from vf.models.kda import KimiDeltaAttention
-from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel
+from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel, swiglu
 from vf.models.mla import MLAttention
 from vf.models.moe import MoE
 from vf.models.transformer import NativeModel
+from vf.models.vision import PatchEmbed, _patch_coords, _rope
 
 from vf.errors import UsageError
 
@@ -154,60 +157,132 @@ class Glm5NextModel(NativeModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)  # embeddings, Glm5NextLayer layers, final norm, head
         link_shared_indexers([layer.attn for layer in self.layers if layer.kind == "indexed_attention"])
-        self.visual = Glm5NextVisionWeights(config.vision) if config.vision is not None else None
+        self.visual = Glm5NextVision(config.vision) if config.vision is not None else None
+        self.image_token_id = config.image_token_id
 
     def kv_streams(self) -> list[tuple[int, int]]:
         c = self.config
         return [(1, c.kv_lora_rank), (1, c.index_head_dim), (1, c.index_head_dim)]
 
-    def forward(self, input_ids, position_ids=None, cache=None, *, pixel_values=None, **_unused):
-        if pixel_values is not None:
-            raise UsageError("image inputs of GLM-5.3 (glm5_next) are not supported natively",
+    def forward(self, input_ids, position_ids=None, cache=None, *, pixel_values=None, image_grid_thw=None,
+                pixel_values_videos=None, **_unused):
+        if pixel_values_videos is not None:
+            raise UsageError("video inputs of GLM-5.3 (glm5_next) are not supported natively",
                              hint="--model.impl hf runs them through transformers")
         T = input_ids.shape[1]
         position_ids, mask = positions_and_mask(input_ids, position_ids, cache)
         x = self.embed_tokens(input_ids)
+        if pixel_values is not None:  # no rope in the text model: image embeddings just take their tokens' places
+            refuse_context_parallel(mask, "image inputs of GLM-5.3")
+            if image_grid_thw is None or self.visual is None:
+                raise UsageError("image inputs of GLM-5.3 need image_grid_thw and a checkpoint with a vision tower")
+            embeds = self.visual(pixel_values, image_grid_thw)
+            image_mask = input_ids == self.image_token_id
+            if int(image_mask.sum()) != embeds.shape[0]:
+                raise UsageError(f"the prompt holds {int(image_mask.sum())} image tokens and the images give "
+                                 f"{embeds.shape[0]}")
+            x = x.masked_scatter(image_mask[..., None], embeds.to(x.dtype))
         nope = x.new_zeros(*position_ids.shape, 0)  # no rope: zero-width cos/sin
         h = self.run_layers(expand(x, self.config.hc_mult), nope, nope, mask, cache=cache, position_ids=position_ids)
         if cache is not None and hasattr(cache, "advance"):
             cache.advance(T)
         return self.norm(h.mean(dim=2))  # transformers' Glm5NextTextHyperHead
 
+    def compute_logits(self, input_ids, position_ids=None, cache=None, **mm):
+        return self.forward(input_ids, position_ids, cache, **mm) @ self.lm_head_weight.t()  # [B, T, V]
 
-class _VisionBlock(nn.Module):
+
+class VisionAttention(nn.Module):
+    """Full attention within each image frame; q and k RMS-normed per head, then the 2-D rope."""
+
     def __init__(self, v: dict):
         super().__init__()
-        H, heads, I, bias = v["hidden_size"], v["num_heads"], v["intermediate_size"], v["attention_bias"]
-        self.norm1, self.norm2 = RMSNorm(H, v["rms_norm_eps"]), RMSNorm(H, v["rms_norm_eps"])
-        self.attn = nn.Module()
-        self.attn.qkv, self.attn.proj = nn.Linear(H, 3 * H, bias=bias), nn.Linear(H, H, bias=bias)
-        self.attn.q_norm, self.attn.k_norm = RMSNorm(H // heads, v["rms_norm_eps"]), RMSNorm(H // heads, v["rms_norm_eps"])
-        self.mlp = nn.Module()
-        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(H, I, bias=bias), nn.Linear(H, I, bias=bias)
-        self.mlp.down_proj = nn.Linear(I, H, bias=bias)
+        H, self.nh, bias, eps = v["hidden_size"], v["num_heads"], v["attention_bias"], v["rms_norm_eps"]
+        self.qkv, self.proj = nn.Linear(H, 3 * H, bias=bias), nn.Linear(H, H, bias=bias)
+        self.q_norm, self.k_norm = RMSNorm(H // self.nh, eps), RMSNorm(H // self.nh, eps)
+
+    def forward(self, x, cos, sin, seqlens: list[int]):  # x [N, E], cos/sin [N, hd]
+        N, E = x.shape
+        q, k, v = self.qkv(x).reshape(N, 3, self.nh, -1).unbind(1)  # each [N, nh, hd]
+        q, k = _rope(self.q_norm(q), cos, sin), _rope(self.k_norm(k), cos, sin)  # vision.py's (fp32)
+        out = [F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None])[0]
+               for qi, ki, vi in zip(q.split(seqlens), k.split(seqlens), v.split(seqlens))]  # [nh, n_i, hd]
+        return self.proj(torch.cat(out, dim=1).transpose(0, 1).reshape(N, E))
 
 
-class Glm5NextVisionWeights(nn.Module):
-    """The parameters of transformers' Glm5NextVisionModel under their HF names (`visual.*` =
-    `model.visual.*`), so a checkpoint loads and saves whole; no forward (images are refused)."""
+class ClippedSwiGLU(nn.Module):
+    """down(silu(min(gate, limit)) · clamp(up, ±limit)) with separate gate/up projections (HF names)."""
+
+    def __init__(self, dim: int, inner: int, bias: bool, limit: float):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(dim, inner, bias=bias), nn.Linear(dim, inner, bias=bias)
+        self.down_proj, self.limit = nn.Linear(inner, dim, bias=bias), limit
+
+    def forward(self, x):
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, v: dict):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(v["hidden_size"], v["rms_norm_eps"]), RMSNorm(v["hidden_size"], v["rms_norm_eps"])
+        self.attn = VisionAttention(v)
+        self.mlp = ClippedSwiGLU(v["hidden_size"], v["intermediate_size"], v["attention_bias"], v["swiglu_limit"])
+
+    def forward(self, x, cos, sin, seqlens):
+        x = x + self.attn(self.norm1(x), cos, sin, seqlens)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(ClippedSwiGLU):
+    """proj, LayerNorm, GELU, then the clipped SwiGLU (transformers' Glm5NextVisionPatchMerger)."""
+
+    def __init__(self, v: dict):
+        out = v["out_hidden_size"]
+        super().__init__(out, v["projection_intermediate_size"], False, v["swiglu_limit"])
+        self.proj = nn.Linear(out, out, bias=False)
+        self.post_projection_norm = nn.LayerNorm(out)
+
+    def forward(self, x):
+        return super().forward(F.gelu(self.post_projection_norm(self.proj(x))))
+
+
+class Glm5NextVision(nn.Module):
+    """transformers' Glm5NextVisionModel (`visual.*` = HF `model.visual.*`, same names): patch embedding (vision.PatchEmbed), blocks with the axial 2-D
+    rope over each patch's (row, col), RMSNorm, an m×m strided conv that merges each block of m²
+    patches into one text token, and the merger. forward(pixel_values [N, D], grid_thw [n, 3]) ->
+    image embeddings [N/m², out_hidden_size] (patches block-major, as vision.py)."""
 
     DEFAULTS = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
                 "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 1536, "intermediate_size": 4096,
-                "projection_intermediate_size": 10240, "attention_bias": True, "rms_norm_eps": 1e-5}
+                "projection_intermediate_size": 10240, "attention_bias": True, "rms_norm_eps": 1e-5,
+                "swiglu_limit": 10.0}  # transformers' Glm5NextVisionConfig
 
     def __init__(self, vision: dict):
         super().__init__()
         v = {**self.DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
-        H, out, ctx, p, tp = (v["hidden_size"], v["out_hidden_size"], v["projection_intermediate_size"],
-                              v["patch_size"], v["temporal_patch_size"])
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv3d(v["in_channels"], H, kernel_size=(tp, p, p), stride=(tp, p, p))
-        self.blocks = nn.ModuleList(_VisionBlock(v) for _ in range(v["depth"]))
-        self.post_layernorm = RMSNorm(H, v["rms_norm_eps"])
-        m = v["spatial_merge_size"]
-        self.downsample = nn.Conv2d(H, out, kernel_size=m, stride=m)
-        self.merger = nn.Module()
-        self.merger.proj = nn.Linear(out, out, bias=False)
-        self.merger.post_projection_norm = nn.LayerNorm(out)
-        self.merger.gate_proj, self.merger.up_proj = nn.Linear(out, ctx, bias=False), nn.Linear(out, ctx, bias=False)
-        self.merger.down_proj = nn.Linear(ctx, out, bias=False)
+        self.merge, self.head_dim = v["spatial_merge_size"], v["hidden_size"] // v["num_heads"]
+        self.theta = float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        self.patch_embed = PatchEmbed(v)
+        self.blocks = nn.ModuleList(VisionBlock(v) for _ in range(v["depth"]))
+        self.post_layernorm = RMSNorm(v["hidden_size"], v["rms_norm_eps"])
+        self.downsample = nn.Conv2d(v["hidden_size"], v["out_hidden_size"], kernel_size=self.merge, stride=self.merge)
+        self.merger = PatchMerger(v)
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        grids = [tuple(int(g) for g in row) for row in grid_thw.tolist()]
+        rows, cols = _patch_coords(grids, self.merge, pixel_values.device)
+        x = self.patch_embed(pixel_values)
+        # axial rope: the same frequencies (over head_dim/2) for rows and columns, one half each
+        quarter = self.head_dim // 2
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, quarter, 2, dtype=torch.float, device=x.device) / quarter))
+        freqs = torch.cat((rows[:, None].float() * inv_freq, cols[:, None].float() * inv_freq), -1)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [N, hd]
+        cos, sin = emb.cos(), emb.sin()
+        seqlens = [h * w for t, h, w in grids for _ in range(t)]
+        for block in self.blocks:
+            x = block(x, cos, sin, seqlens)
+        x = self.post_layernorm(x)
+        m = self.merge
+        x = self.downsample(x.view(-1, m, m, x.shape[-1]).permute(0, 3, 1, 2)).flatten(1)  # [N/m², out]
+        return self.merger(x)

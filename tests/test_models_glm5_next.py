@@ -2,7 +2,7 @@
 transformers, on random tiny configs shrunk from transformers' Glm5NextTextConfig defaults: fp32 logits
 (both MoE paths), packed rows, cached decode, the engine's greedy continuation and log-probs, the HF
 round trip (vision tower weights included), each mechanism mattering, broken checkpoints and configs,
-and vf-train. Every tensor is random (transformers zero/one-inits the k-pool ape and gate, norms, biases,
+vf-train, and image prompts through the vision tower. Every tensor is random (transformers zero/one-inits the k-pool ape and gate, norms, biases,
 the expert-selection bias and A_log), so each one reaches the logits.
 
 The indexer's top-k has no defined order for exactly tied pool scores (every index head's ReLU at 0):
@@ -173,11 +173,41 @@ def test_glm5_next_configs_transformers_would_not_run_are_refused(saved):
     assert ModelConfig.from_hf_dict({**cfg, "text_config": {**text, **legacy}}).linear_lower_bound is None
 
 
-def test_glm5_next_image_inputs_are_refused(saved):
+def _image_prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
+    """Token ids: text, then per image <start> pads <end> and some text; and random patches."""
+    ids = list(text)
+    for i, (t, h, w) in enumerate(grids):
+        ids += [502] + [500] * (t * h * w // 4) + [503] + list(gap if i < len(grids) - 1 else tail)
+    g = torch.Generator().manual_seed(len(ids))
+    return ids, torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 4 * 4, generator=g)
+
+
+def test_glm5_next_image_prompts_match_transformers(saved):
+    """Two images (8x8 and 4x6 patches) in a 33-token prompt: logits equal transformers' (the vision
+    tower's rope, q/k norms, merge conv and clipped SwiGLU merger); without the pixels they move; a
+    wrong image-token count and video inputs are refused; packed with a text document it gives the
+    documents' own logits."""
     from vf.errors import UsageError
 
-    with pytest.raises(UsageError, match="image inputs"):
-        load_model(saved[1])(IDS[:1, :8], pixel_values=torch.zeros(4, 3 * 2 * 4 * 4))
+    hf, d = saved
+    model = load_model(d)
+    grids = [(1, 8, 8), (1, 4, 6)]
+    p, px = _image_prompt(grids)
+    ids = torch.tensor([p])
+    kw = {"pixel_values": px, "image_grid_thw": torch.tensor(grids)}
+    with torch.no_grad():
+        out = model.compute_logits(ids, **kw)
+        assert (out - hf(input_ids=ids, **kw).logits).abs().max().item() <= 1e-4
+        assert (model.compute_logits(ids) - out).abs().max().item() > 1e-3
+        with pytest.raises(UsageError, match="image tokens"):
+            model.compute_logits(IDS[:1, :10], **kw)
+        with pytest.raises(UsageError, match="video inputs"):
+            model.compute_logits(ids, pixel_values_videos=px)
+        text = IDS[1, :12]
+        packed, pos = torch.cat([ids[0], text])[None], torch.cat([torch.arange(len(p)), torch.arange(12)])[None]
+        got = model.compute_logits(packed, pos, **kw)[0]
+        sep = torch.cat([out[0], model.compute_logits(text[None])[0]])
+        assert (got - sep).abs().max().item() <= 1e-5
 
 
 def test_glm5_next_native_build_saves_and_reloads(saved, tmp_path):
