@@ -78,10 +78,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, resets=None, ch
         decay = (gs[..., :, None] - gs[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [.., i, j]: j -> i
         system = (k_beta @ k.transpose(-1, -2)) * decay  # its strictly-lower part is the UT system (unit diagonal)
         intra = (q @ k.transpose(-1, -2)) * decay  # causal within the chunk (diagonal included)
-    else:  # per key channel [.., i, j, dk] (no factoring exp(g_i)·exp(-g_j): it would overflow in long chunks)
-        decay = (g[..., :, None, :] - g[..., None, :, :]).masked_fill(upper[..., None], float("-inf")).exp()
-        system = (k_beta[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
-        intra = (q[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+    else:  # per key channel: decay [.., i, j, dk], one chunk at a time to bound memory (no factoring
+        # exp(g_i)·exp(-g_j) into matmuls: it overflows fp32 once a chunk's log decay passes ~88)
+        system, intra = [], []
+        for i in range(n):
+            gi = g[:, :, i]
+            decay = (gi[..., :, None, :] - gi[..., None, :, :]).masked_fill(upper[..., None], float("-inf")).exp()
+            kd = k[:, :, i, None, :, :] * decay  # [B, nv, L, L, dk]
+            system.append((k_beta[:, :, i, :, None, :] * kd).sum(-1))
+            intra.append((q[:, :, i, :, None, :] * kd).sum(-1))
+        system, intra = torch.stack(system, dim=2), torch.stack(intra, dim=2)
     # one solve for both right-hand sides (values and decayed keys): half the LAPACK calls
     rhs = torch.cat([v_beta, k_beta * g.exp()], dim=-1)
     new_v, k_cum = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, dk], dim=-1)

@@ -1,4 +1,4 @@
-"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration) on text prompts: linear-attention
+"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration): linear-attention
 (KDA, kda.py) and indexed-attention layers (`config.layer_types`), hyper-connection residual streams
 (hyper_connections.py, DeepSeek-V4's mHC math), dense then sparse MLPs with SwiGLU clipped at
 `swiglu_limit` (moe.py: sigmoid router with expert bias, shared expert). No rope anywhere in the text
@@ -37,6 +37,7 @@ from torch import nn
 from vf.models.compressed_attention import visible_entries
 from vf.models.config import ModelConfig
 from vf.models.dsa import Indexer, link_shared_indexers, top_k_mask
+from vf.models.glm5_next_spec import VISION_DEFAULTS
 from vf.models.hyper_connections import HyperConnection, expand
 from vf.models.kda import KimiDeltaAttention
 from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel, swiglu
@@ -65,7 +66,7 @@ class KPoolIndexer(Indexer):
     def select(self, x, q_lat, keys, gates, cos, sin, position_ids):
         """One document: x [B, T, H], q_lat [B, T, rq], keys/gates [B, 1, S, di] of tokens at
         positions 0..S-1, position_ids [B, T] -> bool [B, T, S]: the keys each query attends to."""
-        B, _, S, di = keys.shape
+        S = keys.shape[2]
         m, nw = self.pool, S // self.pool
         k = keys[:, 0, : nw * m].unflatten(1, (nw, m))  # [B, Nw, m, di]
         z = gates[:, 0, : nw * m].unflatten(1, (nw, m)).float() + self.index_kpool_compress_ape.float()
@@ -248,19 +249,15 @@ class PatchMerger(ClippedSwiGLU):
 
 
 class Glm5NextVision(nn.Module):
-    """transformers' Glm5NextVisionModel (`visual.*` = HF `model.visual.*`, same names): patch embedding (vision.PatchEmbed), blocks with the axial 2-D
-    rope over each patch's (row, col), RMSNorm, an m×m strided conv that merges each block of m²
-    patches into one text token, and the merger. forward(pixel_values [N, D], grid_thw [n, 3]) ->
+    """transformers' Glm5NextVisionModel (`visual.*` = HF `model.visual.*`, same names): patch
+    embedding (vision.PatchEmbed), blocks with the axial 2-D rope over each patch's (row, col),
+    RMSNorm, an m×m strided conv that merges each block of m² patches into one text token, and the
+    merger. forward(pixel_values [N, D], grid_thw [n, 3]) ->
     image embeddings [N/m², out_hidden_size] (patches block-major, as vision.py)."""
-
-    DEFAULTS = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
-                "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 1536, "intermediate_size": 4096,
-                "projection_intermediate_size": 10240, "attention_bias": True, "rms_norm_eps": 1e-5,
-                "swiglu_limit": 10.0}  # transformers' Glm5NextVisionConfig
 
     def __init__(self, vision: dict):
         super().__init__()
-        v = {**self.DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
+        v = {**VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
         self.merge, self.head_dim = v["spatial_merge_size"], v["hidden_size"] // v["num_heads"]
         self.theta = float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         self.patch_embed = PatchEmbed(v)

@@ -70,6 +70,10 @@ NEW_FIELDS: dict[str, Any] = {
 TOP_DEFAULTS = {"image_token_id": 154854, "video_token_id": 154855, "image_start_token_id": 154830,
                 "image_end_token_id": 154831, "video_start_token_id": 154832, "video_end_token_id": 154833}
 LAYER_KINDS = ("linear_attention", "indexed_attention")
+VISION_DEFAULTS = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channels": 3, "patch_size": 14,
+                   "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 1536, "intermediate_size": 4096,
+                   "projection_intermediate_size": 10240, "attention_bias": True, "rms_norm_eps": 1e-5,
+                   "swiglu_limit": 10.0}  # transformers' Glm5NextVisionConfig, for keys a vision_config leaves out
 
 
 def unnest(d: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -48,10 +48,11 @@ TOP = {"image_token_id": 500, "video_token_id": 501, "image_start_token_id": 502
 IDS = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(1))
 
 
-def build(out, seed=0, **text):
-    """A random tiny Glm5NextForConditionalGeneration checkpoint in `out` (tiny tokenizer); the HF model."""
+def build(out, seed=0, drop=(), **text):
+    """A random tiny Glm5NextForConditionalGeneration checkpoint in `out` (tiny tokenizer), the text
+    config's `drop` keys left to transformers' defaults; returns the HF model."""
     hf = build_conditional_generation("glm5_next", out, seed,
-                                      configs=({k: v for k, v in {**TEXT, **text}.items() if v is not None}, VISION, TOP))
+                                      configs=({k: v for k, v in {**TEXT, **text}.items() if k not in drop}, VISION, TOP))
     hf.config._attn_implementation = hf.config.text_config._attn_implementation = "eager"
     return hf
 
@@ -118,7 +119,7 @@ def test_glm5_next_selection_drops_keys_and_each_mechanism_matters(saved):
             assert moved(lambda p=p: p.zero_(), lambda p=p, kept=kept: p.copy_(kept)) > 1e-4
         kda = model.layers[0].attn
         decay = kda.decay
-        per_head = lambda x: decay(x).mean(-1, keepdim=True).expand(-1, -1, -1, kda.d)  # noqa: E731
+        per_head = lambda x: decay(x).mean(-1, keepdim=True).expand(-1, -1, -1, kda.d)
         assert moved(lambda: setattr(kda, "decay", per_head), lambda: setattr(kda, "decay", decay)) > 1e-4
 
 
@@ -221,6 +222,39 @@ def test_glm5_next_native_build_saves_and_reloads(saved, tmp_path):
         assert (hf_logits(hf, IDS) - ours).abs().max().item() <= 1e-4
 
 
+def test_glm5_next_gradients_match_transformers(saved):
+    """The training path: the mean next-token log-prob's gradients equal transformers' (KDA's
+    per-channel chunked scan and its backward, the forget gate, MLA, the streams, router, embeddings)."""
+    hf, d = saved
+    model = load_model(d)
+    ids = IDS[:, :36]
+
+    def loss(logits):
+        return torch.log_softmax(logits, -1)[:, :-1].gather(2, ids[:, 1:, None]).mean()
+
+    hf.zero_grad()
+    loss(hf(input_ids=ids).logits).backward()
+    loss(model.compute_logits(ids)).backward()
+    P, A = "model.language_model.", "model.language_model.layers.{}.self_attn."
+    pairs = {"embed_tokens.weight": P + "embed_tokens.weight",
+             "layers.0.attn.f_a_proj.weight": A.format(0) + "forget_gate.f_a_proj.weight",
+             "layers.0.attn.A_log": A.format(0) + "forget_gate.A_log",
+             "layers.3.attn.dt_bias": A.format(3) + "forget_gate.dt_bias",
+             "layers.0.attn.conv_weight": A.format(0) + "conv1d.weight",
+             "layers.3.attn.o_norm.weight": A.format(3) + "o_norm.weight",
+             "layers.1.attn.kv_b_proj.weight": A.format(1) + "kv_b_proj.weight",
+             "layers.2.attn.q_b_proj.weight": A.format(2) + "q_b_proj.weight",
+             "layers.1.attn_hc.fn": P + "layers.1.attn_hc.fn",
+             "layers.2.mlp_hc.scale": P + "layers.2.ffn_hc.scale",
+             "layers.2.mlp.router.weight": P + "layers.2.mlp.gate.weight"}
+    ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
+    for a, b in pairs.items():
+        g, want = ours[a].grad, theirs[b].grad
+        assert g is not None and want.abs().max() > 0, a
+        assert (g - want).abs().max().item() <= 1e-5 + 1e-3 * want.abs().max().item(), a
+    hf.zero_grad()
+
+
 def test_glm5_next_activation_checkpointing_same_loss_and_grads(saved):
     model = load_model(saved[1])
     ids, pos = IDS[:1, :30], torch.cat([torch.arange(12), torch.arange(18)])[None]
@@ -254,7 +288,7 @@ def test_glm5_next_layers_refuse_context_parallel_slices(saved):
 # ---- a sweep of configs against transformers --------------------------------------------------------
 SWEEP = {
     "softplus_decay": {"linear_lower_bound": None},  # -exp(A_log)·softplus(f) instead of the lower bound
-    "default_pattern_grouped_router": {"layer_types": None, "indexer_types": None, "mlp_layer_types": None,
+    "default_pattern_grouped_router": {"drop": ("layer_types", "indexer_types", "mlp_layer_types"),
                                        "n_routed_experts": 8, "n_group": 2, "topk_group": 1},
     "every_pool_selected": {"index_topk": 64},
     "single_token_pools": {"index_kpool": 1, "index_topk": 5},
@@ -268,6 +302,7 @@ def test_glm5_next_sweep_matches_transformers(case, tmp_path):
     """Each config: logits, packed rows, cached decode (70 tokens: the KDA scan crosses a chunk)."""
     hf = build(tmp_path / "hf", seed=4, **SWEEP[case])
     model = load_model(tmp_path / "hf")
+    assert model.config.linear_lower_bound == hf.config.text_config.linear_lower_bound
     with torch.no_grad():
         diff = (model.compute_logits(SWEEP_IDS) - hf_logits(hf, SWEEP_IDS)).abs().max().item()
     assert diff <= 1e-4, f"{case}: max abs logit diff {diff}"
