@@ -13,6 +13,8 @@ Parameters (native names under `layers.{i}.attn.`):
   out_proj [H, vd]
 Per token t and value head (state S [dk, dv], fp32), with q, k L2-normalised and q scaled by dk^-1/2,
 beta = sigmoid(b):  S = exp(g) S;  S = S + k (beta (v - Sᵀk))ᵀ;  o = Sᵀq   (the gated delta rule).
+The kernels also take one decay per key channel (g [.., dk]: S = diag(exp(g)) S), which is Kimi
+Delta Attention's rule (models/kda.py).
 The chunked form (transformers' `torch_chunk_gated_delta_rule`, WY/UT transform inside each chunk of
 L tokens, a sequential scan over chunks) computes the same outputs; value head h reads key head h//r.
 Under context parallelism (`ShardedMask`) the projections and the gated norm run on the rank's
@@ -45,39 +47,53 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def _heads_first(q, k, v, g, beta):
-    """[B, T, h, d] inputs -> fp32 [B, nv, T, d] (keys repeated to the value heads), q/k normalised."""
+    """[B, T, h, d] inputs -> fp32 [B, nv, T, d] (keys repeated to the value heads), q/k normalised;
+    g -> [B, nv, T, 1] (one decay per head) or [B, nv, T, dk] (one per key channel)."""
     r = v.shape[2] // k.shape[2]
     if r > 1:
         q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
     q, k, v, g, beta = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, g, beta))
-    return l2norm(q) * q.shape[-1] ** -0.5, l2norm(k), v, g, beta
+    return l2norm(q) * q.shape[-1] ** -0.5, l2norm(k), v, g if g.dim() == 4 else g[..., None], beta
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, resets=None, chunk: int = CHUNK):
-    """q/k [B, T, nk, dk], v [B, T, nv, dv], g/beta [B, T, nv]; initial_state [B, nv, dk, dv] or None;
-    resets bool [B, T/L] (T a multiple of L then): the carried state restarts at those chunks.
-    Returns (out [B, T, nv, dv] in v's dtype, final state [B, nv, dk, dv] fp32)."""
+    """q/k [B, T, nk, dk], v [B, T, nv, dv], beta [B, T, nv], g [B, T, nv] (one log decay per head) or
+    [B, T, nv, dk] (one per key channel: Kimi Delta Attention, models/kda.py); initial_state
+    [B, nv, dk, dv] or None; resets bool [B, T/L] (T a multiple of L then): the carried state
+    restarts at those chunks. Returns (out [B, T, nv, dv] in v's dtype, final state [B, nv, dk, dv] fp32)."""
     dtype, (B, T, nv, dv) = v.dtype, v.shape
-    q, k, v, g, beta = _heads_first(q, k, v, g, beta)
+    q, k, v, g, beta = _heads_first(q, k, v, g, beta)  # g [B, nv, T, 1 | dk]
     dk = q.shape[-1]
     pad = (-T) % chunk
     if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, pad))
     n = (T + pad) // chunk
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
-    q, k, k_beta, v_beta = (x.reshape(B, nv, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    g = g.reshape(B, nv, n, chunk).cumsum(-1)  # cumulative log decay inside each chunk
+    q, k, k_beta, v_beta, g = (x.reshape(B, nv, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta, g))
+    g = g.cumsum(-2)  # cumulative log decay inside each chunk
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [.., i, j]: j -> i
-    system = (k_beta @ k.transpose(-1, -2)) * decay  # its strictly-lower part is the UT system (unit diagonal)
-    intra = (q @ k.transpose(-1, -2)) * decay  # causal within the chunk (diagonal included)
+    if g.shape[-1] == 1:  # one decay per head: the decay j -> i is a scalar, the products stay matmuls
+        gs = g[..., 0]
+        decay = (gs[..., :, None] - gs[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [.., i, j]: j -> i
+        system = (k_beta @ k.transpose(-1, -2)) * decay  # its strictly-lower part is the UT system (unit diagonal)
+        intra = (q @ k.transpose(-1, -2)) * decay  # causal within the chunk (diagonal included)
+    else:  # per key channel: decay [.., i, j, dk], one chunk at a time to bound memory (no factoring
+        # exp(g_i)·exp(-g_j) into matmuls: it overflows fp32 once a chunk's log decay passes ~88)
+        system, intra = [], []
+        for i in range(n):
+            gi = g[:, :, i]
+            decay = (gi[..., :, None, :] - gi[..., None, :, :]).masked_fill(upper[..., None], float("-inf")).exp()
+            kd = k[:, :, i, None, :, :] * decay  # [B, nv, L, L, dk]
+            system.append((k_beta[:, :, i, :, None, :] * kd).sum(-1))
+            intra.append((q[:, :, i, :, None, :] * kd).sum(-1))
+        system, intra = torch.stack(system, dim=2), torch.stack(intra, dim=2)
     # one solve for both right-hand sides (values and decayed keys): half the LAPACK calls
-    rhs = torch.cat([v_beta, k_beta * g.exp()[..., None]], dim=-1)
+    rhs = torch.cat([v_beta, k_beta * g.exp()], dim=-1)
     new_v, k_cum = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, dk], dim=-1)
-    q = q * g.exp()[..., None]
-    k = k * (g[..., -1:] - g).exp()[..., None]
-    chunk_decay = g[..., -1].exp()[..., None, None]  # [B, nv, n, 1, 1]
+    q = q * g.exp()
+    k = k * (g[..., -1:, :] - g).exp()
+    chunk_decay = g[..., -1, :].exp()[..., None]  # [B, nv, n, 1 | dk, 1]
     S = (torch.zeros(B, nv, dk, dv, dtype=torch.float32, device=q.device) if initial_state is None
          else initial_state.float())
     keep = None if resets is None else (~resets).float()[:, None, :, None, None]  # [B, 1, n, 1, 1]
@@ -99,7 +115,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
     S = torch.zeros(B, nv, q.shape[-1], dv, dtype=torch.float32, device=q.device) if state is None else state.float()
     out = torch.empty_like(v)
     for t in range(T):
-        S = S * g[:, :, t].exp()[..., None, None]
+        S = S * g[:, :, t].exp()[..., None]  # [B, nv, 1 | dk, 1]
         delta = (v[:, :, t] - (S * k[:, :, t, :, None]).sum(-2)) * beta[:, :, t, None]  # [B, nv, dv]
         S = S + k[:, :, t, :, None] * delta[:, :, None, :]
         out[:, :, t] = (S * q[:, :, t, :, None]).sum(-2)
@@ -107,17 +123,20 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
 
 
 class GatedRMSNorm(nn.Module):
-    """norm(x) * w * silu(gate) over the last dim (norm before gate, as transformers' RMSNormGated)."""
+    """norm(x) * w * silu(gate) over the last dim (norm before gate, as transformers' RMSNormGated);
+    act="sigmoid" (Kimi Delta Attention): norm(x) * w * sigmoid(gate), all in fp32 (its strict-fp32 norm)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, act: str = "silu"):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.act = eps, act
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.act == "sigmoid":
+            return (self.weight.float() * x * torch.sigmoid(gate.float())).to(dtype)
         x = self.weight * x.to(dtype)
         return (x * F.silu(gate.float())).to(dtype)
 
