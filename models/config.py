@@ -25,6 +25,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vf.models import kimi_k25_spec as KIMI  # kimi_k25 (registry)
 from vf.models.errors import ModelLoadError
 
 # model_type -> HF architectures entry
@@ -48,6 +49,7 @@ ARCHITECTURES = {
     "nemotron_h": "NemotronHForCausalLM",
     "qwen4_exp_text": "Qwen4ExpForCausalLM",  # Qwen3.8 Flash Next's text model (models/qwen4_exp.py)
     "qwen4_exp": "Qwen4ExpForConditionalGeneration",  # nests a qwen4_exp_text model (text prompts only)
+    KIMI.MODEL_TYPE: KIMI.ARCHITECTURE,  # kimi_k25 (registry)
 }
 # gated DeltaNet + gated full attention, zero-centred (1 + w) RMSNorm (the Qwen "Next" line)
 DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -601,16 +603,16 @@ class ModelConfig:
 
 
 # ---- vision-language families: config.json nests the text model under text_config ----------------
-VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe", "qwen4_exp")
+VL_ARCHITECTURES = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe", "qwen4_exp", KIMI.MODEL_TYPE)  # kimi_k25 (registry)
 _VL_TEXT_TYPE = {"qwen3_vl": "qwen3_vl_text", "qwen3_5": "qwen3_5_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
-                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP}
+                 "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP, KIMI.MODEL_TYPE: KIMI.TEXT_TYPE}  # kimi_k25 (registry)
 # the native text family a VL config's text_config is read as (Qwen3-VL's decoder is Qwen3 with M-RoPE,
 # Qwen3-VL-MoE's Qwen3-MoE with M-RoPE; the Qwen3.5 ones are the gated-DeltaNet hybrids)
 _VL_NATIVE_TEXT = {"qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5_text", "qwen3_vl_moe": "qwen3_vl_moe",
-                   "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP}
+                   "qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": QWEN4_EXP, KIMI.MODEL_TYPE: KIMI.TEXT_TYPE}  # kimi_k25 (registry)
 # transformers' mrope_section when the text rope parameters leave it out (its text rotary embeddings)
 _VL_MROPE_DEFAULT = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10], "qwen3_vl_moe": [24, 20, 20],
-                     "qwen3_5_moe": [11, 11, 10], "qwen4_exp": [11, 11, 10]}
+                     "qwen3_5_moe": [11, 11, 10], "qwen4_exp": [11, 11, 10], KIMI.MODEL_TYPE: []}  # kimi_k25 (registry)
 
 
 def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
@@ -633,13 +635,17 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
                            source)
     half = cfg.rotary_dim // 2
     cfg.mrope_section = list(mrope) if mrope is not None else list(_VL_MROPE_DEFAULT[d["model_type"]])
-    if sum(cfg.mrope_section) != half:
+    if d["model_type"] == KIMI.MODEL_TYPE:  # kimi_k25 (registry)
+        cfg.mrope_section = KIMI.FIXED["mrope_section"]
+    elif sum(cfg.mrope_section) != half:
         raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
     cfg.vl_architecture = d["model_type"]
     cfg.vision = copy.deepcopy(vision)
     cfg.image_token_id = int(d["image_token_id"])
     owned = {"model_type", "architectures", "text_config", "vision_config", "image_token_id", "tie_word_embeddings"}
     cfg.vl_extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in owned}
+    if d["model_type"] == KIMI.MODEL_TYPE:  # kimi_k25 (registry)
+        KIMI.check(cfg, d, source)
     return cfg
 
 
@@ -648,8 +654,9 @@ def _vl_to_hf(cfg: ModelConfig, text: dict[str, Any]) -> dict[str, Any]:
     text.pop("architectures", None)
     vl = cfg.vl_architecture or cfg.architecture
     text["model_type"] = _VL_TEXT_TYPE[vl]
-    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
-                               "mrope_interleaved": True}
+    if cfg.mrope_section is not None:  # kimi_k25 (registry): no M-RoPE
+        text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
+                                   "mrope_interleaved": True}
     out = {**copy.deepcopy(cfg.vl_extra), "architectures": [ARCHITECTURES[vl]],
            "model_type": vl, "text_config": dict(sorted(text.items())),
            "vision_config": copy.deepcopy(cfg.vision), "image_token_id": cfg.image_token_id,

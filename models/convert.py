@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 
 import torch
+from vf.models import kimi_k25_spec as KIMI  # kimi_k25 (registry)
 from vf.models.config import ModelConfig
 from vf.models.errors import ModelLoadError
 from vf.models.ple import derived_tables, ngram_spec
@@ -216,6 +217,8 @@ VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
 
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
     table = {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
+    if config.vl_architecture == KIMI.MODEL_TYPE:  # kimi_k25 (registry)
+        return {**{k: (op, [KIMI.text_source(s) for s in srcs]) for k, (op, srcs) in table.items()}, **KIMI.WEIGHTS}
     if config.vision is not None:
         table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
                  for k, (op, srcs) in table.items()}
@@ -284,8 +287,9 @@ IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
 
 
 def _template(native_name: str) -> tuple[str, dict[str, str]]:
-    if native_name.startswith("visual."):
-        return "visual.{rest}", {"rest": native_name.removeprefix("visual.")}
+    for prefix in ("visual.", *KIMI.REST_PREFIXES):  # kimi_k25 (registry)
+        if native_name.startswith(prefix):
+            return prefix + "{rest}", {"rest": native_name.removeprefix(prefix)}
     m = re.match(r"layers\.(\d+)\.(.*)", native_name)
     if not m:
         return native_name, {}

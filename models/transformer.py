@@ -198,6 +198,10 @@ def model_class(config: ModelConfig) -> type[NativeModel]:
         from vf.models.qwen4_exp import Qwen4ExpModel, Qwen4ExpVLModel
 
         return Qwen4ExpModel if config.vision is None else Qwen4ExpVLModel
+    if config.vl_architecture == "kimi_k25":  # kimi_k25 (registry)
+        from vf.models.kimi_k25 import KimiK25Model
+
+        return KimiK25Model
     if config.vision is not None:
         from vf.models.qwen3_vl import Qwen3VLModel
 

@@ -1,0 +1,75 @@
+"""Kimi K2.5 (`model_type: kimi_k25`): the declarations, torch-free (moves as-is into the family
+registry). The text model is DeepSeek-V3 (config.json's text_config, `model_type` deepseek_v3, or
+kimi_k2 in the released files); the MoonViT tower and the projector are models/moonvit.py, the
+VL model models/kimi_k25.py, the image preprocessing `image_processor.KimiImageProcessor`.
+
+    MODEL_TYPE, TEXT_TYPE       the VL model_type and the native text family it nests
+    TEXT_TYPES_READ             text_config model_types read as TEXT_TYPE (transformers' BC rename)
+    HF_KEYS                     top-level HF key -> default (kept in ModelConfig.vl_extra)
+    VISION_DEFAULTS             transformers' Kimi_K25VisionConfig defaults
+    FIXED                       ModelConfig fields fixed for the family (no M-RoPE)
+    check(cfg, d, source)       validate a config.json read as `cfg` (raises ModelLoadError)
+    WEIGHTS                     native name template -> (op, [HF templates]) (models/convert.py ops)
+    PROCESSOR_DEFAULTS          transformers' Kimi_K25ImageProcessor defaults
+    NEW_FIELDS                  ModelConfig fields this family adds (none: vision/vl_extra hold it)
+"""
+
+from __future__ import annotations
+
+from vf.models.errors import ModelLoadError
+
+MODEL_TYPE = "kimi_k25"
+ARCHITECTURE = "Kimi_K25ForConditionalGeneration"
+TEXT_TYPE = "deepseek_v3"
+TEXT_TYPES_READ = ("deepseek_v3", "kimi_k2")
+HF_KEYS = {"projection_hidden_size": 1152, "projection_layer_norm_eps": 1e-5, "video_token_id": 163840,
+           "vision_start_token_id": 163602, "vision_end_token_id": 163604}
+VISION_DEFAULTS = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, "pos_emb_time": 4,
+                   "num_attention_heads": 16, "num_hidden_layers": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                   "hidden_act": "gelu_pytorch_tanh", "merge_kernel_size": [2, 2],
+                   "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}
+FIXED = {"mrope_section": None}
+NEW_FIELDS: dict = {}
+PROCESSOR_DEFAULTS = {"patch_size": 14, "merge_size": 2, "max_patches": 16384, "size": {"max_height": 512, "max_width": 512},
+                      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
+                      "resample": 3, "do_resize": True, "do_rescale": True, "do_normalize": True}
+
+# The names transformers' save_pretrained writes (its conversion mapping run backwards): the text
+# model's under `language_model.model.` with `blocks.{i}` for `layers.{i}` (its blanket blocks->layers
+# rename, reversed), the LM head `language_model.lm_head`; MoonViT and the projector under their
+# released names (models/moonvit.py holds them natively), except the two its reverse mapping moves.
+WEIGHTS = {"vision_tower.patch_embed.proj.{rest}": ("rename", ["vision_tower.encoder.patch_embed.proj.{rest}"]),
+           "mm_projector.pre_norm.{rest}": ("rename", ["model.mm_projector.pre_norm.{rest}"]),
+           "vision_tower.{rest}": ("rename", ["vision_tower.{rest}"]),
+           "mm_projector.{rest}": ("rename", ["mm_projector.{rest}"])}
+REST_PREFIXES = tuple(k.removesuffix("{rest}") for k in WEIGHTS)  # native names matched whole, longest first
+
+
+def text_source(hf: str) -> str:
+    """A text family's HF name template -> where a kimi_k25 checkpoint keeps it."""
+    if hf == "lm_head.weight":
+        return "language_model.lm_head.weight"
+    return "language_model.model." + hf.removeprefix("model.").replace("layers.{i}.", "blocks.{i}.")
+
+def vision_settings(vision: dict) -> dict:
+    """The HF vision_config with transformers' defaults filled in."""
+    out = {**VISION_DEFAULTS, **{k: v for k, v in vision.items() if v is not None}}
+    out["rope_parameters"] = {**VISION_DEFAULTS["rope_parameters"], **(vision.get("rope_parameters") or {})}
+    return out
+
+
+def check(cfg, d: dict, source: str) -> None:
+    """What transformers would build but this implementation does not, or shapes that cannot fit."""
+    v = vision_settings(cfg.vision or {})
+    kh, kw = (int(k) for k in v["merge_kernel_size"])
+    if kh != kw:
+        raise ModelLoadError(f"{source}: vision_config.merge_kernel_size {v['merge_kernel_size']} is not square "
+                             "(the image processor merges merge_size × merge_size patches)")
+    if v["rope_parameters"].get("rope_type", "axial") != "axial":
+        raise ModelLoadError(f"{source}: vision_config rope_type {v['rope_parameters']['rope_type']!r}: MoonViT has axial rope only")
+    if int(v["hidden_size"]) % int(v["num_attention_heads"]) or (int(v["hidden_size"]) // int(v["num_attention_heads"])) % 4:
+        raise ModelLoadError(f"{source}: vision head_dim must be a multiple of 4 (axial rope over h and w)")
+    proj = d.get("projection_hidden_size", HF_KEYS["projection_hidden_size"])
+    if proj is not None and int(proj) != int(v["hidden_size"]):
+        raise ModelLoadError(f"{source}: projection_hidden_size {proj} must equal vision_config.hidden_size "
+                             f"{v['hidden_size']} (the projector's LayerNorm runs on each patch)")

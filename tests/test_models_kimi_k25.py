@@ -1,0 +1,311 @@
+"""Kimi K2.5 (`kimi_k25`) natively: the DeepSeek-V3 decoder (MLA, group-limited sigmoid MoE, yarn)
+with the MoonViT tower and projector, against transformers' `Kimi_K25ForConditionalGeneration` on
+a tiny random checkpoint (transformers' config defaults, sizes shrunk, every tensor random):
+fp32 logits on text and image prompts, packed rows, the engine's greedy continuation (text and
+image) and log-probs, engine vs trainer log-probs on image rollouts, the HF round trip, Kimi's
+image preprocessing, broken checkpoints and inputs, and vf-train on image-colors.
+
+The checkpoint's tokenizer is the built-in tiny one plus Kimi's media tokens; its chat template
+writes `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>` per image part, as Kimi's
+does. (transformers' own Kimi image processor needs torchvision, absent here: the preprocessing is
+checked against transformers' `navit_resize` and patch layout re-derived in `_reference_pixels`.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_models_families import (
+    _train,
+    check_engine_greedy as check_text_greedy,
+    check_packed_rows,
+    check_refused,
+    check_round_trip,
+)
+from test_vl import _data_url, _image, _image_messages, check_engine_greedy, check_trainer_logprobs, train_on_image_colors, user_node
+from vf.models import ModelLoadError, load_model
+from vf.models.checkpoint import resolve_impl
+
+MEDIA = ["<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>"]
+START, PAD, END = 512, 514, 515  # <|media_begin|>, <|media_pad|>, <|media_end|> in the tokenizer below
+V = 516
+TEXT = {"vocab_size": V, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 256, "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 24,
+        "kv_lora_rank": 16, "qk_rope_head_dim": 8, "head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                            "rope_theta": 10000.0, "mscale": 1.0, "mscale_all_dim": 1.0}}
+VISION = {"patch_size": 4, "pos_emb_height": 6, "pos_emb_width": 6, "num_attention_heads": 2, "num_hidden_layers": 2,
+          "hidden_size": 32, "intermediate_size": 64}
+TOP = {"projection_hidden_size": 32, "image_token_id": PAD, "video_token_id": V, "vision_start_token_id": START,
+       "vision_end_token_id": END}
+PROCESSOR = {"patch_size": 4, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+IDS = torch.randint(0, START, (2, 40), generator=torch.Generator().manual_seed(1))
+
+_RENDER = ("{%- macro render(content) -%}{%- if content is string -%}{{- content -}}{%- else -%}"
+           "{%- for part in content -%}{%- if part.type == 'image_url' or part.type == 'image' -%}"
+           "{{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>' -}}{%- elif part.type == 'text' -%}"
+           "{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}\n")
+
+
+def save_with_kimi_tokenizer(hf, out):
+    """`hf.save_pretrained(out)`, the tiny tokenizer plus Kimi's media tokens (special) and an image
+    chat template, and the Kimi image processor PROCESSOR; returns `hf`."""
+    from tokenizers import AddedToken
+    from vf.models import tiny, tiny_vl
+    from vf.models.image_processor import KimiImageProcessor
+
+    hf.save_pretrained(out)
+    tok = tiny.build_tokenizer()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MEDIA])
+    tok.save(str(out / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in tiny.SPECIAL + tiny.ADDED + MEDIA}
+    assert [ids[t] for t in (MEDIA[0], MEDIA[2], MEDIA[3])] == [START, PAD, END]
+    special = set(tiny.SPECIAL + MEDIA)
+    template = _RENDER + tiny_vl.CHAT_TEMPLATE.split("{%- endmacro -%}\n", 1)[1]
+    tiny._write_json(out / "tokenizer_config.json", {
+        "add_bos_token": False, "add_prefix_space": False, "bos_token": None, "chat_template": template,
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": t in special} for t, i in ids.items()},
+        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 256,
+        "pad_token": "<|endoftext|>", "split_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": None, "image_token": "<|media_pad|>"})
+    tiny._write_json(out / "special_tokens_map.json", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    tiny._write_json(out / "generation_config.json", {"eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+                                                      "do_sample": True})
+    tiny._write_json(out / "preprocessor_config.json", KimiImageProcessor.from_config(PROCESSOR).to_config())
+    return hf
+
+
+def build_kimi(out, seed: int = 0, top=None):
+    """A random tiny transformers Kimi K2.5 saved in `out`: every parameter random (transformers
+    zero/one-inits norms, biases, the router and the position table) and the selection bias too;
+    the derived buffers (rotary frequencies, the frame sinusoids) stay as transformers computes them."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    torch.manual_seed(seed)
+    hf = AutoModelForImageTextToText.from_config(
+        AutoConfig.for_model("kimi_k25", text_config=TEXT, vision_config=VISION, **{**TOP, **(top or {})})).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5, generator=g)
+            elif "embed_tokens" in name:  # a residual stream of unit scale; a tied head keeps logits O(10)
+                p.normal_(0, 0.25, generator=g)
+            elif name.endswith(("bias", "gate.weight")):
+                p.normal_(0, 0.2, generator=g)
+            else:
+                p.normal_(0, 0.1, generator=g)
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.3, 0.3, generator=g)
+    hf.set_attn_implementation("eager")
+    return save_with_kimi_tokenizer(hf, out)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kimi_k25")
+    return build_kimi(d), d
+
+
+def prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
+    ids = list(text)
+    for i, (t, h, w) in enumerate(grids):
+        ids += [START] + [PAD] * (h * w // 4) + [END] + list(gap if i < len(grids) - 1 else tail)
+    return ids
+
+
+def pixels(grids, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(t * h * w for t, h, w in grids), 3, 4, 4, generator=g)
+
+
+def test_config_reads_the_nested_deepseek_v3_and_writes_it_back(saved):
+    _, d = saved
+    assert resolve_impl(d) == "native"
+    ours = load_model(d)
+    c = ours.config
+    assert c.architecture == "deepseek_v3" and c.vl_architecture == "kimi_k25" and c.mla and c.mrope_section is None
+    out = c.to_hf_dict()
+    theirs = json.loads((d / "config.json").read_text())
+    assert out["model_type"] == "kimi_k25" and out["text_config"]["model_type"] == "deepseek_v3"
+    assert "mrope_section" not in out["text_config"]["rope_parameters"]
+    for key in ("vision_config", "image_token_id", "video_token_id", "projection_hidden_size", "tie_word_embeddings"):
+        assert out[key] == theirs[key], key
+
+
+def test_logits_equal_transformers_on_text_and_image_prompts(saved):
+    hf, d = saved
+    ours = load_model(d)
+    grids = [(1, 8, 8), (1, 4, 6)]
+    ids = torch.tensor([prompt(grids)])
+    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids)}
+    errs = {}
+    with torch.no_grad():
+        for impl in ("loop", "grouped"):
+            ours.set_moe_impl(impl)
+            errs[f"image/{impl}"] = (hf(input_ids=ids, **kw).logits - ours.compute_logits(ids, **kw)).abs().max().item()
+            errs[f"text/{impl}"] = (hf(input_ids=IDS).logits - ours.compute_logits(IDS)).abs().max().item()
+        # placeholders without pixels embed as token 0 (as transformers); the images must matter
+        errs["no pixels"] = (hf(input_ids=ids).logits - ours.compute_logits(ids)).abs().max().item()
+        moved = (ours.compute_logits(ids) - ours.compute_logits(ids, **kw)).abs().max().item()
+    print("kimi_k25 max abs logit diffs:", errs)
+    assert all(e < 1e-4 for e in errs.values()), errs
+    assert moved > 1e-2
+
+
+def test_a_non_square_image_and_a_video_clip_through_the_tower_equal_transformers(saved):
+    """Grids other than the position table's, and a two-frame clip (frame sinusoids, frame pooling)."""
+    hf, d = saved
+    ours = load_model(d)
+    grids = torch.tensor([[1, 10, 4], [2, 4, 6]])
+    x = pixels(grids.tolist(), 3)
+    with torch.no_grad():
+        ref = hf.model.get_image_features(x, grids).pooler_output
+        got = ours.image_embeds(x, grids)
+    assert (torch.cat(ref) - got).abs().max().item() < 1e-5
+
+
+def test_packed_rows_equal_separate_documents(saved):
+    ours = load_model(saved[1])
+    check_packed_rows(ours, IDS)
+    a, b = [(1, 4, 4)], [(1, 8, 4)]
+    ids_a, ids_b = prompt(a), prompt(b, text=(3,))
+    pa, pb = pixels(a, 1), pixels(b, 2)
+    with torch.no_grad():
+        sep_a = ours.compute_logits(torch.tensor([ids_a]), pixel_values=pa, image_grid_thw=torch.tensor(a))
+        sep_b = ours.compute_logits(torch.tensor([ids_b]), pixel_values=pb, image_grid_thw=torch.tensor(b))
+        pos = torch.tensor([list(range(len(ids_a))) + list(range(len(ids_b)))])
+        packed = ours.compute_logits(torch.tensor([ids_a + ids_b]), pos, pixel_values=torch.cat([pa, pb]),
+                                     image_grid_thw=torch.tensor(a + b))
+    err = max((packed[0, :len(ids_a)] - sep_a[0]).abs().max().item(), (packed[0, len(ids_a):] - sep_b[0]).abs().max().item())
+    assert err < 1e-5
+
+
+def test_engine_greedy_equals_transformers_generate_on_text_and_image_prompts(saved):
+    hf, d = saved
+    check_text_greedy(hf, d, [IDS[0, :9].tolist(), IDS[1, :4].tolist()], [(1, 16), (1, 8)])
+    ids = check_engine_greedy(d, hf, text=IDS[0, :9].tolist())
+    assert ids.count(PAD) == 16  # a 32x32 image: 8x8 patches of 4 pixels, 2x2 merged
+    assert ids[ids.index(PAD) - 3:ids.index(PAD)] == [START, *ids[ids.index(PAD) - 2:ids.index(PAD)]]
+
+
+def test_trainer_logprobs_equal_engine_on_image_rollouts(saved):
+    check_trainer_logprobs(saved[1])
+
+
+def test_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_path):
+    from vf.models.image_processor import ImageProcessor, KimiImageProcessor
+
+    hf, d = saved
+    check_round_trip(hf, d, tmp_path, IDS)
+    ours, theirs = (json.loads(p.read_text()) for p in (tmp_path / "config.json", d / "config.json"))
+    assert ours["text_config"]["model_type"] == "deepseek_v3" and ours["vision_config"] == theirs["vision_config"]
+    proc = ImageProcessor.from_dir(tmp_path)  # the Kimi processor travels with the checkpoint
+    assert isinstance(proc, KimiImageProcessor) and proc == KimiImageProcessor.from_config(PROCESSOR)
+
+
+def _reference_pixels(image, patch=4, merge=2, max_patches=16384, max_side=512):
+    """transformers' Kimi_K25ImageProcessor, for images that need no shrinking (the only step that
+    needs torchvision): its own navit_resize sizes, zero padding right and bottom, the fused
+    rescale+normalise in float32 torch, and its patchify."""
+    import ast
+    import pathlib
+
+    src = pathlib.Path(transformers.__file__).parent / "models/kimi_k25/image_processing_kimi_k25.py"
+    tree = ast.parse(src.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "navit_resize")
+    scope = {"math": __import__("math")}
+    exec(compile(ast.Module([fn], []), str(src), "exec"), scope)
+    x = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)
+    (h, w), (ph, pw) = scope["navit_resize"](x.shape[1], x.shape[2], patch, merge, max_patches, max_side)
+    assert (h, w) == tuple(x.shape[1:])  # no resize
+    x = torch.nn.functional.pad(x, (0, pw - w, 0, ph - h)).float()
+    mean, std = torch.tensor([0.5] * 3) * (1 / (1 / 255)), torch.tensor([0.5] * 3) * (1 / (1 / 255))
+    x = (x - mean[:, None, None]) / std[:, None, None]
+    gh, gw = ph // patch, pw // patch
+    return x.reshape(3, gh, patch, gw, patch).permute(1, 3, 0, 2, 4).reshape(gh * gw, 3, patch, patch), (1, gh, gw)
+
+
+def test_image_processor_pads_to_whole_merge_blocks_as_transformers():
+    from vf.models.image_processor import KimiImageProcessor, navit_resize
+
+    proc = KimiImageProcessor.from_config(PROCESSOR)
+    images = [_image(32, 32), _image(13, 7, 1, "L"), _image(30, 9, 2)]
+    out = proc(images)
+    refs = [_reference_pixels(im) for im in images]
+    assert out["image_grid_thw"].tolist() == [list(g) for _, g in refs] == [[1, 8, 8], [1, 2, 4], [1, 4, 8]]
+    assert np.array_equal(out["pixel_values"], torch.cat([r for r, _ in refs]).numpy())
+    assert [proc.grid(*im.size) for im in images] == [tuple(g) for _, g in refs]
+    # shrinking: transformers' sizes (the pixels are Pillow's bicubic, see KimiImageProcessor)
+    big = KimiImageProcessor.from_config({**PROCESSOR, "max_patches": 64})
+    assert navit_resize(200, 90, 4, 2, 64, 512) == ((17, 7), (24, 8))
+    assert big(_image(90, 200, 3).resize((90, 200)))["image_grid_thw"].tolist() == [[1, 6, 2]]
+
+
+def test_checkpoint_with_a_missing_or_misshapen_key_exits_2(saved, tmp_path):
+    """Refused by load_model and by vf-train (exit 2) with the key named, never half-loaded."""
+    from safetensors.torch import load_file
+
+    _, d = saved
+    tensors = load_file(d / "model.safetensors")
+    tower = "model.vision_tower.layers.1.attn.k_proj.weight"
+    proj = "model.mm_projector.in_proj.weight"
+    expert = "model.language_model.layers.1.mlp.experts.gate_up_proj"
+    assert {tower, proj, expert} <= tensors.keys()
+    check_refused(d, tmp_path, {
+        "missing": ({k: v for k, v in tensors.items() if k != tower}, tower),
+        "misshapen": ({**tensors, proj: torch.zeros(3, 3)}, "mm_projector.in_proj.weight"),
+        "no_expert": ({k: v for k, v in tensors.items() if k != expert}, expert),
+    })
+    proc = _train("-o", str(tmp_path / "run"), "--model", str(tmp_path / "missing"), "--steps", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert tower in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_configs_it_cannot_run_are_refused(saved, tmp_path):
+    from vf.models import ModelConfig
+
+    cfg = json.loads((saved[1] / "config.json").read_text())
+    for change, words in {"projection_hidden_size": (64, "projection_hidden_size 64"),
+                          "merge_kernel_size": ([2, 1], "not square")}.items():
+        bad = json.loads(json.dumps(cfg))
+        (bad["vision_config"] if change == "merge_kernel_size" else bad)[change] = words[0]
+        with pytest.raises(ModelLoadError, match=words[1]):
+            ModelConfig.from_hf_dict(bad)
+
+
+def test_bad_images_and_too_many_images_are_refused_with_the_message_named(saved):
+    from vf.engines.chat import render_multimodal
+    from vf.engines.local import LocalEngine
+    from vf.errors import EngineError
+
+    engine = LocalEngine.from_model(str(saved[1]))
+    messages, url = _image_messages()
+    bad = [messages[0], {"role": "assistant", "content": "ok"},
+           {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]
+    with pytest.raises(EngineError, match="cannot be decoded") as e:
+        render_multimodal(engine.tokenizer, engine.model, bad)
+    assert e.value.type == "BadImage"
+    assert render_multimodal(engine.tokenizer, engine.model, messages)[0].count(PAD) == 16
+
+
+@pytest.mark.slow
+def test_vf_train_on_image_colors_runs(saved, cli, tmp_path):
+    """An SFT warm-up step on image prompts (gradients through the experts, MoonViT and the
+    projector), then RL steps on image rollouts with MoE metrics; everything finite."""
+    rows, episodes = train_on_image_colors(cli, saved[1], tmp_path / "run", "--warmup.steps", "1",
+                                           "--steps", "2", "--trainer.threads", "1")
+    assert [r["phase"] for r in rows] == ["warmup", "rl", "rl"] and len(episodes) == 4
+    assert rows[0]["num_loss_tokens"] > 0 and rows[0]["grad_norm"] > 0
+    assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+    assert all(user_node(ep)["token_ids"].count(PAD) == 16 for ep in episodes)  # 32x32 images
+    print("kimi_k25 image-colors rows:", rows)
