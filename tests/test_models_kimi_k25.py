@@ -28,7 +28,7 @@ from test_models_families import (
     check_refused,
     check_round_trip,
 )
-from test_vl import _data_url, _image, _image_messages, check_engine_greedy, check_trainer_logprobs, train_on_image_colors, user_node
+from test_vl import _image, _image_messages, check_trainer_logprobs, train_on_image_colors, user_node
 from vf.models import ModelLoadError, load_model
 from vf.models.checkpoint import resolve_impl
 
@@ -192,10 +192,44 @@ def test_packed_rows_equal_separate_documents(saved):
 
 def test_engine_greedy_equals_transformers_generate_on_text_and_image_prompts(saved):
     hf, d = saved
-    check_text_greedy(hf, d, [IDS[0, :9].tolist(), IDS[1, :4].tolist()], [(1, 16), (1, 8)])
-    ids = check_engine_greedy(d, hf, text=IDS[0, :9].tolist())
+    check_text_greedy(hf, d, [IDS[0, :9].tolist(), IDS[1, :4].tolist()], [(1, 16), (1, 8)])  # the MLA latent cache
+    ids = check_image_greedy(d, hf, text=IDS[0, :9].tolist())
+    first = ids.index(PAD)
     assert ids.count(PAD) == 16  # a 32x32 image: 8x8 patches of 4 pixels, 2x2 merged
-    assert ids[ids.index(PAD) - 3:ids.index(PAD)] == [START, *ids[ids.index(PAD) - 2:ids.index(PAD)]]
+    assert ids[first + 16] == END and ids[first - 1] == START + 1 and START in ids[first - 8:first]  # <|media_begin|>image<|media_content|>
+
+
+def check_image_greedy(path, hf, text=None, new_tokens=12) -> list[int]:
+    """test_vl.check_engine_greedy for a model whose generate takes no mm_token_type_ids: the embedded
+    engine's greedy continuation of an image chat prompt (and, batched beside it, of the text-only
+    prompt `text`) equals `hf.generate`'s; returns the image prompt's ids."""
+    import asyncio
+
+    from vf.engines.base import Sampling
+    from vf.engines.chat import render_multimodal
+    from vf.engines.local import LocalEngine
+
+    engine = LocalEngine.from_model(str(path))
+    messages, _ = _image_messages()
+    ids, mm = render_multimodal(engine.tokenizer, engine.model, messages)
+    greedy = Sampling(temperature=0.0, max_tokens=new_tokens)
+    prompts = [(ids, mm)] + ([(list(text), None)] if text else [])
+
+    async def go():
+        try:
+            return await asyncio.gather(*[engine.generate_ids(p, greedy, ignore_eos=True, mm=m) for p, m in prompts])
+        finally:
+            await engine.close()
+
+    seqs = asyncio.run(go())
+    with torch.no_grad():
+        ref = hf.generate(input_ids=torch.tensor([ids]), pixel_values=mm["pixel_values"], image_grid_thw=mm["image_grid_thw"],
+                          max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+        assert seqs[0].token_ids == ref[0, len(ids):].tolist()
+        if text:
+            ref = hf.generate(input_ids=torch.tensor([text]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+            assert seqs[1].token_ids == ref[0, len(text):].tolist()
+    return ids
 
 
 def test_trainer_logprobs_equal_engine_on_image_rollouts(saved):
@@ -213,20 +247,25 @@ def test_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_path):
     assert isinstance(proc, KimiImageProcessor) and proc == KimiImageProcessor.from_config(PROCESSOR)
 
 
+def _hf_navit_resize():
+    """transformers' `navit_resize`, compiled from its module's source (importing the module needs torchvision)."""
+    import ast
+    import math
+    import pathlib
+
+    src = pathlib.Path(transformers.__file__).parent / "models/kimi_k25/image_processing_kimi_k25.py"
+    fn = next(n for n in ast.parse(src.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "navit_resize")
+    scope = {"math": math}
+    exec(compile(ast.Module([fn], []), str(src), "exec"), scope)
+    return scope["navit_resize"]
+
+
 def _reference_pixels(image, patch=4, merge=2, max_patches=16384, max_side=512):
     """transformers' Kimi_K25ImageProcessor, for images that need no shrinking (the only step that
     needs torchvision): its own navit_resize sizes, zero padding right and bottom, the fused
     rescale+normalise in float32 torch, and its patchify."""
-    import ast
-    import pathlib
-
-    src = pathlib.Path(transformers.__file__).parent / "models/kimi_k25/image_processing_kimi_k25.py"
-    tree = ast.parse(src.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "navit_resize")
-    scope = {"math": __import__("math")}
-    exec(compile(ast.Module([fn], []), str(src), "exec"), scope)
     x = torch.from_numpy(np.asarray(image.convert("RGB")).copy()).permute(2, 0, 1)
-    (h, w), (ph, pw) = scope["navit_resize"](x.shape[1], x.shape[2], patch, merge, max_patches, max_side)
+    (h, w), (ph, pw) = _hf_navit_resize()(x.shape[1], x.shape[2], patch, merge, max_patches, max_side)
     assert (h, w) == tuple(x.shape[1:])  # no resize
     x = torch.nn.functional.pad(x, (0, pw - w, 0, ph - h)).float()
     mean, std = torch.tensor([0.5] * 3) * (1 / (1 / 255)), torch.tensor([0.5] * 3) * (1 / (1 / 255))
@@ -247,8 +286,12 @@ def test_image_processor_pads_to_whole_merge_blocks_as_transformers():
     assert [proc.grid(*im.size) for im in images] == [tuple(g) for _, g in refs]
     # shrinking: transformers' sizes (the pixels are Pillow's bicubic, see KimiImageProcessor)
     big = KimiImageProcessor.from_config({**PROCESSOR, "max_patches": 64})
-    assert navit_resize(200, 90, 4, 2, 64, 512) == ((17, 7), (24, 8))
-    assert big(_image(90, 200, 3).resize((90, 200)))["image_grid_thw"].tolist() == [[1, 6, 2]]
+    theirs = _hf_navit_resize()
+    for h, w, max_patches, max_side in [(200, 90, 64, 512), (37, 53, 16384, 512), (1000, 30, 16384, 40), (5, 3, 4, 2)]:
+        assert navit_resize(h, w, 4, 2, max_patches, max_side) == theirs(h, w, 4, 2, max_patches, max_side)
+    (_, _), (ph, pw) = theirs(200, 90, 4, 2, 64, 512)
+    assert big([_image(90, 200, 3)])["image_grid_thw"].tolist() == [[1, ph // 4, pw // 4]]
+    assert big([_image(90, 200, 3)])["pixel_values"].shape == (ph * pw // 16, 3, 4, 4)
 
 
 def test_checkpoint_with_a_missing_or_misshapen_key_exits_2(saved, tmp_path):
@@ -257,13 +300,13 @@ def test_checkpoint_with_a_missing_or_misshapen_key_exits_2(saved, tmp_path):
 
     _, d = saved
     tensors = load_file(d / "model.safetensors")
-    tower = "model.vision_tower.layers.1.attn.k_proj.weight"
-    proj = "model.mm_projector.in_proj.weight"
-    expert = "model.language_model.layers.1.mlp.experts.gate_up_proj"
+    tower = "vision_tower.encoder.blocks.1.wqkv.weight"
+    proj = "mm_projector.proj.0.weight"
+    expert = "language_model.model.blocks.1.mlp.experts.3.up_proj.weight"
     assert {tower, proj, expert} <= tensors.keys()
     check_refused(d, tmp_path, {
         "missing": ({k: v for k, v in tensors.items() if k != tower}, tower),
-        "misshapen": ({**tensors, proj: torch.zeros(3, 3)}, "mm_projector.in_proj.weight"),
+        "misshapen": ({**tensors, proj: torch.zeros(3, 3)}, "mm_projector.proj.0.weight"),
         "no_expert": ({k: v for k, v in tensors.items() if k != expert}, expert),
     })
     proc = _train("-o", str(tmp_path / "run"), "--model", str(tmp_path / "missing"), "--steps", "1")
