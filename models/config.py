@@ -389,6 +389,7 @@ class ModelConfig:
     # qwen3_vl_moe: the checkpoint held its fused experts transposed (the released layout, which vLLM
     # reads), not as transformers' save_pretrained writes them; set on load, saving keeps the layout
     experts_transposed: bool = False
+    released_names: bool = False  # kimi_k25 (registry): the checkpoint has Moonshot's names (KIMI.released), not transformers' save's
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
 
     @property

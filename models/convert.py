@@ -218,7 +218,7 @@ VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
     table = {**TABLE, **FAMILY_TABLE.get(config.architecture, {})}
     if config.vl_architecture == KIMI.MODEL_TYPE:  # kimi_k25 (registry)
-        return {**{k: (op, [KIMI.text_source(s) for s in srcs]) for k, (op, srcs) in table.items()}, **KIMI.WEIGHTS}
+        return KIMI.table(table, config.released_names)
     if config.vision is not None:
         table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
                  for k, (op, srcs) in table.items()}
@@ -317,6 +317,8 @@ def hf_to_native(
     """Build the native state dict for `native_names` from HF tensors (fetched with `get`).
     Returns (state dict, HF names used). Missing HF tensors raise ModelLoadError."""
     out, used, missing = {}, set(), []
+    if config.vl_architecture == KIMI.MODEL_TYPE:  # kimi_k25 (registry): which of its two layouts
+        config.released_names = has(KIMI.RELEASED_PROBE)
     table = table_for(config)
     for name in native_names:
         tmpl, fmt = _template(name)

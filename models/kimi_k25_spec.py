@@ -11,7 +11,9 @@ VL model models/kimi_k25.py, the image preprocessing `image_processor.KimiImageP
     check(cfg, d, source)       validate a config.json read as `cfg` (raises ModelLoadError)
     WEIGHTS                     native name template -> (op, [HF templates]) (models/convert.py ops)
     PROCESSOR_DEFAULTS          transformers' Kimi_K25ImageProcessor defaults
-    NEW_FIELDS                  ModelConfig fields this family adds (none: vision/vl_extra hold it)
+    RELEASED_PROBE, released()  Moonshot's released names (the other layout read and written)
+    table(text_table, released) the whole native -> HF table
+    NEW_FIELDS                  ModelConfig fields this family adds, with defaults
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ VISION_DEFAULTS = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, 
                    "hidden_act": "gelu_pytorch_tanh", "merge_kernel_size": [2, 2],
                    "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}
 FIXED = {"mrope_section": None}
-NEW_FIELDS: dict = {}
 PROCESSOR_DEFAULTS = {"patch_size": 14, "merge_size": 2, "max_patches": 16384, "size": {"max_height": 512, "max_width": 512},
                       "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
                       "resample": 3, "do_resize": True, "do_rescale": True, "do_normalize": True}
@@ -45,11 +46,32 @@ WEIGHTS = {"vision_tower.patch_embed.proj.{rest}": ("rename", ["vision_tower.enc
 REST_PREFIXES = tuple(k.removesuffix("{rest}") for k in WEIGHTS)  # native names matched whole, longest first
 
 
-def text_source(hf: str) -> str:
-    """A text family's HF name template -> where a kimi_k25 checkpoint keeps it."""
-    if hf == "lm_head.weight":
-        return "language_model.lm_head.weight"
-    return "language_model.model." + hf.removeprefix("model.").replace("layers.{i}.", "blocks.{i}.")
+# Moonshot's released checkpoints (what vLLM and SGLang read) differ from transformers' save in three
+# prefixes; either loads, and a save writes the names the checkpoint had (`ModelConfig.released_names`).
+_RELEASED = (("language_model.model.blocks.", "language_model.model.layers."),
+             ("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."), ("model.mm_projector.", "mm_projector."))
+RELEASED_PROBE = "language_model.model.layers.0.input_layernorm.weight"  # present only in the released layout
+NEW_FIELDS = {"released_names": False}
+
+
+def released(hf: str) -> str:
+    """A name as transformers' save writes it -> as Moonshot released it."""
+    for theirs, ours in _RELEASED:
+        if hf.startswith(theirs):
+            return ours + hf.removeprefix(theirs)
+    return hf
+
+
+def table(text_table: dict, released_names: bool) -> dict:
+    """The kimi_k25 weight table from the text family's (`model.` names): its rows under
+    `language_model.`, plus WEIGHTS; in the released layout when `released_names`."""
+    def where(hf: str) -> str:
+        hf = "language_model.lm_head.weight" if hf == "lm_head.weight" else (
+            "language_model.model." + hf.removeprefix("model.").replace("layers.{i}.", "blocks.{i}."))
+        return released(hf) if released_names else hf
+
+    rows = {**{k: (op, [where(s) for s in srcs]) for k, (op, srcs) in text_table.items()}, **WEIGHTS}
+    return {k: (op, [released(s) if released_names else s for s in srcs]) for k, (op, srcs) in rows.items()}
 
 def vision_settings(vision: dict) -> dict:
     """The HF vision_config with transformers' defaults filled in."""
@@ -60,6 +82,10 @@ def vision_settings(vision: dict) -> dict:
 
 def check(cfg, d: dict, source: str) -> None:
     """What transformers would build but this implementation does not, or shapes that cannot fit."""
+    if d.get("quantization_config"):  # top-level in a VL config.json (the released K2.5 is INT4 experts)
+        method = (d["quantization_config"] or {}).get("quant_method")
+        raise ModelLoadError(f"{source}: quantized checkpoints (quant_method={method!r}) are not supported",
+                             hint="use a bf16/fp32 checkpoint (dequantize it first)")
     v = vision_settings(cfg.vision or {})
     kh, kw = (int(k) for k in v["merge_kernel_size"])
     if kh != kw:

@@ -247,6 +247,34 @@ def test_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_path):
     assert isinstance(proc, KimiImageProcessor) and proc == KimiImageProcessor.from_config(PROCESSOR)
 
 
+def test_moonshot_released_names_load_and_save_back_as_released(saved, tmp_path):
+    """Moonshot's checkpoints name three prefixes differently from transformers' save (`layers` for
+    `blocks`, `vision_tower.patch_embed`, `mm_projector.pre_norm`): they load to the same model, save
+    back under the released names bit-exact, and transformers loads that save to identical logits."""
+    from safetensors.torch import load_file, save_file
+    from vf.models import save_hf
+    from vf.models.kimi_k25_spec import released
+
+    hf, d = saved
+    tensors = load_file(d / "model.safetensors")
+    mine = {released(k): v for k, v in tensors.items()}
+    assert sum(k != released(k) for k in tensors) > 20 and "language_model.model.layers.1.mlp.gate.weight" in mine
+    shutil.copytree(d, tmp_path / "released")
+    save_file(mine, tmp_path / "released" / "model.safetensors")
+    ours = load_model(tmp_path / "released")
+    a, b = load_model(d).state_dict(), ours.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    save_hf(ours, tmp_path / "resaved")
+    back = load_file(tmp_path / "resaved" / "model.safetensors")
+    assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k]) for k in mine)
+    reloaded = type(hf).from_pretrained(tmp_path / "resaved").eval()
+    reloaded.set_attn_implementation("eager")
+    grids = [(1, 8, 8)]
+    kw = {"input_ids": torch.tensor([prompt(grids)]), "pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids)}
+    with torch.no_grad():
+        assert torch.equal(reloaded(**kw).logits, hf(**kw).logits)
+
+
 def _hf_navit_resize():
     """transformers' `navit_resize`, compiled from its module's source (importing the module needs torchvision)."""
     import ast
@@ -319,7 +347,8 @@ def test_configs_it_cannot_run_are_refused(saved, tmp_path):
 
     cfg = json.loads((saved[1] / "config.json").read_text())
     for change, words in {"projection_hidden_size": (64, "projection_hidden_size 64"),
-                          "merge_kernel_size": ([2, 1], "not square")}.items():
+                          "merge_kernel_size": ([2, 1], "not square"),
+                          "quantization_config": ({"quant_method": "compressed-tensors"}, "quantized")}.items():
         bad = json.loads(json.dumps(cfg))
         (bad["vision_config"] if change == "merge_kernel_size" else bad)[change] = words[0]
         with pytest.raises(ModelLoadError, match=words[1]):
