@@ -12,6 +12,7 @@ checked against transformers' `navit_resize` and patch layout re-derived in `_re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -23,12 +24,14 @@ transformers = pytest.importorskip("transformers")
 
 from test_models_families import (
     _train,
-    check_engine_greedy as check_text_greedy,
     check_packed_rows,
     check_refused,
     check_round_trip,
 )
-from test_vl import _image, _image_messages, check_trainer_logprobs, train_on_image_colors, user_node
+from test_models_families import (
+    check_engine_greedy as check_text_greedy,
+)
+from test_vl import _image, _image_messages, check_trainer_logprobs, user_node
 from vf.models import ModelLoadError, load_model
 from vf.models.checkpoint import resolve_impl
 
@@ -203,8 +206,6 @@ def check_image_greedy(path, hf, text=None, new_tokens=12) -> list[int]:
     """test_vl.check_engine_greedy for a model whose generate takes no mm_token_type_ids: the embedded
     engine's greedy continuation of an image chat prompt (and, batched beside it, of the text-only
     prompt `text`) equals `hf.generate`'s; returns the image prompt's ids."""
-    import asyncio
-
     from vf.engines.base import Sampling
     from vf.engines.chat import render_multimodal
     from vf.engines.local import LocalEngine
@@ -284,7 +285,7 @@ def _hf_navit_resize():
     src = pathlib.Path(transformers.__file__).parent / "models/kimi_k25/image_processing_kimi_k25.py"
     fn = next(n for n in ast.parse(src.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "navit_resize")
     scope = {"math": math}
-    exec(compile(ast.Module([fn], []), str(src), "exec"), scope)
+    exec(compile(ast.Module([fn], []), str(src), "exec"), scope)  # noqa: S102 (transformers' own source, pinned by the venv)
     return scope["navit_resize"]
 
 
@@ -355,29 +356,56 @@ def test_configs_it_cannot_run_are_refused(saved, tmp_path):
             ModelConfig.from_hf_dict(bad)
 
 
-def test_bad_images_and_too_many_images_are_refused_with_the_message_named(saved):
+def test_bad_images_and_placeholder_mismatches_name_the_message(saved):
+    """The local engine refuses an image that does not decode (BadImage: its episode fails); the
+    vLLM path's request builder, with Kimi's processor and placeholder, names the message of a bad
+    image, and of a prompt whose placeholders and images differ in number (UnsupportedContent: the
+    run stops, exit 2)."""
     from vf.engines.chat import render_multimodal
     from vf.engines.local import LocalEngine
+    from vf.engines.vllm_images import ImageSpec, image_request
     from vf.errors import EngineError
 
     engine = LocalEngine.from_model(str(saved[1]))
-    messages, url = _image_messages()
+    messages, _ = _image_messages()
+    bad_url = "data:image/png;base64,aGVsbG8="
     bad = [messages[0], {"role": "assistant", "content": "ok"},
-           {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]
+           {"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad_url}}]}]
     with pytest.raises(EngineError, match="cannot be decoded") as e:
         render_multimodal(engine.tokenizer, engine.model, bad)
     assert e.value.type == "BadImage"
-    assert render_multimodal(engine.tokenizer, engine.model, messages)[0].count(PAD) == 16
+    spec = ImageSpec.from_dir(saved[1])
+    assert spec.image_token_id == PAD and spec.tokens(32, 32) == 16 and spec.tokens(30, 9) == 8
+    req = image_request(engine.tokenizer, spec, messages)
+    assert req.expanded_ids == render_multimodal(engine.tokenizer, engine.model, messages)[0]
+    with pytest.raises(EngineError, match=r"message 2, image 1: the image cannot be decoded"):
+        image_request(engine.tokenizer, spec, bad)
+    smuggled = [messages[0], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "a <|media_pad|> b"}]
+    with pytest.raises(EngineError, match=r"message 2: the prompt shows 2 image placeholder\(s\) for 1 image") as e:
+        image_request(engine.tokenizer, spec, smuggled)
+    assert e.value.type == "UnsupportedContent"
+    asyncio.run(engine.close())
 
 
 @pytest.mark.slow
-def test_vf_train_on_image_colors_runs(saved, cli, tmp_path):
-    """An SFT warm-up step on image prompts (gradients through the experts, MoonViT and the
-    projector), then RL steps on image rollouts with MoE metrics; everything finite."""
-    rows, episodes = train_on_image_colors(cli, saved[1], tmp_path / "run", "--warmup.steps", "1",
-                                           "--steps", "2", "--trainer.threads", "1")
-    assert [r["phase"] for r in rows] == ["warmup", "rl", "rl"] and len(episodes) == 4
-    assert rows[0]["num_loss_tokens"] > 0 and rows[0]["grad_norm"] > 0
-    assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
-    assert all(user_node(ep)["token_ids"].count(PAD) == 16 for ep in episodes)  # 32x32 images
-    print("kimi_k25 image-colors rows:", rows)
+def test_vf_train_on_image_colors_learns(saved, cli, tmp_path):
+    """vf-train on image-colors: 12 SFT warm-up steps on image prompts (gradients through the
+    experts, MoonViT and the projector; the loss falls), then 12 RL steps on image rollouts with
+    MoE metrics, everything finite, and the reward rises (mean of the last six RL steps over the
+    first six: about 0.23 against 0.07 when measured)."""
+    out = tmp_path / "run"
+    cli("vf-train", "-m", str(saved[1]), "--taskset", "image-colors", "--batch-size", "32", "--group-size", "8",
+        "--sampling.max-tokens", "3", "--warmup.steps", "12", "--steps", "12", "--async.deterministic", "true",
+        "--async.level", "0", "--seed", "3", "--trainer.threads", "1", "--eval.at-start", "false",
+        "--eval.at-end", "false", "-o", str(out), check=True, timeout=600)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    warm, rl = [r for r in rows if r["phase"] == "warmup"], [r for r in rows if r["phase"] == "rl"]
+    assert len(warm) == 12 and len(rl) == 12
+    assert warm[-1]["loss"] < 0.2 * warm[0]["loss"] and all(r["grad_norm"] > 0 for r in warm)
+    assert all(np.isfinite(r["loss"]) and 0 < r["moe/routing_confidence"] <= 1 for r in rows)
+    rewards = [r["reward"] for r in rl]
+    print("kimi_k25 image-colors RL rewards:", rewards)
+    assert np.mean(rewards[6:]) > np.mean(rewards[:6]) + 0.05
+    episode = json.loads((out / "traces.jsonl").read_text().splitlines()[0])
+    assert user_node(episode)["token_ids"].count(PAD) == 16  # a 32x32 image
+    assert user_node(episode)["message"]["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
