@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from vf.models.errors import read_json_object, under_root
+from vf.models.errors import ModelLoadError, read_json_object, under_root
 
 from vf.errors import EngineError
 
@@ -76,7 +76,7 @@ class ImageProcessor:
 
     @classmethod
     def from_config(cls, d: dict) -> ImageProcessor:
-        if cls is ImageProcessor and d.get("image_processor_type") == KimiImageProcessor.TYPE:  # kimi_k25 (registry)
+        if cls is ImageProcessor and (d.get("image_processor_type") == KimiImageProcessor.TYPE or "media_proc_cfg" in d):  # kimi_k25 (registry)
             return KimiImageProcessor.from_config(d)
         size = d.get("size") or {}
         kw = {k: d[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "rescale_factor", "resample",
@@ -258,6 +258,15 @@ class KimiImageProcessor:
 
     @classmethod
     def from_config(cls, d: dict) -> KimiImageProcessor:
+        """transformers' keys, or Moonshot's `media_proc_cfg` (what the released checkpoints ship)."""
+        if isinstance(d.get("media_proc_cfg"), dict):
+            m = d["media_proc_cfg"]
+            if m.get("fixed_output_tokens") is not None:
+                raise ModelLoadError("Kimi media_proc_cfg.fixed_output_tokens is not supported (images resized to "
+                                     "a fixed token count)", hint="remove it from preprocessor_config.json")
+            d = {"patch_size": m.get("patch_size"), "merge_size": m.get("merge_kernel_size"), "max_patches": m.get("in_patch_limit"),
+                 "size": {"max_height": m.get("patch_limit_on_one_side")}, "image_mean": m.get("image_mean"),
+                 "image_std": m.get("image_std")}
         kw = {k: d[k] for k in ("patch_size", "merge_size", "max_patches", "rescale_factor", "resample", "do_resize",
                                 "do_rescale", "do_normalize") if d.get(k) is not None}
         if (d.get("size") or {}).get("max_height") is not None:

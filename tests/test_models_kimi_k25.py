@@ -323,6 +323,18 @@ def test_image_processor_pads_to_whole_merge_blocks_as_transformers():
     assert big([_image(90, 200, 3)])["pixel_values"].shape == (ph * pw // 16, 3, 4, 4)
 
 
+def test_moonshot_media_proc_cfg_is_read(tmp_path):
+    """Moonshot's preprocessor_config.json (custom code: `media_proc_cfg`) gives the same processor."""
+    from vf.models.image_processor import ImageProcessor, KimiImageProcessor
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": {
+        "in_patch_limit": 64, "patch_size": 4, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "merge_kernel_size": 2, "fixed_output_tokens": None, "patch_limit_on_one_side": 40,
+        "in_patch_limit_each_frame": 4096}, "auto_map": {"AutoProcessor": "kimi_k25_processor.KimiK25Processor"}}))
+    got = ImageProcessor.from_dir(tmp_path)
+    assert got == KimiImageProcessor.from_config({**PROCESSOR, "max_patches": 64, "size": {"max_height": 40, "max_width": 40}})
+
+
 def test_checkpoint_with_a_missing_or_misshapen_key_exits_2(saved, tmp_path):
     """Refused by load_model and by vf-train (exit 2) with the key named, never half-loaded."""
     from safetensors.torch import load_file
