@@ -620,6 +620,8 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
     """A VL config.json (text_config + vision_config + token ids at the top) as one flat ModelConfig:
     the text model's fields as for a text family, `vision` = the HF vision_config, `mrope_section`
     from the text rope parameters, the other top-level keys kept in `vl_extra`."""
+    if d["model_type"] == KIMI.MODEL_TYPE:  # kimi_k25 (registry)
+        d = KIMI.with_image_token(d)
     text = copy.deepcopy(d["text_config"])
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     mrope = rope.pop("mrope_section", None)

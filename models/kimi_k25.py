@@ -36,20 +36,17 @@ class KimiK25Model(NativeModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         self.vision_tower = MoonViT(config.vision)
-        c = self.vision_tower.settings
-        extra = {**KIMI.HF_KEYS, **config.vl_extra}
         kh, kw = self.vision_tower.kernel
-        self.mm_projector = Projector(int(extra["projection_hidden_size"]), kh * kw, config.hidden_size,
-                                      float(extra["projection_layer_norm_eps"]))
-        self.video_token_id = extra["video_token_id"]
+        width, eps = KIMI.projection(config.vl_extra, config.vision)
+        self.mm_projector = Projector(width, kh * kw, config.hidden_size, eps)
+        self.video_token_id = config.vl_extra.get("video_token_id", KIMI.HF_KEYS["video_token_id"])
         self.merge = kh
-        self.settings = c
 
     def default_processor(self):
         """transformers' Kimi_K25ImageProcessor defaults with this tower's patch size and merge kernel."""
         from vf.models.image_processor import KimiImageProcessor
 
-        return KimiImageProcessor.from_config({**KIMI.PROCESSOR_DEFAULTS, "patch_size": self.settings["patch_size"],
+        return KimiImageProcessor.from_config({**KIMI.PROCESSOR_DEFAULTS, "patch_size": self.vision_tower.settings["patch_size"],
                                                "merge_size": self.merge})
 
     def image_inputs(self, refs: list[str], roots=()) -> dict:

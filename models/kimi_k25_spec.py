@@ -6,6 +6,8 @@ VL model models/kimi_k25.py, the image preprocessing `image_processor.KimiImageP
     MODEL_TYPE, TEXT_TYPE       the VL model_type and the native text family it nests
     TEXT_TYPES_READ             text_config model_types read as TEXT_TYPE (transformers' BC rename)
     HF_KEYS                     top-level HF key -> default (kept in ModelConfig.vl_extra)
+    with_image_token(d), projection(top, vision), MOONSHOT_VISION_KEYS
+                                Moonshot's own config.json names (read as transformers' are)
     VISION_DEFAULTS             transformers' Kimi_K25VisionConfig defaults
     FIXED                       ModelConfig fields fixed for the family (no M-RoPE)
     check(cfg, d, source)       validate a config.json read as `cfg` (raises ModelLoadError)
@@ -73,8 +75,32 @@ def table(text_table: dict, released_names: bool) -> dict:
     rows = {**{k: (op, [where(s) for s in srcs]) for k, (op, srcs) in text_table.items()}, **WEIGHTS}
     return {k: (op, [released(s) if released_names else s for s in srcs]) for k, (op, srcs) in rows.items()}
 
+# Moonshot's config.json (its remote code's KimiK25Config) names some keys otherwise; read either,
+# and keep the file's own names on save so both readers still find theirs
+MOONSHOT_VISION_KEYS = {"init_pos_emb_height": "pos_emb_height", "init_pos_emb_width": "pos_emb_width",
+                        "init_pos_emb_time": "pos_emb_time", "vt_hidden_size": "hidden_size",
+                        "vt_intermediate_size": "intermediate_size", "vt_num_attention_heads": "num_attention_heads",
+                        "vt_num_hidden_layers": "num_hidden_layers"}
+MOONSHOT_IMAGE_TOKEN = "media_placeholder_token_id"
+
+
+def with_image_token(d: dict) -> dict:
+    """config.json with `image_token_id` taken from Moonshot's `media_placeholder_token_id` when absent."""
+    if d.get("image_token_id") is None and d.get(MOONSHOT_IMAGE_TOKEN) is not None:
+        return {**d, "image_token_id": d[MOONSHOT_IMAGE_TOKEN]}
+    return d
+
+
+def projection(top: dict, vision: dict) -> tuple[int, float]:
+    """(projector LayerNorm width, its eps): transformers' top-level keys, else Moonshot's vision ones."""
+    hidden = top.get("projection_hidden_size") or vision.get("mm_hidden_size") or HF_KEYS["projection_hidden_size"]
+    eps = top.get("projection_layer_norm_eps") or vision.get("projector_ln_eps") or HF_KEYS["projection_layer_norm_eps"]
+    return int(hidden), float(eps)
+
+
 def vision_settings(vision: dict) -> dict:
-    """The HF vision_config with transformers' defaults filled in."""
+    """The HF vision_config (transformers' or Moonshot's names) with transformers' defaults filled in."""
+    vision = {**{ours: vision[theirs] for theirs, ours in MOONSHOT_VISION_KEYS.items() if theirs in vision}, **vision}
     out = {**VISION_DEFAULTS, **{k: v for k, v in vision.items() if v is not None}}
     out["rope_parameters"] = {**VISION_DEFAULTS["rope_parameters"], **(vision.get("rope_parameters") or {})}
     return out
@@ -86,6 +112,10 @@ def check(cfg, d: dict, source: str) -> None:
         method = (d["quantization_config"] or {}).get("quant_method")
         raise ModelLoadError(f"{source}: quantized checkpoints (quant_method={method!r}) are not supported",
                              hint="use a bf16/fp32 checkpoint (dequantize it first)")
+    text_type = (d.get("text_config") or {}).get("model_type", TEXT_TYPE)
+    if text_type not in TEXT_TYPES_READ:
+        raise ModelLoadError(f"{source}: a kimi_k25 text_config of model_type {text_type!r}: "
+                             f"only {', '.join(TEXT_TYPES_READ)} (DeepSeek-V3) is read")
     v = vision_settings(cfg.vision or {})
     kh, kw = (int(k) for k in v["merge_kernel_size"])
     if kh != kw:
@@ -95,7 +125,7 @@ def check(cfg, d: dict, source: str) -> None:
         raise ModelLoadError(f"{source}: vision_config rope_type {v['rope_parameters']['rope_type']!r}: MoonViT has axial rope only")
     if int(v["hidden_size"]) % int(v["num_attention_heads"]) or (int(v["hidden_size"]) // int(v["num_attention_heads"])) % 4:
         raise ModelLoadError(f"{source}: vision head_dim must be a multiple of 4 (axial rope over h and w)")
-    proj = d.get("projection_hidden_size", HF_KEYS["projection_hidden_size"])
-    if proj is not None and int(proj) != int(v["hidden_size"]):
+    proj, _ = projection(d, cfg.vision or {})
+    if proj != int(v["hidden_size"]):
         raise ModelLoadError(f"{source}: projection_hidden_size {proj} must equal vision_config.hidden_size "
                              f"{v['hidden_size']} (the projector's LayerNorm runs on each patch)")

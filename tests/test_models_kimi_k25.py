@@ -276,6 +276,36 @@ def test_moonshot_released_names_load_and_save_back_as_released(saved, tmp_path)
         assert torch.equal(reloaded(**kw).logits, hf(**kw).logits)
 
 
+def test_moonshot_config_json_reads_as_transformers_config(saved, tmp_path):
+    """Moonshot's own config.json (its remote code's names: media_placeholder_token_id, vt_* and
+    init_pos_emb_* vision keys, mm_hidden_size / projector_ln_eps) with the released tensor names gives
+    transformers' logits; its save keeps those names, and loads again to the same logits."""
+    from safetensors.torch import load_file, save_file
+    from vf.models import save_hf
+    from vf.models.kimi_k25_spec import MOONSHOT_VISION_KEYS, released
+
+    hf, d = saved
+    cfg = json.loads((d / "config.json").read_text())
+    theirs = {ours: theirs for theirs, ours in MOONSHOT_VISION_KEYS.items()}
+    vision = {theirs.get(k, k): v for k, v in cfg["vision_config"].items()}
+    vision.update(mm_hidden_size=cfg.pop("projection_hidden_size"), projector_ln_eps=cfg.pop("projection_layer_norm_eps"))
+    cfg.update(vision_config=vision, media_placeholder_token_id=cfg.pop("image_token_id"))
+    shutil.copytree(d, tmp_path / "moonshot")
+    (tmp_path / "moonshot" / "config.json").write_text(json.dumps(cfg))
+    save_file({released(k): v for k, v in load_file(d / "model.safetensors").items()}, tmp_path / "moonshot" / "model.safetensors")
+    grids = [(1, 8, 8), (1, 4, 6)]
+    ids = torch.tensor([prompt(grids)])
+    kw = {"pixel_values": pixels(grids), "image_grid_thw": torch.tensor(grids)}
+    ours = load_model(tmp_path / "moonshot")
+    with torch.no_grad():
+        ref = hf(input_ids=ids, **kw).logits
+        assert (ours.compute_logits(ids, **kw) - ref).abs().max().item() < 1e-4
+        save_hf(ours, tmp_path / "resaved")
+        saved_cfg = json.loads((tmp_path / "resaved" / "config.json").read_text())
+        assert saved_cfg["vision_config"] == vision and saved_cfg["media_placeholder_token_id"] == PAD
+        assert (load_model(tmp_path / "resaved").compute_logits(ids, **kw) - ref).abs().max().item() < 1e-4
+
+
 def _hf_navit_resize():
     """transformers' `navit_resize`, compiled from its module's source (importing the module needs torchvision)."""
     import ast
@@ -366,6 +396,10 @@ def test_configs_it_cannot_run_are_refused(saved, tmp_path):
         (bad["vision_config"] if change == "merge_kernel_size" else bad)[change] = words[0]
         with pytest.raises(ModelLoadError, match=words[1]):
             ModelConfig.from_hf_dict(bad)
+    with pytest.raises(ModelLoadError, match="text_config of model_type 'qwen3'"):
+        ModelConfig.from_hf_dict({**cfg, "text_config": {**cfg["text_config"], "model_type": "qwen3"}})
+    kimi_k2 = ModelConfig.from_hf_dict({**cfg, "text_config": {**cfg["text_config"], "model_type": "kimi_k2"}})
+    assert kimi_k2.architecture == "deepseek_v3"  # the released files' name for it, as transformers reads it
 
 
 def test_bad_images_and_placeholder_mismatches_name_the_message(saved):
