@@ -239,8 +239,9 @@ class KimiImageProcessor:
     """Convert to RGB; shrink (PIL bicubic) by `navit_resize` and zero-pad right/bottom to whole
     merge blocks; scale and normalise fused as transformers' torchvision backend does ((x - 255·mean)
     / (255·std) in float32); cut into raster-ordered patches [N, 3, p, p], grid (1, h/p, w/p).
-    The resize is Pillow's bicubic where transformers uses torchvision's antialiased bicubic: equal
-    sizes, pixel values within a unit or so of 255 (images that need no shrinking match exactly)."""
+    Images that need no shrinking match transformers exactly. The shrink is Pillow's bicubic where
+    transformers uses torchvision's antialiased bicubic on uint8: the same sizes, but pixel values are
+    not guaranteed bit-equal (not checked here: transformers' Kimi processor needs torchvision)."""
 
     TYPE = "Kimi_K25ImageProcessor"
     patch_size: int = 14
