@@ -430,6 +430,12 @@ def test_bad_images_and_placeholder_mismatches_name_the_message(saved):
     with pytest.raises(EngineError, match=r"message 2: the prompt shows 2 image placeholder\(s\) for 1 image") as e:
         image_request(engine.tokenizer, spec, smuggled)
     assert e.value.type == "UnsupportedContent"
+    # more images than placeholders: this chat template writes none for an assistant message's image
+    dropped = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": "ok"}, messages[0]["content"][1]]},
+               {"role": "user", "content": "more"}]
+    with pytest.raises(EngineError, match=r"message 1: the prompt shows 1 image placeholder\(s\) for 2 image") as e:
+        image_request(engine.tokenizer, spec, dropped)
+    assert e.value.type == "UnsupportedContent"
     asyncio.run(engine.close())
 
 
