@@ -440,6 +440,23 @@ def test_bad_images_and_placeholder_mismatches_name_the_message(saved):
 
 
 @pytest.mark.slow
+def test_vf_train_runs_rl_steps_on_text_prompts(saved, tmp_path):
+    """test_models_families.check_vf_train's run (the default taskset, text prompts, grouped experts)
+    after one SFT warm-up step: a random model earns no reward there, the warm-up gives it loss tokens."""
+    run = tmp_path / "run"
+    proc = _train("-o", str(run), "--model", str(saved[1]), "--warmup.steps", "1", "--steps", "3",
+                  "--batch-size", "8", "--group-size", "4", "--eval.at-start", "false", "--eval.at-end", "false",
+                  "--seed", "7", "--trainer.threads", "1", "--model.moe.impl", "grouped")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["warmup", "rl", "rl", "rl"]  # --steps counts the RL steps
+    assert rows[0]["num_loss_tokens"] > 0 and rows[0]["grad_norm"] > 0
+    assert all(np.isfinite(r["loss"]) and 0 < r["moe/routing_confidence"] <= 1 for r in rows)
+    assert abs(rows[1]["mismatch_kl"]) < 1e-6  # engine and trainer agree on the first RL step's samples
+    print("kimi_k25 text run:", [(r["phase"], r["loss"], r.get("reward"), r.get("mismatch_kl")) for r in rows])
+
+
+@pytest.mark.slow
 def test_vf_train_on_image_colors_learns(saved, cli, tmp_path):
     """vf-train on image-colors: 12 SFT warm-up steps on image prompts (gradients through the
     experts, MoonViT and the projector; the loss falls), then 12 RL steps on image rollouts with
