@@ -188,12 +188,14 @@ def load_model(
 def _is_mtp_layer(hf_name: str, config: ModelConfig) -> bool:
     """Multi-token-prediction tensors, which (like transformers) we do not run: under `mtp.` /
     `model.mtp.` ("prefixed": the hybrids, DeepSeek-V4) or as decoder layers appended after the last one
-    (`model.layers.{num_hidden_layers + j}.*`, "appended": GLM-4.5, GLM-5, DeepSeek-V3)."""
+    (`model.[language_model.]layers.{num_hidden_layers + j}.*`, "appended": GLM-4.5, GLM-5, GLM-5.3, DeepSeek-V3)."""
     where = config.family.mtp
+    if config.family.ignore_hf and re.search(config.family.ignore_hf, hf_name):
+        return True
     if where == "prefixed":
         return bool(re.match(r"(model\.)?mtp\.", hf_name))
-    m = re.match(r"model\.layers\.(\d+)\.", hf_name)
-    return where == "appended" and bool(m) and int(m.group(1)) >= config.num_layers
+    m = re.match(r"model\.(language_model\.)?layers\.(\d+)\.", hf_name)
+    return where == "appended" and bool(m) and int(m.group(2)) >= config.num_layers
 
 
 def write_hf_config(path: Path, config: ModelConfig, dtypes: set[torch.dtype]) -> None:

@@ -126,6 +126,7 @@ class ModelConfig:
     image_token_id: int | None = None
     vl_architecture: str | None = None  # the VL model_type (a `VisionLanguage` spec) nesting the text family
     vl_extra: dict = field(default_factory=dict, repr=False)  # other top-level keys of a VL config.json
+    hf_layout: str | None = None  # which of a VL checkpoint's tensor-name layouts it had (`VisionLanguage.detect`)
     hf_extra: dict = field(default_factory=dict, repr=False)  # untouched HF keys, written back by to_hf_dict
     section: Any = None  # the family's own fields (`Family.section`), an instance of that dataclass
 
@@ -399,6 +400,8 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
     the text model's fields as for a text family, `vision` = the HF vision_config, `mrope_section`
     from the text rope parameters, the other top-level keys kept in `vl_extra`."""
     vl = vision_language(d["model_type"])
+    if vl.read is not None:
+        d = vl.read(d)
     text = copy.deepcopy(d["text_config"])
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     mrope = rope.pop("mrope_section", None)
@@ -413,15 +416,18 @@ def _vl_from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
     cfg = cls.from_hf_dict({**text, "model_type": vl.text,
                             "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))},
                            source)
-    half = cfg.rotary_dim // 2
-    cfg.mrope_section = list(mrope) if mrope is not None else list(vl.mrope_section)
-    if sum(cfg.mrope_section) != half:
-        raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
+    if vl.mrope_section is not None:
+        half = cfg.rotary_dim // 2
+        cfg.mrope_section = list(mrope) if mrope is not None else list(vl.mrope_section)
+        if sum(cfg.mrope_section) != half:
+            raise ModelLoadError(f"{source}: mrope_section {cfg.mrope_section} must add up to rotary_dim/2 = {half}")
     cfg.vl_architecture = d["model_type"]
     cfg.vision = copy.deepcopy(vision)
     cfg.image_token_id = int(d["image_token_id"])
     owned = {"model_type", "architectures", "text_config", "vision_config", "image_token_id", "tie_word_embeddings"}
     cfg.vl_extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in owned}
+    if vl.check is not None:
+        vl.check(cfg, d, source)
     return cfg
 
 
@@ -430,12 +436,15 @@ def _vl_to_hf(cfg: ModelConfig, text: dict[str, Any]) -> dict[str, Any]:
     text.pop("architectures", None)
     vl = cfg.vl
     text["model_type"] = vl.text_config_type
-    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
-                               "mrope_interleaved": True}
+    if vl.mrope_section is not None:
+        text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_section or []),
+                                   "mrope_interleaved": True}
     out = {**copy.deepcopy(cfg.vl_extra), "architectures": [vl.hf_class],
            "model_type": vl.model_type, "text_config": dict(sorted(text.items())),
            "vision_config": copy.deepcopy(cfg.vision), "image_token_id": cfg.image_token_id,
            "tie_word_embeddings": cfg.tie_word_embeddings}
     if "dtype" in text:
         out["dtype"] = text["dtype"]
+    if vl.write is not None:
+        vl.write(cfg, out)
     return dict(sorted(out.items()))

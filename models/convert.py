@@ -85,7 +85,10 @@ VISION_TABLE = {"visual.{rest}": ("rename", ["model.visual.{rest}"])}
 
 def table_for(config: ModelConfig) -> dict[str, tuple[str, list[str]]]:
     table = {**TABLE, **config.family.weights}
-    if config.vision is not None:
+    vl = config.vl
+    if vl is not None and vl.table is not None:  # a VL checkpoint with its own layout
+        return vl.table(table, config)
+    if vl is not None:
         table = {k: (op, [VL_TEXT_PREFIX + s.removeprefix("model.") if s.startswith("model.") else s for s in srcs])
                  for k, (op, srcs) in table.items()}
         table.update(VISION_TABLE)
@@ -150,9 +153,13 @@ ALT_SOURCES: dict[str, str] = {
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
 
 
-def _template(native_name: str) -> tuple[str, dict[str, str]]:
-    if native_name.startswith("visual."):
-        return "visual.{rest}", {"rest": native_name.removeprefix("visual.")}
+def _template(native_name: str, table: dict) -> tuple[str, dict[str, str]]:
+    """(the table row's template, its fields) for a native tensor name: a "prefix.{rest}" row of the
+    table (a vision tower's names, matched whole; the longest prefix first), else a decoder layer's
+    "layers.{i}." row."""
+    for prefix in sorted((k.removesuffix("{rest}") for k in table if k.endswith("{rest}")), key=len, reverse=True):
+        if native_name.startswith(prefix):
+            return prefix + "{rest}", {"rest": native_name.removeprefix(prefix)}
     m = re.match(r"layers\.(\d+)\.(.*)", native_name)
     if not m:
         return native_name, {}
@@ -180,9 +187,11 @@ def hf_to_native(
     """Build the native state dict for `native_names` from HF tensors (fetched with `get`).
     Returns (state dict, HF names used). Missing HF tensors raise ModelLoadError."""
     out, used, missing = {}, set(), []
+    if config.vl is not None and config.vl.detect is not None:  # which of its layouts the checkpoint has
+        config.vl.detect(config, has)
     table = table_for(config)
     for name in native_names:
-        tmpl, fmt = _template(name)
+        tmpl, fmt = _template(name, table)
         if tmpl not in table:
             raise ModelLoadError(f"no HF mapping for native tensor {name!r}")
         op, sources = table[tmpl]
@@ -274,7 +283,7 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     out = {}
     table = table_for(config)
     for name, t in state.items():
-        tmpl, fmt = _template(name)
+        tmpl, fmt = _template(name, table)
         op, sources = table[tmpl]
         if op == "rename" or (op == "fused_experts" and not config.experts_transposed):
             out[sources[0].format(**fmt)] = t

@@ -2,7 +2,7 @@
 (KDA, kda.py) and indexed-attention layers (`config.layer_types`), hyper-connection residual streams
 (hyper_connections.py, DeepSeek-V4's mHC math), dense then sparse MLPs with SwiGLU clipped at
 `swiglu_limit` (moe.py: sigmoid router with expert bias, shared expert). No rope anywhere in the text
-model (NoPE). Declarative parts (config keys, checks, weight rows): glm5_next_spec.py.
+model (NoPE). Declarative parts (config keys, checks, weight rows): models/families/glm5_next.py.
 
 Shape legend: B batch, T tokens, S keys, H hidden, n hc_mult streams, rkv kv_lora_rank, di index_head_dim,
 m index_kpool, Nw = S // m complete pools.
@@ -37,7 +37,7 @@ from torch import nn
 from vf.models.compressed_attention import visible_entries
 from vf.models.config import ModelConfig
 from vf.models.dsa import Indexer, link_shared_indexers, top_k_mask
-from vf.models.glm5_next_spec import VISION_DEFAULTS
+from vf.models.families.glm5_next import VISION_DEFAULTS
 from vf.models.hyper_connections import HyperConnection, expand
 from vf.models.kda import KimiDeltaAttention
 from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel, swiglu

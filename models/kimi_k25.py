@@ -2,8 +2,8 @@
 MoE) with the MoonViT tower and projector (models/moonvit.py); each image's projected tokens replace
 its placeholder tokens (`<|media_pad|>`, `image_token_id`). Positions are plain 1-D text positions
 (no M-RoPE: an image's tokens count as text tokens, so `rope_delta` is always 0). Declarations
-(keys, weights, checks) are models/kimi_k25_spec.py; the image preprocessing is
-`image_processor.KimiImageProcessor`.
+(keys, weights, checks) are models/families/kimi_k25.py; the image preprocessing is
+models/kimi_image_processor.py.
 
 Shape legend: B rows, T tokens per row, H hidden, n images, N patches, p patch side.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from vf.models import kimi_k25_spec as KIMI
 from vf.models.config import ModelConfig
+from vf.models.families import kimi_k25 as KIMI
 from vf.models.layers import positions_and_mask, refuse_context_parallel
 from vf.models.moonvit import MoonViT, Projector
 from vf.models.transformer import NativeModel
@@ -44,7 +44,7 @@ class KimiK25Model(NativeModel):
 
     def default_processor(self):
         """transformers' Kimi_K25ImageProcessor defaults with this tower's patch size and merge kernel."""
-        from vf.models.image_processor import KimiImageProcessor
+        from vf.models.kimi_image_processor import KimiImageProcessor
 
         return KimiImageProcessor.from_config({**KIMI.PROCESSOR_DEFAULTS, "patch_size": self.vision_tower.settings["patch_size"],
                                                "merge_size": self.merge})

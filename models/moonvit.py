@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vf.models.kimi_k25_spec import vision_settings
+from vf.models.families.kimi_k25 import vision_settings
 from vf.models.vision import _ACT
 
 

@@ -62,7 +62,7 @@ def save_with_kimi_tokenizer(hf, out):
     chat template, and the Kimi image processor PROCESSOR; returns `hf`."""
     from tokenizers import AddedToken
     from vf.models import tiny, tiny_vl
-    from vf.models.image_processor import KimiImageProcessor
+    from vf.models.kimi_image_processor import KimiImageProcessor
 
     hf.save_pretrained(out)
     tok = tiny.build_tokenizer()
@@ -238,7 +238,8 @@ def test_trainer_logprobs_equal_engine_on_image_rollouts(saved):
 
 
 def test_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_path):
-    from vf.models.image_processor import ImageProcessor, KimiImageProcessor
+    from vf.models.image_processor import ImageProcessor
+    from vf.models.kimi_image_processor import KimiImageProcessor
 
     hf, d = saved
     check_round_trip(hf, d, tmp_path, IDS)
@@ -254,7 +255,7 @@ def test_moonshot_released_names_load_and_save_back_as_released(saved, tmp_path)
     back under the released names bit-exact, and transformers loads that save to identical logits."""
     from safetensors.torch import load_file, save_file
     from vf.models import save_hf
-    from vf.models.kimi_k25_spec import released
+    from vf.models.families.kimi_k25 import released
 
     hf, d = saved
     tensors = load_file(d / "model.safetensors")
@@ -282,7 +283,7 @@ def test_moonshot_config_json_reads_as_transformers_config(saved, tmp_path):
     transformers' logits; its save keeps those names, and loads again to the same logits."""
     from safetensors.torch import load_file, save_file
     from vf.models import save_hf
-    from vf.models.kimi_k25_spec import MOONSHOT_VISION_KEYS, released
+    from vf.models.families.kimi_k25 import MOONSHOT_VISION_KEYS, released
 
     hf, d = saved
     cfg = json.loads((d / "config.json").read_text())
@@ -334,7 +335,7 @@ def _reference_pixels(image, patch=4, merge=2, max_patches=16384, max_side=512):
 
 
 def test_image_processor_pads_to_whole_merge_blocks_as_transformers():
-    from vf.models.image_processor import KimiImageProcessor, navit_resize
+    from vf.models.kimi_image_processor import KimiImageProcessor, navit_resize
 
     proc = KimiImageProcessor.from_config(PROCESSOR)
     images = [_image(32, 32), _image(13, 7, 1, "L"), _image(30, 9, 2)]
@@ -355,7 +356,8 @@ def test_image_processor_pads_to_whole_merge_blocks_as_transformers():
 
 def test_moonshot_media_proc_cfg_is_read(tmp_path):
     """Moonshot's preprocessor_config.json (custom code: `media_proc_cfg`) gives the same processor."""
-    from vf.models.image_processor import ImageProcessor, KimiImageProcessor
+    from vf.models.image_processor import ImageProcessor
+    from vf.models.kimi_image_processor import KimiImageProcessor
 
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": {
         "in_patch_limit": 64, "patch_size": 4, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],

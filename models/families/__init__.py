@@ -22,6 +22,7 @@ __all__ = [
     "VisionLanguage",
     "family",
     "hf_keys_read",
+    "image_processors",
     "native_model_types",
     "resolve",
     "vision_language",
@@ -72,6 +73,11 @@ def hf_keys_read() -> frozenset[str]:
     for f in _registry()[0].values():
         keys |= set(f.hf_keys) | set(f.aliases.values()) | set(f.extra_hf_keys)
     return frozenset(keys)
+
+
+def image_processors() -> tuple[str, ...]:
+    """The image processor classes VL families declare (`VisionLanguage.processor`)."""
+    return tuple(sorted({v.processor for v in _registry()[1].values() if v.processor}))
 
 
 def resolve(path: str):

@@ -65,6 +65,7 @@ class Family:
     fused_sources: Mapping[str, str] = field(default_factory=dict)  # "stack" rows: the one HF tensor of all experts
     derived_tensors: str | None = None
     mtp: str | None = None
+    ignore_hf: str | None = None  # regex of other HF tensor names transformers' class ignores on load
     layer: str | None = None
     model: str | None = None
 
@@ -73,12 +74,26 @@ class Family:
 class VisionLanguage:
     """A vision-language checkpoint: config.json nests the text model (`text`, a Family's
     model_type) under text_config next to a vision_config; tensors live under
-    `model.language_model.` and `model.visual.`."""
+    `model.language_model.` and `model.visual.` unless `table` says otherwise.
+
+    `mrope_section`: transformers' M-RoPE split when the text rope parameters leave it out, None for a
+    text model without M-RoPE. Hooks: `read(d) -> d` normalises the top-level keys (another
+    spelling of image_token_id), `check(cfg, d, source)` validates the whole config, `write(cfg, out)`
+    adjusts the nested config.json, `table(text_rows, cfg)` is the whole weight table when the
+    default (text rows under the VL prefix plus the `visual.` tower) does not fit, `detect(cfg, has)`
+    records on load which of several tensor layouts a checkpoint has (in `cfg.hf_layout`), `processor` is the image
+    processor class ("module:Class", default models/image_processor.py's `ImageProcessor`)."""
 
     model_type: str
     hf_class: str
     text: str  # the native text family the text_config is read as
     text_config_type: str  # the model_type written into text_config
-    mrope_section: tuple[int, ...]  # transformers' default when the text rope parameters leave it out
+    mrope_section: tuple[int, ...] | None
     deepstack: bool = True  # the tower feeds DeepStack features into early decoder layers
     model: str = "vf.models.qwen3_vl:Qwen3VLModel"
+    read: Callable[[dict], dict] | None = None
+    check: Callable[[Any, dict, str], None] | None = None
+    write: Callable[[Any, dict], None] | None = None
+    table: Callable[[dict, Any], dict] | None = None
+    detect: Callable[[Any, Callable[[str], bool]], None] | None = None
+    processor: str | None = None

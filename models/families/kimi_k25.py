@@ -1,26 +1,23 @@
-"""Kimi K2.5 (`model_type: kimi_k25`): the declarations, torch-free (moves as-is into the family
-registry). The text model is DeepSeek-V3 (config.json's text_config, `model_type` deepseek_v3, or
-kimi_k2 in the released files); the MoonViT tower and the projector are models/moonvit.py, the
-VL model models/kimi_k25.py, the image preprocessing `image_processor.KimiImageProcessor`.
+"""Kimi K2.5 (`model_type: kimi_k25`, transformers' Kimi_K25ForConditionalGeneration): the DeepSeek-V3
+text family (config.json's text_config, `model_type` deepseek_v3, or kimi_k2 in the released files)
+with the MoonViT tower and projector (models/moonvit.py), the VL model models/kimi_k25.py and its own
+image preprocessing (models/kimi_image_processor.py). No M-RoPE: an image's tokens take text positions.
 
-    MODEL_TYPE, TEXT_TYPE       the VL model_type and the native text family it nests
-    TEXT_TYPES_READ             text_config model_types read as TEXT_TYPE (transformers' BC rename)
     HF_KEYS                     top-level HF key -> default (kept in ModelConfig.vl_extra)
     with_image_token(d), projection(top, vision), MOONSHOT_VISION_KEYS
                                 Moonshot's own config.json names (read as transformers' are)
     VISION_DEFAULTS             transformers' Kimi_K25VisionConfig defaults
-    FIXED                       ModelConfig fields fixed for the family (no M-RoPE)
     check(cfg, d, source)       validate a config.json read as `cfg` (raises ModelLoadError)
-    WEIGHTS                     native name template -> (op, [HF templates]) (models/convert.py ops)
+    WEIGHTS                     the tower's and projector's rows (models/convert.py ops)
     PROCESSOR_DEFAULTS          transformers' Kimi_K25ImageProcessor defaults
     RELEASED_PROBE, released()  Moonshot's released names (the other layout read and written)
-    table(text_table, released) the whole native -> HF table
-    NEW_FIELDS                  ModelConfig fields this family adds, with defaults
+    table(text_rows, cfg)       the whole native -> HF table
 """
 
 from __future__ import annotations
 
 from vf.models.errors import ModelLoadError
+from vf.models.families._spec import VisionLanguage
 
 MODEL_TYPE = "kimi_k25"
 ARCHITECTURE = "Kimi_K25ForConditionalGeneration"
@@ -32,7 +29,6 @@ VISION_DEFAULTS = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, 
                    "num_attention_heads": 16, "num_hidden_layers": 27, "hidden_size": 1152, "intermediate_size": 4304,
                    "hidden_act": "gelu_pytorch_tanh", "merge_kernel_size": [2, 2],
                    "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}
-FIXED = {"mrope_section": None}
 PROCESSOR_DEFAULTS = {"patch_size": 14, "merge_size": 2, "max_patches": 16384, "size": {"max_height": 512, "max_width": 512},
                       "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
                       "resample": 3, "do_resize": True, "do_rescale": True, "do_normalize": True}
@@ -49,11 +45,11 @@ REST_PREFIXES = tuple(k.removesuffix("{rest}") for k in WEIGHTS)  # native names
 
 
 # Moonshot's released checkpoints (what vLLM and SGLang read) differ from transformers' save in three
-# prefixes; either loads, and a save writes the names the checkpoint had (`ModelConfig.released_names`).
+# prefixes; either loads, and a save writes the names the checkpoint had (`ModelConfig.hf_layout`).
 _RELEASED = (("language_model.model.blocks.", "language_model.model.layers."),
              ("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."), ("model.mm_projector.", "mm_projector."))
 RELEASED_PROBE = "language_model.model.layers.0.input_layernorm.weight"  # present only in the released layout
-NEW_FIELDS = {"released_names": False}
+RELEASED = "released"  # `ModelConfig.hf_layout` of a checkpoint with Moonshot's names
 
 
 def released(hf: str) -> str:
@@ -64,9 +60,15 @@ def released(hf: str) -> str:
     return hf
 
 
-def table(text_table: dict, released_names: bool) -> dict:
+def detect(cfg, has) -> None:
+    """Which layout the checkpoint has: Moonshot's released names, or transformers' save's."""
+    cfg.hf_layout = RELEASED if has(RELEASED_PROBE) else None
+
+
+def table(text_table: dict, cfg) -> dict:
     """The kimi_k25 weight table from the text family's (`model.` names): its rows under
-    `language_model.`, plus WEIGHTS; in the released layout when `released_names`."""
+    `language_model.`, plus WEIGHTS; in the released layout when the checkpoint had it."""
+    released_names = cfg.hf_layout == RELEASED
     def where(hf: str) -> str:
         hf = "language_model.lm_head.weight" if hf == "lm_head.weight" else (
             "language_model.model." + hf.removeprefix("model.").replace("layers.{i}.", "blocks.{i}."))
@@ -129,3 +131,10 @@ def check(cfg, d: dict, source: str) -> None:
     if proj != int(v["hidden_size"]):
         raise ModelLoadError(f"{source}: projection_hidden_size {proj} must equal vision_config.hidden_size "
                              f"{v['hidden_size']} (the projector's LayerNorm runs on each patch)")
+
+
+FAMILIES = (VisionLanguage(
+    model_type=MODEL_TYPE, hf_class=ARCHITECTURE, text=TEXT_TYPE, text_config_type=TEXT_TYPE, mrope_section=None,
+    model="vf.models.kimi_k25:KimiK25Model", read=with_image_token, check=check, table=table, detect=detect,
+    processor="vf.models.kimi_image_processor:KimiImageProcessor",
+),)

@@ -1,33 +1,22 @@
-"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration): everything declarative about
-the family in one torch-free module, so it moves into the family registry as it is. The model is
-models/glm5_next.py (KDA linear layers models/kda.py, k-pool indexed MLA, mHC streams, MoE).
+"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration): KDA linear-attention layers
+(models/kda.py), NoPE MLA attention with the k-pool DSA indexer, hyper-connection streams, SwiGLU-limit
+MoE after dense layers, and a vision tower (models/glm5_next.py).
 
 config.json nests the text model under `text_config` (model_type glm5_next_text) beside a
-`vision_config` and the image/video token ids at the top. The native config is the text model's,
-flat, with `architecture` "glm5_next"; `vision` keeps the HF vision_config and `vl_extra` the other
-top-level keys, so `to_hf` writes the same nesting back. Weights live under
-`model.language_model.` and the vision tower's under `model.visual.` (convert.VL_TEXT_PREFIX /
-VISION_TABLE apply because `vision` is set).
-
-  HF_KEYS     HF text_config key -> (ModelConfig field, default when absent): transformers' defaults
-  FIXED       fields fixed for the family
-  NEW_FIELDS  ModelConfig fields this family adds, with their defaults
-  check()     derives what config.json may leave out (as Glm5NextTextConfig) and refuses what the
-              native model does not run
-  to_hf()     the nested config.json
-  WEIGHTS     native name template -> (op, [HF templates]) (ops of models/convert.py), before the
-              VL prefix is applied
+`vision_config` and the image/video token ids at the top; the native config is the text model's,
+flat, with `architecture` "glm5_next". There is no rope anywhere in the text model.
 """
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 from typing import Any
 
 from vf.models.errors import ModelLoadError
+from vf.models.families._spec import Family, VisionLanguage
+from vf.models.families.glm_moe_dsa import check as check_dsa_schedule
 
 MODEL_TYPE, TEXT_TYPE, ARCHITECTURE = "glm5_next", "glm5_next_text", "Glm5NextForConditionalGeneration"
-_REQUIRED = object()
 
 HF_KEYS: dict[str, tuple[str, Any]] = {  # defaults: transformers' Glm5NextTextConfig
     "n_routed_experts": ("num_experts", 288),
@@ -61,11 +50,14 @@ HF_KEYS: dict[str, tuple[str, Any]] = {  # defaults: transformers' Glm5NextTextC
     "hc_eps": ("hc_eps", 1e-6),
 }
 FIXED: dict[str, Any] = {"router_scoring": "sigmoid", "expert_bias": True, "expert_act": "swiglu_limit"}
-NEW_FIELDS: dict[str, Any] = {
-    "linear_lower_bound": -5.0,  # KDA forget gate: lower_bound·sigmoid(..) (None: -exp(A_log)·softplus(..))
-    "index_kpool": 16,  # tokens pooled into one index candidate
-    "index_kpool_always_select_tail": True,  # the query's incomplete pool is always attended
-}
+
+
+@dataclass
+class Glm5NextSection:
+    indexer_types: list[str] | None = None  # per layer "full" | "shared" (the DSA schedule)
+    linear_lower_bound: float | None = -5.0  # KDA forget gate: lower_bound·sigmoid(..) (None: -exp(A_log)·softplus(..))
+    index_kpool: int = 16  # tokens pooled into one index candidate
+    index_kpool_always_select_tail: bool = True  # the query's incomplete pool is always attended
 # top-level config.json keys (beside text_config / vision_config), and what transformers defaults them to
 TOP_DEFAULTS = {"image_token_id": 154854, "video_token_id": 154855, "image_start_token_id": 154830,
                 "image_end_token_id": 154831, "video_start_token_id": 154832, "video_end_token_id": 154833}
@@ -76,33 +68,23 @@ VISION_DEFAULTS = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "in_channe
                    "swiglu_limit": 10.0}  # transformers' Glm5NextVisionConfig, for keys a vision_config leaves out
 
 
-def unnest(d: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A glm5_next config.json (with a vision_config) -> (its text config as a flat dict of model_type
-    glm5_next, the top-level rest). Flat configs (text keys at the top beside a vision_config, which
-    transformers also reads) are refused: where their weights live is not settled. (A flat dict without
-    a vision_config is the text config itself: ModelConfig.from_hf_dict reads it directly.)"""
-    text = d.get("text_config")
-    if not isinstance(text, dict):
+def read_top(d: dict[str, Any]) -> dict[str, Any]:
+    """config.json's top level with transformers' default image_token_id when it leaves it out."""
+    return d if d.get("image_token_id") is not None else {**d, "image_token_id": TOP_DEFAULTS["image_token_id"]}
+
+
+def read(fields: dict, d: dict[str, Any], source: str) -> None:
+    """A flat config.json is the text model's; flat text keys beside a vision_config (which
+    transformers also reads) are refused: where their weights live is not settled."""
+    if "vision_config" in d:
         raise ModelLoadError(f"{source}: a glm5_next config.json without a text_config object is not supported natively",
                              hint="--model.impl hf runs it through transformers")
-    top = {k: copy.deepcopy(v) for k, v in d.items() if k != "text_config"}
-    flat = {**copy.deepcopy(text), "model_type": MODEL_TYPE,
-            "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
-    return flat, top
-
-
-def nest(cfg, top: dict[str, Any]) -> None:
-    """Keep the top-level keys on the flat config (`vision`, `image_token_id`, `vl_extra`)."""
-    vision = top.get("vision_config")
-    cfg.vision = copy.deepcopy(vision) if isinstance(vision, dict) else {}
-    cfg.image_token_id = int(top.get("image_token_id", TOP_DEFAULTS["image_token_id"]))
-    owned = {"model_type", "architectures", "vision_config", "image_token_id", "tie_word_embeddings"}
-    cfg.vl_extra = {k: v for k, v in top.items() if k not in owned}
 
 
 def check(cfg, d: dict[str, Any], source: str) -> None:
     """Derive the schedules and legacy keys as Glm5NextTextConfig does; refuse what the native model
     does not run (as transformers' validate_architecture, plus native limits)."""
+    check_dsa_schedule(cfg, d, source)
     n = cfg.num_layers
     if "linear_lower_bound" in d and d["linear_lower_bound"] is None:  # explicit null: the softplus decay
         cfg.linear_lower_bound = None
@@ -151,16 +133,11 @@ def check(cfg, d: dict[str, Any], source: str) -> None:
         raise ModelLoadError(f"{source}: linear attention sizes must be positive")
 
 
-def to_hf(cfg, d: dict[str, Any]) -> dict[str, Any]:
-    """The flat HF dict `ModelConfig.to_hf_dict` built -> the nested config.json transformers writes."""
-    text = {k: v for k, v in d.items() if k not in ("architectures", "rope_parameters", "rope_theta")}
-    text["model_type"], text["head_dim"] = TEXT_TYPE, 0  # transformers: head_dim is the (absent) rope dim
-    out = {**copy.deepcopy(cfg.vl_extra), "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
-           "text_config": dict(sorted(text.items())), "vision_config": copy.deepcopy(cfg.vision),
-           "image_token_id": cfg.image_token_id, "tie_word_embeddings": cfg.tie_word_embeddings}
-    if "dtype" in text:
-        out["dtype"] = text["dtype"]
-    return dict(sorted(out.items()))
+def write(cfg, d: dict[str, Any]) -> None:
+    """The text config transformers writes: no rope keys, head_dim 0 (its absent rope dim)."""
+    for k in ("rope_parameters", "rope_theta"):
+        d.pop(k, None)
+    d["head_dim"] = 0
 
 
 L, A = "model.layers.{i}.", "model.layers.{i}.self_attn."
@@ -189,3 +166,12 @@ WEIGHTS: dict[str, tuple[str, list[str]]] = {
         "concat", [L + "mlp.shared_experts.gate_proj.weight", L + "mlp.shared_experts.up_proj.weight"]),
     "layers.{i}.mlp.shared.down_proj.weight": ("rename", [L + "mlp.shared_experts.down_proj.weight"]),
 }
+
+_LAYERS = "vf.models.glm5_next:"
+FAMILIES = (
+    Family(model_type=MODEL_TYPE, hf_class=ARCHITECTURE, section=Glm5NextSection, hf_keys=HF_KEYS, fixed=FIXED,
+           read=read, check=check, write=write, weights=WEIGHTS, mtp="appended", ignore_hf=r"\.shared_head\.",
+           layer=_LAYERS + "Glm5NextLayer", model=_LAYERS + "Glm5NextModel"),
+    VisionLanguage(model_type=MODEL_TYPE, hf_class=ARCHITECTURE, text=MODEL_TYPE, text_config_type=TEXT_TYPE,
+                   mrope_section=None, deepstack=False, model=_LAYERS + "Glm5NextModel", read=read_top),
+)
