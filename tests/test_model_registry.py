@@ -15,7 +15,7 @@ from vf.models import ModelConfig, ModelLoadError, build_model
 from vf.models.families import family, native_model_types, vision_language
 
 MODELS = Path(families.__file__).resolve().parents[1]
-SHARED = ("config.py", "convert.py", "transformer.py", "checkpoint.py", "layers.py")
+SHARED = ("config.py", "convert.py", "transformer.py", "checkpoint.py", "layers.py", "image_processor.py")
 
 
 def test_shared_modules_name_no_family():
