@@ -25,11 +25,17 @@ Engine cache: indexed layers store the MLA latent [1, rkv], the index key and ga
 each ("kv"); pools are re-formed from them every step (keys at absolute positions). KDA layers keep
 their conv window and delta state ("state").
 Images (`compute_logits(ids, pixel_values=, image_grid_thw=)`): `Glm5NextVision` embeds them and the
-embeddings replace the image tokens (no positions to adjust: the text model has no rope); videos are
-refused. The engine and trainer run text prompts (no image processor is wired for this family).
+embeddings replace the image tokens (`<|image|>`, embedded as itself first, as transformers does; no
+positions to adjust: the text model has no rope, so `rope_delta` is 0); videos are refused. The
+engine and trainer get image prompts through the VL methods (`is_multimodal`, `image_inputs`,
+`image_tokens`, ...; models/kimi_k25.py has the same), with GLM's own preprocessing
+(models/glm5_image_processor.py). Images are consumed in token order across rows (row-major), so packed
+documents need nothing beyond the text model's document masking.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,13 +44,15 @@ from vf.models.compressed_attention import visible_entries
 from vf.models.config import ModelConfig
 from vf.models.dsa import Indexer, link_shared_indexers, top_k_mask
 from vf.models.families.glm5_next import VISION_DEFAULTS
+from vf.models.glm5_image_processor import Glm5ImageProcessor
 from vf.models.hyper_connections import HyperConnection, expand
+from vf.models.image_processor import pixel_inputs, processor_for
 from vf.models.kda import KimiDeltaAttention
 from vf.models.layers import MLP, Documents, RMSNorm, positions_and_mask, refuse_context_parallel, swiglu
 from vf.models.mla import MLAttention
 from vf.models.moe import MoE
 from vf.models.transformer import NativeModel
-from vf.models.vision import PatchEmbed, _patch_coords, _rope
+from vf.models.vision import PatchEmbed, _patch_coords, _rope, merged_tokens
 
 from vf.errors import UsageError
 
@@ -155,11 +163,38 @@ class Glm5NextLayer(nn.Module):
 
 
 class Glm5NextModel(NativeModel):
+    processor = None  # the model directory's image processor (set by load_model), else `default_processor()`
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)  # embeddings, Glm5NextLayer layers, final norm, head
         link_shared_indexers([layer.attn for layer in self.layers if layer.kind == "indexed_attention"])
         self.visual = Glm5NextVision(config.vision) if config.vision is not None else None
         self.image_token_id = config.image_token_id
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.visual is not None  # a text-only glm5_next checkpoint (flat config.json) has no tower
+
+    def default_processor(self) -> Glm5ImageProcessor:
+        """transformers' Glm5NextImageProcessor defaults with this tower's patch, frame and merge sizes."""
+        v = self.visual.settings
+        return Glm5ImageProcessor(patch_size=v["patch_size"], temporal_patch_size=v["temporal_patch_size"],
+                                  merge_size=v["spatial_merge_size"])
+
+    def image_inputs(self, refs: list[str], roots=()) -> dict:
+        """Image references (data URLs, local files under `roots`, default the working directory)
+        -> pixel_values [N, 3·tp·p²], image_grid_thw [n, 3]."""
+        if self.processor is None:
+            self.processor = processor_for(self)
+        p = self.embed_tokens.weight
+        return pixel_inputs(self.processor, refs, roots or (Path.cwd(),), device=p.device, dtype=p.dtype)
+
+    def image_tokens(self, grid) -> int:
+        """`<|image|>` tokens one image of patch grid (t, h, w) takes: t·h·w / merge²."""
+        return merged_tokens(grid, self.visual.merge)
+
+    def rope_delta(self, input_ids: list[int], grids) -> int:
+        return 0  # no rope: positions after an image are plain token counts
 
     def kv_streams(self) -> list[tuple[int, int]]:
         c = self.config
@@ -257,7 +292,7 @@ class Glm5NextVision(nn.Module):
 
     def __init__(self, vision: dict):
         super().__init__()
-        v = {**VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
+        self.settings = v = {**VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
         self.merge, self.head_dim = v["spatial_merge_size"], v["hidden_size"] // v["num_heads"]
         self.theta = float((v.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         self.patch_embed = PatchEmbed(v)

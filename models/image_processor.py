@@ -132,13 +132,17 @@ class ImageProcessor:
         return {"pixel_values": np.concatenate(patches) if patches else np.zeros((0, D), np.float32),
                 "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3)}
 
-    def pixels(self, image) -> np.ndarray:
-        """RGB image -> resized, rescaled, normalised float32 [3, h, w]."""
+    def canvas(self, image) -> np.ndarray:
+        """RGB image -> resized uint8 [3, h, w] (a family's processor may pad it, see `pixels`)."""
         image = image.convert("RGB")
         h, w = self.resized(*image.size)
         if (w, h) != image.size:
             image = image.resize((w, h), resample=self.resample)
-        x = np.asarray(image).transpose(2, 0, 1)
+        return np.asarray(image).transpose(2, 0, 1)
+
+    def pixels(self, image) -> np.ndarray:
+        """RGB image -> resized (`canvas`), rescaled, normalised float32 [3, h, w]."""
+        x = self.canvas(image)
         if self.do_rescale:
             x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
         x = x.astype(np.float32)

@@ -1,15 +1,23 @@
-"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration) on text prompts against
-transformers, on random tiny configs shrunk from transformers' Glm5NextTextConfig defaults: fp32 logits
-(both MoE paths), packed rows, cached decode, the engine's greedy continuation and log-probs, the HF
-round trip (vision tower weights included), each mechanism mattering, broken checkpoints and configs,
-vf-train, and image prompts through the vision tower. Every tensor is random (transformers zero/one-inits the k-pool ape and gate, norms, biases,
-the expert-selection bias and A_log), so each one reaches the logits.
+"""GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration) against transformers, on
+random tiny configs shrunk from transformers' Glm5NextTextConfig defaults: fp32 logits (both MoE
+paths), packed rows, cached decode, the engine's greedy continuation and log-probs, the HF round trip
+(vision tower weights included), each mechanism mattering, broken checkpoints and configs, vf-train;
+and images end to end: logits through the vision tower, GLM's image preprocessing (pixel-exact against
+transformers' PIL backend), the engine's greedy continuation of an image chat prompt, engine vs
+trainer log-probs on image rollouts, packed image documents, bad images, vf-train on image-colors.
+Every tensor is random (transformers zero/one-inits the k-pool ape and gate, norms, biases, the
+expert-selection bias and A_log), so each one reaches the logits.
+
+The checkpoint's tokenizer is the built-in tiny one plus GLM's image/video tokens (special); its
+chat template writes `<|begin_of_image|><|image|><|end_of_image|>` per image part, as GLM's does,
+and the directory holds transformers' own Glm5NextImageProcessorPil config.
 
 The indexer's top-k has no defined order for exactly tied pool scores (every index head's ReLU at 0):
 the configs use 8 index heads so that no tie reaches the k-th place in these rows."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,9 +36,20 @@ from test_models_families import (
     check_vf_train,
 )
 from test_models_parity import hf_logits
+from test_vl import (
+    _image,
+    _image_messages,
+    check_packed,
+    check_trainer_logprobs,
+    train_on_image_colors,
+    user_node,
+)
 from vf.models import ModelConfig, ModelLoadError, build_model, load_model, save_hf
 
-V = 512  # the built-in tiny tokenizer's vocabulary
+# the built-in tiny tokenizer's 512 tokens, then GLM's image and video tokens (see save_with_glm_tokenizer)
+GLM_TOKENS = ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
+START, END, IMAGE = 512, 513, 514
+V = 512 + len(GLM_TOKENS)
 # transformers' defaults with the sizes shrunk: a KDA layer, a full indexed layer, a "shared" indexed
 # layer reusing its selection, a KDA layer; dense then sparse MLPs (4 experts, top 2, a shared expert),
 # 4 hyper-connection streams; k-pools of 4 tokens, top-8 = 2 pools per query (of up to 10 in 40 tokens)
@@ -43,15 +62,51 @@ TEXT = {"vocab_size": V, "hidden_size": 64, "num_hidden_layers": 4, "num_attenti
         "indexer_types": ["full", "full", "shared", "full"], "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}
 VISION = {"depth": 1, "hidden_size": 32, "num_heads": 2, "image_size": 16, "patch_size": 4, "out_hidden_size": 64,
           "intermediate_size": 64, "projection_intermediate_size": 64}
-TOP = {"image_token_id": 500, "video_token_id": 501, "image_start_token_id": 502, "image_end_token_id": 503,
-       "video_start_token_id": 504, "video_end_token_id": 505}
+TOP = {"image_token_id": IMAGE, "video_token_id": 517, "image_start_token_id": START, "image_end_token_id": END,
+       "video_start_token_id": 515, "video_end_token_id": 516}
+# transformers' defaults (CLIP mean/std, temporal 2) with 4-pixel patches and a 4..64-token budget
+PROCESSOR = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2, "min_image_tokens": 4, "max_image_tokens": 64}
 IDS = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(1))
+
+_RENDER = ("{%- macro render(content) -%}{%- if content is string -%}{{- content -}}{%- else -%}"
+           "{%- for part in content -%}{%- if part.type == 'image_url' or part.type == 'image' -%}"
+           "{{- '<|begin_of_image|><|image|><|end_of_image|>' -}}{%- elif part.type == 'text' -%}"
+           "{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}\n")
+
+
+def save_with_glm_tokenizer(hf, out):
+    """`hf.save_pretrained(out)`, the tiny tokenizer plus GLM_TOKENS (special) with an image chat
+    template (tiny-vl's, GLM's image markup), and transformers' Glm5NextImageProcessorPil(PROCESSOR)."""
+    from tokenizers import AddedToken
+    from transformers.models.glm5_next.image_processing_pil_glm5_next import Glm5NextImageProcessorPil
+    from vf.models import tiny, tiny_vl
+
+    hf.save_pretrained(out)
+    Glm5NextImageProcessorPil(**PROCESSOR).save_pretrained(out)
+    tok = tiny.build_tokenizer()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_TOKENS])
+    tok.save(str(out / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in tiny.SPECIAL + tiny.ADDED + GLM_TOKENS}
+    assert [ids[t] for t in GLM_TOKENS] == list(range(512, V))
+    special = set(tiny.SPECIAL + GLM_TOKENS)
+    template = _RENDER + tiny_vl.CHAT_TEMPLATE.split("{%- endmacro -%}\n", 1)[1]
+    tiny._write_json(out / "tokenizer_config.json", {
+        "add_bos_token": False, "add_prefix_space": False, "bos_token": None, "chat_template": template,
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": t in special} for t, i in ids.items()},
+        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 256,
+        "pad_token": "<|endoftext|>", "split_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": None, "image_token": "<|image|>", "video_token": "<|video|>"})
+    tiny._write_json(out / "special_tokens_map.json", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    tiny._write_json(out / "generation_config.json", {"eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+                                                      "do_sample": True})
+    return hf
 
 
 def build(out, seed=0, drop=(), **text):
     """A random tiny Glm5NextForConditionalGeneration checkpoint in `out` (tiny tokenizer), the text
     config's `drop` keys left to transformers' defaults; returns the HF model."""
-    hf = build_conditional_generation("glm5_next", out, seed,
+    hf = build_conditional_generation("glm5_next", out, seed, save=save_with_glm_tokenizer,
                                       configs=({k: v for k, v in {**TEXT, **text}.items() if k not in drop}, VISION, TOP))
     hf.config._attn_implementation = hf.config.text_config._attn_implementation = "eager"
     return hf
@@ -87,7 +142,17 @@ def test_glm5_next_round_trip_bit_exact_and_loadable_by_transformers(saved, tmp_
     check_round_trip(*saved, tmp_path, IDS)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model_type"] == "glm5_next" and cfg["text_config"]["model_type"] == "glm5_next_text"
-    assert cfg["vision_config"]["depth"] == 1 and cfg["image_start_token_id"] == 502
+    assert cfg["vision_config"]["depth"] == 1 and cfg["image_start_token_id"] == START
+    # GLM's image processor travels with the checkpoint, and transformers reads what we write alike
+    from transformers.models.glm5_next.image_processing_pil_glm5_next import Glm5NextImageProcessorPil
+    from vf.models.glm5_image_processor import Glm5ImageProcessor
+    from vf.models.image_processor import ImageProcessor
+
+    ours = ImageProcessor.from_dir(tmp_path)
+    assert isinstance(ours, Glm5ImageProcessor) and ours == ImageProcessor.from_dir(saved[1])
+    image = _image(53, 37)
+    assert np.array_equal(Glm5NextImageProcessorPil.from_pretrained(tmp_path)([image], return_tensors="np")["pixel_values"],
+                          ours([image])["pixel_values"])
 
 
 def test_glm5_next_selection_drops_keys_and_each_mechanism_matters(saved):
@@ -178,7 +243,7 @@ def _image_prompt(grids, text=(5, 6), gap=(7, 8, 9), tail=(10, 11)):
     """Token ids: text, then per image <start> pads <end> and some text; and random patches."""
     ids = list(text)
     for i, (t, h, w) in enumerate(grids):
-        ids += [502] + [500] * (t * h * w // 4) + [503] + list(gap if i < len(grids) - 1 else tail)
+        ids += [START] + [IMAGE] * (t * h * w // 4) + [END] + list(gap if i < len(grids) - 1 else tail)
     g = torch.Generator().manual_seed(len(ids))
     return ids, torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 4 * 4, generator=g)
 
@@ -209,6 +274,147 @@ def test_glm5_next_image_prompts_match_transformers(saved):
         got = model.compute_logits(packed, pos, **kw)[0]
         sep = torch.cat([out[0], model.compute_logits(text[None])[0]])
         assert (got - sep).abs().max().item() <= 1e-5
+
+
+def _hf_pil_processor(**kw):
+    from transformers.models.glm5_next.image_processing_pil_glm5_next import Glm5NextImageProcessorPil
+
+    return Glm5NextImageProcessorPil(**{**PROCESSOR, **kw})
+
+
+def test_glm5_next_image_processor_equals_transformers():
+    """Pixel values and grids equal transformers' Glm5NextImageProcessorPil exactly: images inside the
+    budget (padded to whole merge blocks), over it (shrunk, then padded), under the token floor
+    (enlarged), grey and extreme aspects, and transformers' defaults; its sizing function agrees on
+    a sweep; `grid` (the engine's token count) agrees with transformers' own count."""
+    from transformers.models.glm5_next.image_processing_pil_glm5_next import smart_resize
+    from vf.models.glm5_image_processor import Glm5ImageProcessor, glm_smart_resize
+    from vf.models.image_processor import ImageProcessor
+
+    images = [_image(53, 37), _image(16, 16, 1, "L"), _image(90, 200, 2), _image(8, 500, 3), _image(3, 2, 4),
+              _image(1, 300, 5), _image(640, 480, 6), _image(32, 32, 7)]
+    for kw in ({}, {"min_image_tokens": 30, "max_image_tokens": 40}, {"patch_size": 14, "min_image_tokens": 16,
+                                                                         "max_image_tokens": 8000}):
+        theirs = _hf_pil_processor(**kw)
+        ours = ImageProcessor.from_config(theirs.to_dict())  # the family's processor, found by the config's type
+        assert isinstance(ours, Glm5ImageProcessor) and ours.max_image_tokens == theirs.max_image_tokens
+        want, got = theirs(images, return_tensors="np"), ours(images)
+        assert got["image_grid_thw"].tolist() == want["image_grid_thw"].tolist(), kw
+        assert np.array_equal(got["pixel_values"], want["pixel_values"]), kw
+        assert [list(ours.grid(*im.size)) for im in images] == want["image_grid_thw"].tolist()
+        assert [ours.grid(*im.size)[1] * ours.grid(*im.size)[2] for im in images] == [
+            theirs.get_number_of_image_patches(im.size[1], im.size[0]) for im in images]
+    grids = ImageProcessor.from_config(_hf_pil_processor().to_dict())(images)["image_grid_thw"].tolist()
+    assert grids[0] == [1, 10, 14] and grids[2] == [1, 24, 10] and grids[4] == [1, 4, 6]  # padded, shrunk, enlarged
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        h, w = (int(v) for v in rng.integers(1, 3000, 2))
+        f, lo = int(rng.choice([8, 28, 56])), int(rng.integers(0, 64))
+        hi = lo + int(rng.integers(1, 9000))
+        assert glm_smart_resize(h, w, f, 2, lo, hi) == smart_resize(2, h, w, 2, f, lo, hi), (h, w, f, lo, hi)
+    assert Glm5ImageProcessor.from_config(Glm5ImageProcessor().to_config()) == Glm5ImageProcessor()
+    assert type(ImageProcessor.from_config({"image_processor_type": "Qwen2VLImageProcessor"})) is ImageProcessor
+    with pytest.raises(ModelLoadError, match="max_image_tokens"):
+        Glm5ImageProcessor.from_config({**_hf_pil_processor().to_dict(), "max_image_tokens": 0})
+
+
+def test_glm5_next_engine_greedy_on_an_image_prompt_equals_transformers_generate(saved):
+    """The chat template's `<|begin_of_image|><|image|><|end_of_image|>` expands to the image's 16
+    tokens (32x32 pixels, 4-pixel patches, 2x2 merged); the engine (KDA state, MLA latent and index
+    caches after an image prefill), batched with a text prompt, continues as transformers.generate."""
+    from test_models_kimi_k25 import check_image_greedy
+
+    hf, d = saved
+    ids = check_image_greedy(d, hf, text=IDS[0, :9].tolist())
+    first = ids.index(IMAGE)
+    assert ids.count(IMAGE) == 16 and ids[first - 1] == START and ids[first + 16] == END
+
+
+def test_glm5_next_trainer_logprobs_equal_engine_on_image_rollouts(saved):
+    err = check_trainer_logprobs(saved[1])  # three image rollouts packed in one row, within 1e-5
+    print("glm5_next engine vs trainer image log-probs max abs diff:", err)
+
+
+def test_glm5_next_packed_image_documents_equal_separate(saved):
+    """Two image prompts in one row: each document's images, pools, KDA state and streams its own."""
+    model = load_model(saved[1])
+    assert model.is_multimodal and model.image_tokens((1, 8, 6)) == 12 and model.rope_delta([1, 2], [[1, 8, 6]]) == 0
+    print("glm5_next packed image documents max abs diff:", check_packed(model, (IMAGE, START, END)))
+    import dataclasses
+
+    text_only = build_model(dataclasses.replace(model.config, vision=None), seed=0)
+    assert not text_only.is_multimodal  # a flat (text) glm5_next config: the engine renders text only
+
+
+def test_glm5_next_bad_images_and_placeholder_mismatches_name_the_message(saved):
+    """An image that does not decode fails its request (BadImage: in vf-eval its episode fails); the
+    vLLM path's request builder, with GLM's processor and placeholder, names the message of a bad
+    image, and of a prompt whose placeholders and images differ in number (UnsupportedContent: the
+    run stops, exit 2); the local engine refuses such a prompt too."""
+    import asyncio
+
+    from vf.engines.chat import render_multimodal
+    from vf.engines.local import LocalEngine
+    from vf.engines.vllm_images import ImageSpec, image_request
+    from vf.errors import EngineError
+
+    engine = LocalEngine.from_model(str(saved[1]))
+    messages, _ = _image_messages()
+    bad = [messages[0], {"role": "assistant", "content": "ok"},
+           {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]
+    with pytest.raises(EngineError, match="cannot be decoded") as e:
+        render_multimodal(engine.tokenizer, engine.model, bad)
+    assert e.value.type == "BadImage"
+    spec = ImageSpec.from_dir(saved[1])
+    assert spec.image_token_id == IMAGE and spec.tokens(32, 32) == 16 and spec.tokens(53, 37) == 35
+    req = image_request(engine.tokenizer, spec, messages)
+    assert req.expanded_ids == render_multimodal(engine.tokenizer, engine.model, messages)[0]
+    with pytest.raises(EngineError, match=r"message 2, image 1: the image cannot be decoded"):
+        image_request(engine.tokenizer, spec, bad)
+    smuggled = [messages[0], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "a <|image|> b"}]
+    with pytest.raises(EngineError, match=r"message 2: the prompt shows 2 image placeholder\(s\) for 1 image") as e:
+        image_request(engine.tokenizer, spec, smuggled)
+    assert e.value.type == "UnsupportedContent"
+    # more images than placeholders: this chat template writes none for an assistant message's image
+    dropped = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": "ok"}, messages[0]["content"][1]]},
+               {"role": "user", "content": "more"}]
+    with pytest.raises(EngineError, match=r"message 1: the prompt shows 1 image placeholder\(s\) for 2 image") as e:
+        image_request(engine.tokenizer, spec, dropped)
+    assert e.value.type == "UnsupportedContent"
+    with pytest.raises(EngineError, match=r"wrote 1 image placeholder\(s\) for 2 image"):
+        render_multimodal(engine.tokenizer, engine.model, dropped)
+    asyncio.run(engine.close())
+
+
+@pytest.mark.slow
+def test_vf_eval_bad_images_fail_their_episode_and_the_run_goes_on(saved, cli, tmp_path):
+    """test_vl's four-image taskset on this checkpoint: the good image's episode runs, an URL, an
+    undecodable image and a file outside the roots each fail their own episode with a BadImage."""
+    from test_vl import BAD_IMAGES_ENV
+
+    env = tmp_path / "bad_images.py"
+    env.write_text(BAD_IMAGES_ENV)
+    r = cli("vf-eval", str(env), "-m", str(saved[1]), "-n", "4", "-r", "1", "-o", str(tmp_path / "run"), "--json",
+            "--sampling.max-tokens", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    episodes = {e["task"]["data"]["id"]: e for e in map(json.loads, (tmp_path / "run" / "traces.jsonl").read_text().splitlines())}
+    assert episodes["bad-0"]["ok"] and user_node(episodes["bad-0"])["token_ids"].count(IMAGE) == 16
+    for key, words in {"bad-1": "not read", "bad-2": "cannot be decoded", "bad-3": "outside"}.items():
+        (err,) = [c["error"] for t in episodes[key]["traces"] for c in t["calls"]]
+        assert not episodes[key]["ok"] and err["type"] == "BadImage" and words in err["message"], err
+
+
+@pytest.mark.slow
+def test_vf_train_on_image_colors_runs_on_glm5_next(saved, cli, tmp_path):
+    """An SFT warm-up step on image prompts (gradients through the experts and the tower), then two RL
+    steps on image rollouts with MoE metrics, every image its 16 `<|image|>` tokens."""
+    rows, episodes = train_on_image_colors(cli, saved[1], tmp_path / "run", "--warmup.steps", "1", "--steps", "2",
+                                           "--trainer.threads", "1")
+    print("glm5_next image-colors:", [(r["phase"], r["loss"], r.get("reward")) for r in rows])
+    assert [r["phase"] for r in rows] == ["warmup", "rl", "rl"] and len(episodes) == 4
+    assert rows[0]["num_loss_tokens"] > 0 and rows[0]["grad_norm"] > 0
+    assert all(np.isfinite(r["loss"]) and 0 < r["moe/routing_confidence"] <= 1 for r in rows)
+    assert all(user_node(ep)["token_ids"].count(IMAGE) == 16 for ep in episodes)
 
 
 def test_glm5_next_native_build_saves_and_reloads(saved, tmp_path):

@@ -1,6 +1,7 @@
 """GLM-5.3 (`glm5_next`, transformers' Glm5NextForConditionalGeneration): KDA linear-attention layers
 (models/kda.py), NoPE MLA attention with the k-pool DSA indexer, hyper-connection streams, SwiGLU-limit
-MoE after dense layers, and a vision tower (models/glm5_next.py).
+MoE after dense layers, and a vision tower (models/glm5_next.py); GLM's image preprocessing is
+models/glm5_image_processor.py (`processor`, found by preprocessor_config.json's image_processor_type).
 
 config.json nests the text model under `text_config` (model_type glm5_next_text) beside a
 `vision_config` and the image/video token ids at the top; the native config is the text model's,
@@ -173,5 +174,6 @@ FAMILIES = (
            read=read, check=check, write=write, weights=WEIGHTS, mtp="appended", ignore_hf=r"\.shared_head\.",
            layer=_LAYERS + "Glm5NextLayer", model=_LAYERS + "Glm5NextModel"),
     VisionLanguage(model_type=MODEL_TYPE, hf_class=ARCHITECTURE, text=MODEL_TYPE, text_config_type=TEXT_TYPE,
-                   mrope_section=None, deepstack=False, model=_LAYERS + "Glm5NextModel", read=read_top),
+                   mrope_section=None, deepstack=False, model=_LAYERS + "Glm5NextModel", read=read_top,
+                   processor="vf.models.glm5_image_processor:Glm5ImageProcessor"),
 )
