@@ -122,6 +122,24 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None):
     return out.transpose(1, 2).to(dtype), S
 
 
+def delta_scan(q, k, v, g, beta, S0, docs, lengths):
+    """The gated delta rule over a batch as a layer sees it: packed documents each from a zero state,
+    one cached decode token by the recurrent form, else chunked from S0. g is [B, T, nv] (a decay per
+    head) or [B, T, nv, dk] (per key channel). Right padding (`lengths`) neither decays nor updates,
+    so the state stays at the last real token. Returns (out [B, T, nv, dv], final state)."""
+    B, T = beta.shape[:2]
+    valid = valid_mask(lengths, B, T, beta.device)
+    if valid is not None:
+        beta, g = beta * valid[..., None], g * valid.view(B, T, *([1] * (g.dim() - 2)))
+    if docs is not None:
+        layout = ChunkLayout(docs.spans, T, CHUNK, beta.device)
+        out, S = chunk_gated_delta_rule(*(layout.pack(t) for t in (q, k, v, g, beta)), resets=layout.resets)
+        return layout.unpack(out), S
+    if T == 1 and S0 is not None:
+        return recurrent_gated_delta_rule(q, k, v, g, beta, S0)
+    return chunk_gated_delta_rule(q, k, v, g, beta, S0)
+
+
 class GatedRMSNorm(nn.Module):
     """norm(x) * w * silu(gate) over the last dim (norm before gate, as transformers' RMSNormGated);
     act="sigmoid" (Kimi Delta Attention): norm(x) * w * sigmoid(gate), all in fp32 (its strict-fp32 norm)."""
@@ -190,19 +208,9 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, nv, self.dv)
         beta = b.sigmoid()
         g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
-        valid = valid_mask(lengths, B, T, b.device)
-        if valid is not None:  # right padding: no decay, no update, so the state stays at the last real token
-            beta, g = beta * valid[..., None], g * valid[..., None]
-        S0 = None if state is None else state[1]
-        if docs is not None:
-            layout = ChunkLayout(docs.spans, T, CHUNK, b.device)
-            out, S = chunk_gated_delta_rule(*(layout.pack(t) for t in (q, k, v, g, beta)), resets=layout.resets)
-            out = layout.unpack(out)
-        elif T == 1 and S0 is not None:
-            out, S = recurrent_gated_delta_rule(q, k, v, g, beta, S0)
-        else:
-            out, S = chunk_gated_delta_rule(q, k, v, g, beta, S0)
+        out, S = delta_scan(q, k, v, g, beta, None if state is None else state[1], docs, lengths)
         return out, conv_state, S
+
 
     def _sharded(self, mixed, b, a, mask):
         """Under CP (models/context_parallel_recurrent.py): this rank's slice of q/k/v/b/a goes to the

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vf.models.config import ModelConfig
-from vf.models.deltanet import CHUNK, GatedRMSNorm, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from vf.models.deltanet import GatedRMSNorm, delta_scan
 from vf.models.layers import Documents, refuse_context_parallel
-from vf.models.recurrent import ChunkLayout, causal_conv, valid_mask
+from vf.models.recurrent import causal_conv
 
 
 class KimiDeltaAttention(nn.Module):
@@ -72,18 +72,7 @@ class KimiDeltaAttention(nn.Module):
                                         None if state is None else state[0], lengths)
         q, k, v = (t.reshape(B, T, self.nh, self.d) for t in mixed.split(self.nh * self.d, dim=-1))
         g, beta = self.decay(x), torch.sigmoid(self.b_proj(x))
-        valid = valid_mask(lengths, B, T, x.device)
-        if valid is not None:  # right padding: no decay, no update, so the state stays at the last real token
-            beta, g = beta * valid[..., None], g * valid[..., None, None]
-        S0 = None if state is None else state[1]
-        if docs is not None:  # packed documents: each scans from a zero state
-            layout = ChunkLayout(docs.spans, T, CHUNK, x.device)
-            out, S = chunk_gated_delta_rule(*(layout.pack(t) for t in (q, k, v, g, beta)), resets=layout.resets)
-            out = layout.unpack(out)
-        elif T == 1 and S0 is not None:
-            out, S = recurrent_gated_delta_rule(q, k, v, g, beta, S0)
-        else:
-            out, S = chunk_gated_delta_rule(q, k, v, g, beta, S0)
+        out, S = delta_scan(q, k, v, g, beta, None if state is None else state[1], docs, lengths)
         if cache is not None:
             cache.set_state(self.layer_idx, conv_state, S)
         gate = self.g_b_proj(self.g_a_proj(x)).reshape(B, T, self.nh, self.d)
