@@ -80,6 +80,23 @@ def test_logits_equal_transformers_on_text_and_image_prompts(family, saved):
     check_logits_parity(FAMILIES[family], hf, d, IDS)  # two 40-token rows, both MoE compute paths
 
 
+def test_fused_experts_read_in_place_are_realigned_for_grouped_mm(saved):
+    """transformers writes qwen3_vl_moe's fused experts where safetensors puts them (8-byte aligned, here
+    8 mod 16): loaded in place, grouped_mm's 16-byte rule sent every MoE layer down the padded path."""
+    from safetensors import safe_open
+
+    from vf.models.moe import _aligned
+
+    d = saved["qwen3_vl_moe"][1]
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        offsets = [f.get_tensor(k).data_ptr() % 16 for k in f.keys() if "experts" in k]
+    assert any(offsets), "the fixture no longer has a misaligned expert tensor: the test would not bite"
+    model = load_model(d)
+    assert all(p.data_ptr() % 16 == 0 for p in model.parameters())
+    layer = model.layers[0].mlp
+    assert _aligned(layer.gate_up_proj, layer.down_proj)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packed_rows_equal_separate_documents(family, saved):
     ours = load_model(saved[family][1])
