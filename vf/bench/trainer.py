@@ -12,7 +12,9 @@ loss, on the same batch.
 
 Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
 0.5B-class Qwen3 shape with the 151,936-token vocabulary, or of a few layers of Qwen3-30B-A3B /
-GLM-4.5-Air scaled to CPU (128 experts, top-8, 4k vocabulary), built once into the vf cache). Each
+GLM-4.5-Air scaled to CPU (128 experts, top-8, 4k vocabulary), or of issue 19's model families scaled
+the same way, built once into the vf cache; Qwen3-VL-MoE's is built by transformers, and its reference
+is Qwen3VLMoeForConditionalGeneration on text-only ids: no causal-LM class exists for it). Each
 variant runs in its own child process: one warm-up step (peak memory is measured over it and the
 timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
 every step so each step allocates them again, the same on both sides.
