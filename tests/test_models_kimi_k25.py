@@ -313,7 +313,7 @@ def _hf_navit_resize():
     import math
     import pathlib
 
-    src = pathlib.Path(transformers.__file__).parent / "models/kimi_k25/image_processing_kimi_k25.py"
+    src = pathlib.Path(transformers.__file__).parent / "models" / "kimi_k25" / "image_processing_kimi_k25.py"
     fn = next(n for n in ast.parse(src.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "navit_resize")
     scope = {"math": math}
     exec(compile(ast.Module([fn], []), str(src), "exec"), scope)  # noqa: S102 (transformers' own source, pinned by the venv)
