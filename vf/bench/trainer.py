@@ -13,8 +13,9 @@ loss, on the same batch.
 Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
 0.5B-class Qwen3 shape with the 151,936-token vocabulary, or of a few layers of Qwen3-30B-A3B /
 GLM-4.5-Air scaled to CPU (128 experts, top-8, 4k vocabulary), or of issue 19's model families scaled
-the same way, built once into the vf cache; Qwen3-VL-MoE's is built by transformers, and its reference
-is Qwen3VLMoeForConditionalGeneration on text-only ids: no causal-LM class exists for it). Each
+the same way, built once into the vf cache; Qwen3-VL-MoE's, GLM-5.3's and Kimi K2.5's are built by
+transformers, and their reference is the `…ForConditionalGeneration` model on text-only ids: no
+causal-LM class exists for them). Each
 variant runs in its own child process: one warm-up step (peak memory is measured over it and the
 timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
 every step so each step allocates them again, the same on both sides.
@@ -354,8 +355,8 @@ def _build(variant: str, path: str):
 
 def hf_reference_class(path: str):
     """transformers' auto class for the reference: AutoModelForCausalLM, or for a vision-language
-    checkpoint without a causal-LM class (qwen3_vl_moe) AutoModelForImageTextToText, run on text-only
-    prompts (its `…ForConditionalGeneration` forward, loss and `generate` take input_ids alone)."""
+    checkpoint without a causal-LM class (qwen3_vl_moe, glm5_next, kimi_k25) AutoModelForImageTextToText,
+    run on text-only prompts (its `…ForConditionalGeneration` forward, loss and `generate` take input_ids alone)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
