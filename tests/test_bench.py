@@ -161,8 +161,9 @@ def test_family_shapes_pass_the_family_checks_and_keep_their_layouts(tmp_path):
     """The issue-19 family cases: each trainer shape survives the HF round trip through its family's
     checks (what transformers and our loader will read), keeps the real layout it scales (3 DeltaNet :
     1 attention layers; qwen4_exp's PLE layer, QSA indexer choosing fewer tokens than the 2k-token row,
-    4 residual streams), and the reference class is a causal LM except for qwen3_vl_moe, which
-    transformers only has as a `…ForConditionalGeneration`."""
+    4 residual streams; glm5_next's KDA + indexed MLA layers and dense-then-sparse MLPs; kimi_k25's
+    dense-then-MoE MLA decoder), and the reference class is a causal LM except for qwen3_vl_moe,
+    glm5_next and kimi_k25, which transformers only has as `…ForConditionalGeneration`."""
     import transformers
     from vf.models import ModelConfig
 
@@ -190,6 +191,19 @@ def test_family_shapes_pass_the_family_checks_and_keep_their_layouts(tmp_path):
     transformers.AutoConfig.for_model("qwen4_exp_text", **{k: v for k, v in q.to_hf_dict().items()
                                                            if k != "model_type"}).save_pretrained(tmp_path / "q")
     assert hf_reference_class(str(tmp_path / "q")) is transformers.AutoModelForCausalLM
+    # glm5_next: one KDA and one k-pool indexed MLA layer, dense then sparse MLPs, 4 streams, the indexer
+    # choosing fewer tokens than the row; kimi_k25: a dense layer then group-limited MoE layers
+    for shape, check in (("glm5-next", lambda c: c.layer_types == ["linear_attention", "indexed_attention"]
+                          and not c.is_moe_layer(0) and c.is_moe_layer(1) and c.hc_mult == 4 and c.kv_lora_rank > 0),
+                         ("kimi-k25", lambda c: c.mla and not c.is_moe_layer(0)
+                          and all(c.is_moe_layer(i) for i in range(1, 4)) and c.num_experts > c.num_experts_per_tok)):
+        model_type, text, vision, top = HF_SHAPES[shape]
+        transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision, **top).save_pretrained(
+            tmp_path / shape)
+        cfg = ModelConfig.from_hf_dict(json.loads((tmp_path / shape / "config.json").read_text()))
+        assert check(cfg), shape
+        assert hf_reference_class(str(tmp_path / shape)) is transformers.AutoModelForImageTextToText
+    assert HF_SHAPES["glm5-next"][1]["index_topk"] < spec["glm5-next"]["seq"]
 
 
 def test_engine_costs_count_flops_and_bytes():

@@ -28,7 +28,7 @@ from vf.bench.common import Case, ChildFailed, Ratio, ratio, run_child, suite_re
 # the trainer suite's shapes (vf/bench/trainer.py SHAPES / HF_SHAPES, real shapes scaled to CPU; built
 # once into the same cache, plus the tiny model's tokenizer files). case name -> trainer shape
 FAMILIES = {"qwen4-exp": "qwen4-exp", "qwen3.5-moe": "qwen3.5-moe", "qwen3-vl-moe": "qwen3-vl-moe",
-            "nemotron-h-super": "nemotron-h-super"}
+            "nemotron-h-super": "nemotron-h-super", "glm5-next": "glm5-next", "kimi-k25": "kimi-k25"}
 FAMILY_BATCH = 16
 FAMILY_TARGET = 2.0
 FAMILY_CASES = {"full": list(FAMILIES), "quick": [], "tiny": []}  # per suite size; quick stays about a minute
@@ -421,8 +421,9 @@ def family_cases(names: list[str], size: str = "full") -> tuple[list[Case], list
                                f"1-min load average {before:.1f} → {os.getloadavg()[0]:.1f}"))
     if names:
         notes.append(f"family cases ({', '.join(names)}): random checkpoints of vf/bench/trainer.py's shapes (real "
-                     "layouts scaled to CPU); qwen3-vl-moe's reference is Qwen3VLMoeForConditionalGeneration on "
-                     "text-only prompts (transformers has no causal-LM class for it)")
+                     "layouts scaled to CPU); the references of qwen3-vl-moe, glm5-next and kimi-k25 are their "
+                     "…ForConditionalGeneration models on text-only prompts (transformers has no causal-LM class "
+                     "for them)")
     return cases, notes
 
 

@@ -13,8 +13,9 @@ loss, on the same batch.
 Both load the same safetensors directory (the built-in tiny model, or a seeded random init of a
 0.5B-class Qwen3 shape with the 151,936-token vocabulary, or of a few layers of Qwen3-30B-A3B /
 GLM-4.5-Air scaled to CPU (128 experts, top-8, 4k vocabulary), or of issue 19's model families scaled
-the same way, built once into the vf cache; Qwen3-VL-MoE's is built by transformers, and its reference
-is Qwen3VLMoeForConditionalGeneration on text-only ids: no causal-LM class exists for it). Each
+the same way, built once into the vf cache; Qwen3-VL-MoE's, GLM-5.3's and Kimi K2.5's are built by
+transformers, and their reference is the `…ForConditionalGeneration` model on text-only ids: no
+causal-LM class exists for them). Each
 variant runs in its own child process: one warm-up step (peak memory is measured over it and the
 timed steps, above the loaded model), then the timed steps (median). Gradients are dropped after
 every step so each step allocates them again, the same on both sides.
@@ -138,7 +139,47 @@ QWEN3_VL_MOE = ("qwen3_vl_moe", {
      "deepstack_visual_indexes": [0]},
     {"image_token_id": 4093, "video_token_id": 4094, "vision_start_token_id": 4091, "vision_end_token_id": 4092,
      "eos_token_id": 2, "pad_token_id": 0})
-HF_SHAPES = {"qwen3-vl-moe": QWEN3_VL_MOE}
+# GLM-5.3 (`glm5_next`, Glm5NextForConditionalGeneration; real shape = transformers' Glm5NextTextConfig
+# defaults: hidden 4096, 45 layers of 3 KDA linear attention + 1 k-pool indexed MLA (64 heads, no rope,
+# q/kv ranks 1536/512, qk/v head 256; indexer 32 heads of 128 picking 2048 tokens in pools of 16), KDA 64
+# heads of 128, 3 dense layers of 12288 then 288 experts top-8 of 2048 + a shared expert, 4
+# hyper-connection streams, 155k vocabulary) /8: one layer of each kind (KDA, then indexed MLA), the
+# first MLP dense and the second sparse, 8 MLA heads of 256 with ranks 192/64, KDA 8 heads of 128, an
+# indexer of 4 heads of 128 picking 512 tokens (a quarter of the 2k-token row) in pools of 16, 64 experts
+# top-4 of 256 + the shared expert, dense 1536, the 4 streams kept; a one-block vision tower.
+GLM5_NEXT = ("glm5_next", {
+    "vocab_size": 4096, "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "intermediate_size": 1536, "moe_intermediate_size": 256, "n_routed_experts": 64,
+    "num_experts_per_tok": 4, "n_shared_experts": 1, "kv_lora_rank": 64, "q_lora_rank": 192,
+    "qk_nope_head_dim": 256, "v_head_dim": 256, "index_topk": 512, "index_kpool": 16, "index_head_dim": 128,
+    "index_n_heads": 4, "linear_head_dim": 128, "linear_num_heads": 8, "hc_mult": 4,
+    "max_position_embeddings": 32768, "pad_token_id": 0, "eos_token_id": 2,
+    "layer_types": ["linear_attention", "indexed_attention"], "indexer_types": ["full", "full"],
+    "mlp_layer_types": ["dense", "sparse"]},
+    {"depth": 1, "hidden_size": 32, "num_heads": 2, "image_size": 16, "patch_size": 4, "out_hidden_size": 512,
+     "intermediate_size": 64, "projection_intermediate_size": 64},
+    {"image_token_id": 4093, "video_token_id": 4094, "image_start_token_id": 4089, "image_end_token_id": 4090,
+     "video_start_token_id": 4091, "video_end_token_id": 4092, "eos_token_id": 2, "pad_token_id": 0})
+# Kimi K2.5 (`kimi_k25`, Kimi_K25ForConditionalGeneration: MoonViT + a DeepSeek-V3 decoder; real text
+# shape: hidden 7168, 61 layers, the first 3 dense of 18432, then 256 experts top-8 of 2048 in 8 groups
+# (top-4 groups, sigmoid scores, scaling 2.5) + a shared expert, MLA with 128 heads (q/kv ranks 1536/512,
+# qk 128 + rope 64, v 128), yarn rope x64 over 4k, 164k vocabulary) /14: 4 layers (1 dense of 1344, 3 MoE),
+# 64 experts top-4 of 144 in the same 8 groups / top-4, 8 MLA heads with the real head dims and ranks
+# 192/64; a one-block MoonViT (text prompts never reach it).
+KIMI_K25 = ("kimi_k25", {
+    "vocab_size": 4096, "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "intermediate_size": 1344, "moe_intermediate_size": 144, "n_routed_experts": 64,
+    "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 1,
+    "q_lora_rank": 192, "kv_lora_rank": 64, "qk_rope_head_dim": 64, "head_dim": 64, "qk_nope_head_dim": 128,
+    "v_head_dim": 128, "max_position_embeddings": 262144, "eos_token_id": 2, "pad_token_id": 0,
+    "rope_parameters": {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                        "rope_theta": 50000.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
+                        "beta_slow": 1.0}},
+    {"patch_size": 4, "pos_emb_height": 6, "pos_emb_width": 6, "num_attention_heads": 2, "num_hidden_layers": 1,
+     "hidden_size": 32, "intermediate_size": 64},
+    {"projection_hidden_size": 32, "image_token_id": 4093, "video_token_id": 4094, "vision_start_token_id": 4091,
+     "vision_end_token_id": 4092, "tie_word_embeddings": False, "eos_token_id": 2, "pad_token_id": 0})
+HF_SHAPES = {"qwen3-vl-moe": QWEN3_VL_MOE, "glm5-next": GLM5_NEXT, "kimi-k25": KIMI_K25}
 
 # case name -> shape ("tiny" = the built-in tiny model), layers override, batch, seq, timed steps
 # target: the speedup goal where it is not the default (1.5× MoE, 1.3× 152k vocabulary, else 1×); the
@@ -166,6 +207,10 @@ SIZES: dict[str, list[dict[str, Any]]] = {
         {"name": "qwen3.5-moe-text-4L-V4k", "shape": "qwen3.5-moe", "layers": None, "batch": 1, "seq": 2048,
          "steps": 3, "interleave": True, "target": 1.0},
         {"name": "qwen3-vl-moe-text-4L-V4k", "shape": "qwen3-vl-moe", "layers": None, "batch": 1, "seq": 1024,
+         "steps": 3, "interleave": True, "target": 1.0},
+        {"name": "glm5-next-text-2L-V4k", "shape": "glm5-next", "layers": None, "batch": 1, "seq": 2048,
+         "steps": 3, "interleave": True, "target": 1.0},
+        {"name": "kimi-k25-text-4L-V4k", "shape": "kimi-k25", "layers": None, "batch": 1, "seq": 1024,
          "steps": 3, "interleave": True, "target": 1.0},
     ],
     "quick": [
@@ -310,8 +355,8 @@ def _build(variant: str, path: str):
 
 def hf_reference_class(path: str):
     """transformers' auto class for the reference: AutoModelForCausalLM, or for a vision-language
-    checkpoint without a causal-LM class (qwen3_vl_moe) AutoModelForImageTextToText, run on text-only
-    prompts (its `…ForConditionalGeneration` forward, loss and `generate` take input_ids alone)."""
+    checkpoint without a causal-LM class (qwen3_vl_moe, glm5_next, kimi_k25) AutoModelForImageTextToText,
+    run on text-only prompts (its `…ForConditionalGeneration` forward, loss and `generate` take input_ids alone)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
