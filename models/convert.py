@@ -153,11 +153,15 @@ ALT_SOURCES: dict[str, str] = {
 IGNORED_HF = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
 
 
-def _template(native_name: str, table: dict) -> tuple[str, dict[str, str]]:
-    """(the table row's template, its fields) for a native tensor name: a "prefix.{rest}" row of the
-    table (a vision tower's names, matched whole; the longest prefix first), else a decoder layer's
-    "layers.{i}." row."""
-    for prefix in sorted((k.removesuffix("{rest}") for k in table if k.endswith("{rest}")), key=len, reverse=True):
+def _rest_prefixes(table: dict) -> list[str]:
+    """The prefixes of the table's "prefix.{rest}" rows (a vision tower's names), longest first."""
+    return sorted((k.removesuffix("{rest}") for k in table if k.endswith("{rest}")), key=len, reverse=True)
+
+
+def _template(native_name: str, rest_prefixes: list[str]) -> tuple[str, dict[str, str]]:
+    """(the table row's template, its fields) for a native tensor name: a "prefix.{rest}" row
+    (matched whole), else a decoder layer's "layers.{i}." row."""
+    for prefix in rest_prefixes:
         if native_name.startswith(prefix):
             return prefix + "{rest}", {"rest": native_name.removeprefix(prefix)}
     m = re.match(r"layers\.(\d+)\.(.*)", native_name)
@@ -190,8 +194,9 @@ def hf_to_native(
     if config.vl is not None and config.vl.detect is not None:  # which of its layouts the checkpoint has
         config.vl.detect(config, has)
     table = table_for(config)
+    prefixes = _rest_prefixes(table)
     for name in native_names:
-        tmpl, fmt = _template(name, table)
+        tmpl, fmt = _template(name, prefixes)
         if tmpl not in table:
             raise ModelLoadError(f"no HF mapping for native tensor {name!r}")
         op, sources = table[tmpl]
@@ -282,8 +287,9 @@ def native_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     """Native state dict -> HF-named tensors (contiguous clones safe to save)."""
     out = {}
     table = table_for(config)
+    prefixes = _rest_prefixes(table)
     for name, t in state.items():
-        tmpl, fmt = _template(name, table)
+        tmpl, fmt = _template(name, prefixes)
         op, sources = table[tmpl]
         if op == "rename" or (op == "fused_experts" and not config.experts_transposed):
             out[sources[0].format(**fmt)] = t
