@@ -380,3 +380,40 @@ def test_tuned_engine_decodes_the_same_tokens(tiny, monkeypatch):
     assert max(abs(a - b) for x, y in zip(ours, ref) for a, b in zip(x.logprobs, y.logprobs)) < 1e-5
     assert {1, 2} <= set(probed)
     run(engine.close())
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_fast_prefill_matches_module_forward_on_a_padded_block(arch):
+    """The lean prefill (fastpath.py: last layer at the last tokens only) against the model's own
+    forward through the cache seam: same last-token hidden state and same K/V in every layer, for a
+    right-padded block of three lengths written at row 2 of a cache whose rows 0-1 are in use."""
+    from vf.engines.fastpath import FastDecoder
+    from vf.engines.kv import SlotKVCache
+    from vf.models import ModelConfig
+    from vf.models.transformer import build_model
+
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16} if arch == "qwen3_moe" else {}
+    cfg = ModelConfig(architecture=arch, vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=48, **moe)
+    model = build_model(cfg, seed=3).eval()
+    lens = torch.tensor([7, 3, 5])
+    ids = torch.randint(1, 64, (3, 7), generator=torch.Generator().manual_seed(0))
+    for r, n in enumerate(lens.tolist()):
+        ids[r, n:] = 0
+
+    def cache():
+        return SlotKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 8, 32, torch.float32, "cpu")
+
+    with torch.no_grad():
+        ref_cache, fast_cache = cache(), cache()
+        ref_cache.begin_prefill(2, 3, 7, lens)
+        hidden = model(ids, torch.arange(7).expand(3, 7), ref_cache)
+        ref = hidden[torch.arange(3), lens - 1]
+        fast = FastDecoder(model, fast_cache)
+        out = fast.prefill(ids, lens, 2)
+    assert FastDecoder.supports(model)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=0), (out - ref).abs().max()
+    for layer in range(cfg.num_layers):
+        for r, n in enumerate(lens.tolist()):  # the real tokens' K/V (padding's are masked later)
+            for a, b in ((fast_cache.k, ref_cache.k), (fast_cache.v, ref_cache.v)):
+                assert torch.allclose(a[layer][2 + r, :, :n], b[layer][2 + r, :, :n], atol=1e-6, rtol=0)

@@ -61,6 +61,8 @@ class FastDecoder:
             cfg = model.config
             if getattr(cfg, "hybrid", False):  # recurrent layers run through the module forward
                 return False
+            if getattr(cfg, "zero_centered_norm", False):  # y = x/rms * (1 + w): not F.rms_norm's
+                return False
             # the plain fused-qkv attention with full-width rope only (not MLA, sinks, partial rotary)
             if any(type(lay.attn) is not Attention for lay in model.layers) or cfg.rotary_dim != cfg.head_dim:
                 return False
@@ -101,11 +103,65 @@ class FastDecoder:
                 self.qk_w.append(torch.cat([a.q_norm.weight.detach().expand(self.nh, self.hd),
                                             a.k_norm.weight.detach().expand(self.nkv, self.hd)]).contiguous())
 
+    def _qk(self, i: int, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q/k heads [..., nh + nkv, hd]: per-head RMSNorm (q_norm / k_norm), then rope."""
+        if self.qk_w[i] is not None:
+            qk = F.rms_norm(qk, (self.hd,), None, self.eps) * self.qk_w[i]
+        return torch.addcmul(qk * cos, qk.roll(self.hd // 2, dims=-1), sin)
+
+    def _mlp(self, i: int, layer, x: torch.Tensor) -> torch.Tensor:
+        """x [N, H] + the layer's MLP of its normed x (the module itself for a MoE layer)."""
+        h = F.rms_norm(x, (self.H,), layer.mlp_norm.weight, self.eps)
+        if not self._dense[i]:
+            return x + layer.mlp(h)
+        mlp, lin = layer.mlp, self.linear
+        gate, up = lin(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias).chunk(2, dim=-1)
+        return x + lin(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+    def prefill(self, ids: torch.Tensor, lens: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows start..start+m-1 take the fresh right-padded prompt block `ids` [m, T] (`lens` [m]
+        real tokens each, positions 0..T-1); returns the final-normed hidden state at each row's
+        last real token [m, H]. Every layer stores the K/V of all T positions, but the last layer
+        runs its attention queries, o_proj and MLP at the m last tokens only: nothing reads the
+        other positions' output (one layer in L of the GEMM work less than the module forward)."""
+        m, T = ids.shape
+        nh, nkv, hd, H, eps = self.nh, self.nkv, self.hd, self.H, self.eps
+        nqk = (nh + nkv) * hd
+        cache, lin = self.cache, self.linear
+        cache.begin_prefill(start, m, T, lens)
+        cos = self.cos[:T][None, :, None, :]  # [1, T, 1, hd]
+        sin = self.sin_signed[:T][None, :, None, :]
+        rows = torch.arange(m, device=ids.device)
+        x = self.model.embed_tokens.weight[ids.reshape(-1)]  # [m*T, H]
+        gqa = nh != nkv
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            a = layer.attn
+            h = F.rms_norm(x, (H,), layer.attn_norm.weight, eps)
+            qkv = lin(h, a.qkv_proj.weight, a.qkv_proj.bias)  # [m*T, P]
+            qk = self._qk(i, qkv[:, :nqk].view(m, T, nh + nkv, hd), cos, sin)
+            k = qk[:, :, nh:].transpose(1, 2)  # [m, nkv, T, hd]
+            v = qkv[:, nqk:].view(m, T, nkv, hd).transpose(1, 2)
+            cache.k[i][start:start + m, :, :T] = k
+            cache.v[i][start:start + m, :, :T] = v
+            if i < last:  # causal within the block: exact for every real token (padding only follows)
+                attn = F.scaled_dot_product_attention(qk[:, :, :nh].transpose(1, 2), k, v, is_causal=True,
+                                                      enable_gqa=gqa)  # [m, nh, T, hd]
+                attn = attn.transpose(1, 2).reshape(m * T, nh * hd)
+            else:  # each row's last real token attends to its real tokens
+                q = qk[rows, lens - 1, :nh][:, :, None]  # [m, nh, 1, hd]
+                mask = (torch.arange(T, device=ids.device)[None] < lens[:, None])[:, None, None, :]
+                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa).view(m, nh * hd)
+                x = x.view(m, T, H)[rows, lens - 1]  # [m, H]
+            x = self._mlp(i, layer, x + lin(attn, a.o_proj.weight, a.o_proj.bias))
+        cache.advance(T)
+        return F.rms_norm(x, (H,), self.model.norm.weight, eps)
+
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, rope_pos: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step; `rope_pos` (default `pos`): the rotary positions where they differ from the
         cache slots (a VL model's text after images, see `vf.models.qwen3_vl`)."""
         n = tokens.shape[0]
-        nh, nkv, hd, H, eps = self.nh, self.nkv, self.hd, self.H, self.eps
+        nh, nkv, hd = self.nh, self.nkv, self.hd
         nqk = (nh + nkv) * hd
         cache = self.cache
         cache.begin_decode(n, pos)
@@ -118,24 +174,14 @@ class FastDecoder:
         lin = self.linear
         for i, layer in enumerate(self.model.layers):
             a = layer.attn
-            h = F.rms_norm(x, (H,), layer.attn_norm.weight, eps)
+            h = F.rms_norm(x, (self.H,), layer.attn_norm.weight, self.eps)
             qkv = lin(h, a.qkv_proj.weight, a.qkv_proj.bias)  # [n, P]
-            qk = qkv[:, :nqk].view(n, nh + nkv, hd)
-            if self.qk_w[i] is not None:
-                qk = F.rms_norm(qk, (hd,), None, eps) * self.qk_w[i]
-            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, dims=-1), sin)
+            qk = self._qk(i, qkv[:, :nqk].view(n, nh + nkv, hd), cos, sin)
             kb, vb = cache.k[i], cache.v[i]
             kb[rows, :, pos] = qk[:, nh:]
             vb[rows, :, pos] = qkv[:, nqk:].view(n, nkv, hd)
             attn = F.scaled_dot_product_attention(qk[:, :nh, None], kb[:n, :, :lmax], vb[:n, :, :lmax],
                                                   attn_mask=mask, enable_gqa=gqa)  # [n, nh, 1, hd]
-            x = x + lin(attn.view(n, nh * hd), a.o_proj.weight, a.o_proj.bias)
-            h = F.rms_norm(x, (H,), layer.mlp_norm.weight, eps)
-            if self._dense[i]:
-                mlp = layer.mlp
-                gate, up = lin(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias).chunk(2, dim=-1)
-                x = x + lin(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-            else:
-                x = x + layer.mlp(h)
+            x = self._mlp(i, layer, x + lin(attn.view(n, nh * hd), a.o_proj.weight, a.o_proj.bias))
         cache.advance(1)
-        return F.rms_norm(x, (H,), self.model.norm.weight, eps)
+        return F.rms_norm(x, (self.H,), self.model.norm.weight, self.eps)

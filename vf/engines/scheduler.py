@@ -268,18 +268,21 @@ class Scheduler:
             if s.seed is not None:
                 s.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
         ids = ids.to(self.device)
-        positions = torch.arange(T, device=self.device).expand(m, T)
         lens = torch.tensor([len(s.prompt_ids) for s in block], device=self.device)
-        self.cache.begin_prefill(start, m, T, lens)
         mm = [s.mm for s in block if s.mm]
-        extra = {} if not mm else {"pixel_values": torch.cat([x["pixel_values"] for x in mm]),
-                                   "image_grid_thw": torch.cat([x["image_grid_thw"] for x in mm])}
         self.delta[start:start + m] = torch.tensor([int((s.mm or {}).get("rope_delta", 0)) for s in block])
-        hidden = self.model(ids, positions, self.cache, **extra)  # [m, T, H]
+        if self.fast is not None and not self.multimodal and self.routing is None:
+            last_h = self.fast.prefill(ids, lens, start)  # [m, H]
+        else:  # the module forward: images, M-RoPE positions, router replay's per-position routes
+            extra = {} if not mm else {"pixel_values": torch.cat([x["pixel_values"] for x in mm]),
+                                       "image_grid_thw": torch.cat([x["image_grid_thw"] for x in mm])}
+            positions = torch.arange(T, device=self.device).expand(m, T)
+            self.cache.begin_prefill(start, m, T, lens)
+            hidden = self.model(ids, positions, self.cache, **extra)  # [m, T, H]
+            self.cache.advance(T)
+            last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         for s in block:
             s.mm = None  # the pixels are in the KV cache now
-        self.cache.advance(T)
-        last_h = hidden[torch.arange(m, device=self.device), lens - 1]  # [m, H]
         logits = self.head(last_h)
         self.rows.extend(block)
         self.peak_rows = max(self.peak_rows, len(self.rows))
