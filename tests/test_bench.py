@@ -231,6 +231,34 @@ def test_engine_costs_count_flops_and_bytes():
     assert f["decode_limit_frac"] == max(f["decode_mfu"], f["decode_bw_util"])
 
 
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs Linux, 2 CPUs")
+def test_bound_cpus_reports_a_child_pinned_to_one_cpu():
+    """The engine suite reports where vLLM's processes are pinned (its model runs on the CPUs its
+    OpenMP threads are bound to): a grandchild pinned to CPU 1 is found, an unpinned child is not."""
+    import time
+
+    from vf.bench.engine import bound_cpus
+
+    code = ("import os, subprocess, sys, time; os.sched_setaffinity(0, {1}); "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
+    free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    pinned = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the grandchild inherits the pin once it has started
+            found = bound_cpus()
+            if len(found) == 2:
+                break
+            time.sleep(0.1)
+        assert sorted(found.values()) == [[1], [1]], found
+        assert any(k.endswith(f"({pinned.pid})") for k in found) and not any(f"({free.pid})" in k for k in found)
+    finally:
+        for proc in (free, pinned):
+            proc.kill()
+            proc.wait()
+
+
 # -- vf-eval against a remote endpoint: no torch; the harness suite's program cases -------------
 
 HERE = Path(__file__).parent

@@ -11,8 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from vf.models import ModelConfig
+from vf.models.transformer import build_model
+
 from vf.engines.base import GenerateRequest, Sampling
 from vf.engines.chat import parse_tool_calls
+from vf.engines.fastpath import FastDecoder
+from vf.engines.kv import SlotKVCache
 from vf.engines.local import LocalEngine
 from vf.engines.sampler import make_params, sample
 from vf.errors import EngineError, UsageError
@@ -387,11 +392,6 @@ def test_fast_prefill_matches_module_forward_on_a_padded_block(arch):
     """The lean prefill (fastpath.py: last layer at the last tokens only) against the model's own
     forward through the cache seam: same last-token hidden state and same K/V in every layer, for a
     right-padded block of three lengths written at row 2 of a cache whose rows 0-1 are in use."""
-    from vf.engines.fastpath import FastDecoder
-    from vf.engines.kv import SlotKVCache
-    from vf.models import ModelConfig
-    from vf.models.transformer import build_model
-
     moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16} if arch == "qwen3_moe" else {}
     cfg = ModelConfig(architecture=arch, vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
                       head_dim=8, intermediate_size=48, **moe)

