@@ -357,6 +357,21 @@ def test_thread_tuner_keeps_the_faster_count_and_probes_again():
     assert tuner.best == 2 and tuner.next() == 2
 
 
+def test_thread_tuner_keeps_its_count_when_the_other_is_barely_faster():
+    """Noise is not a reason to switch: a challenger must be `margin` faster (median per row)."""
+    from vf.engines.scheduler import ThreadTuner
+
+    tuner = ThreadTuner([1, 2], probe=3, hold=4, margin=0.15)
+    assert tuner.best == 2  # all threads until measured otherwise
+    for cost, best in (({1: 0.095, 2: 0.10}, 2), ({1: 0.08, 2: 0.10}, 1), ({1: 0.10, 2: 0.09}, 1)):
+        for _ in range(6):
+            t = tuner.next()
+            tuner.record(t, cost[t] * 16, 16)
+        assert tuner.best == best, cost
+        for _ in range(4):  # the hold
+            tuner.record(tuner.next(), 1.0, 16)
+
+
 def test_tuned_engine_decodes_the_same_tokens(tiny, monkeypatch):
     """A bigger model's engine thread switches thread counts between decode steps: its outputs
     stay those of a fixed-count engine, and both counts were timed."""

@@ -66,10 +66,14 @@ class ThreadTuner:
         t = tuner.next()            # the count for the next step
         tuner.record(t, seconds, rows)
     Probing: the candidates take turns step by step until each has `probe` timings; the one with the
-    lowest median seconds per row wins and runs the next `hold` steps, then it probes again."""
+    lowest median seconds per row wins and runs the next `hold` steps, then it probes again. The
+    count in use (at first the last choice, all threads) is only replaced by one at least `margin`
+    faster: on a quiet 2-vCPU VM single steps of a 126M model vary by ±30% from step to step, and
+    without the margin three noisy timings each sent a 64-row decode to 1 thread, 1.25-1.4x slower
+    there; a loaded machine, where 1 thread wins, makes 2 threads 1.3-5x slower, well past it."""
 
-    def __init__(self, choices: list[int], probe: int = 3, hold: int = 96):
-        self.choices, self.probe, self.hold = list(choices), probe, hold
+    def __init__(self, choices: list[int], probe: int = 3, hold: int = 96, margin: float = 0.15):
+        self.choices, self.probe, self.hold, self.margin = list(choices), probe, hold, margin
         self.times: dict[int, list[float]] = {c: [] for c in self.choices}
         self.best = self.choices[-1]
         self.left = 0  # steps before the next probe round
@@ -85,7 +89,10 @@ class ThreadTuner:
             return
         self.times[threads].append(seconds / max(1, rows))
         if all(len(t) >= self.probe for t in self.times.values()):
-            self.best = min(self.choices, key=lambda c: sorted(self.times[c])[len(self.times[c]) // 2])
+            median = {c: sorted(t)[len(t) // 2] for c, t in self.times.items()}
+            fastest = min(self.choices, key=median.__getitem__)
+            if median[fastest] < (1 - self.margin) * median[self.best]:
+                self.best = fastest
             self.times = {c: [] for c in self.choices}
             self.left = self.hold
 
