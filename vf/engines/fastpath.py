@@ -1,7 +1,9 @@
-"""A lean decode-step forward for the native dense transformer, reading the model's own weights.
+"""A lean decode-step and prefill forward for the native dense transformer, reading the model's own weights.
 
     FastDecoder.supports(model) -> bool
     FastDecoder(model, cache: SlotKVCache).forward(tokens [n], pos [n]) -> hidden [n, H] (final norm applied)
+    FastDecoder(...).prefill(ids [m, T] right-padded, lens [m], start row) -> hidden [m, H] at each row's
+        last real token (the last layer runs at those tokens only)
 
 Why: on CPU a decode step of a small model is dominated by per-op overhead, not FLOPs. The module
 forward issues ~70 ops per layer (separate q/k norms and ropes, casts, views); this path issues
