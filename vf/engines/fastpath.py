@@ -144,8 +144,7 @@ class FastDecoder:
             qk = self._qk(i, qkv[:, :nqk].view(m, T, nh + nkv, hd), cos, sin)
             k = qk[:, :, nh:].transpose(1, 2)  # [m, nkv, T, hd]
             v = qkv[:, nqk:].view(m, T, nkv, hd).transpose(1, 2)
-            cache.k[i][start:start + m, :, :T] = k
-            cache.v[i][start:start + m, :, :T] = v
+            cache.store(i, k, v)  # prefill mode: rows start..start+m-1, positions 0..T-1
             if i < last:  # causal within the block: exact for every real token (padding only follows)
                 attn = F.scaled_dot_product_attention(qk[:, :, :nh].transpose(1, 2), k, v, is_causal=True,
                                                       enable_gqa=gqa)  # [m, nh, T, hd]
