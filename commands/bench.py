@@ -124,7 +124,7 @@ def print_compare(cmp: dict[str, Any]) -> None:
 @guarded
 def command(
     suites: Optional[list[str]] = typer.Argument(None, help="Suite name(s): trainer, loss, engine, serve, harness, stability, stability_real, parallel, all."),
-    quick: bool = typer.Option(False, "--quick", help="Small sizes: about a minute per suite on 2 CPU cores."),
+    quick: bool = typer.Option(False, "--quick", help="Small sizes: 1-10 minutes per suite on 2 CPU cores (trainer the longest)."),
     size: Optional[str] = typer.Option(None, "--size", help="full | quick | tiny (tiny: seconds, for tests; overrides --quick)."),
     as_json: options.Json = False,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON results to this file."),

@@ -47,6 +47,13 @@ def run_train(*args, timeout: float = 240) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=TRAIN_ENV, check=False)
 
 
+def first_then_matrix(cases) -> list:
+    """Parametrize values: the first runs by default, the rest only under `-m matrix` (one
+    representative case of a matrix in CI, the full matrix on demand)."""
+    cases = list(cases)
+    return cases[:1] + [pytest.param(c, marks=pytest.mark.matrix) for c in cases[1:]]
+
+
 def json_out(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

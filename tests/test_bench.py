@@ -367,6 +367,7 @@ def test_program_case_peer_still_gives_the_recorded_figures():
     assert peer["setup_ms"] > 0 and peer["command_wall_s"] > peer["span_s"] > 0
 
 
+@pytest.mark.matrix
 def test_parallel_suite_measures_per_rank_memory_under_torchrun():
     """`vf-bench parallel --size tiny --parallel.ep 2 --parallel.cp-style ulysses`: real torchrun
     workers at the layouts the flags ask for (Ulysses instead of the default ring); ep 2 holds half
@@ -388,3 +389,41 @@ def test_parallel_suite_measures_per_rank_memory_under_torchrun():
     for side in (moe["ours"], moe["ref"]):
         assert 0 < side["mfu_pct"] <= 100 and 0 < side["expert_shape_peak_pct"] <= 100, moe
     assert 0 < moe["ours"]["ep2_mfu_pct"] <= 100 and moe["ratios"]["mfu_ep2"]["value"] > 0
+
+# torchrun's summary when a rank died by a signal (as in a CI run where a gloo rank aborted)
+SIGNALLED = """terminate called without an active exception
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 24226)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 24226"""
+RAISED = """ValueError: a bug in the worker
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 24226)"""
+
+
+@pytest.mark.parametrize("stderr, retried", [(SIGNALLED, True), (RAISED, False)])
+def test_parallel_worker_killed_by_a_signal_is_run_again_and_reported(monkeypatch, stderr, retried):
+    """The first torchrun run "fails" with the given summary; a rank killed by a signal is run again
+    (for real, 2 gloo ranks) and the failure is kept for the notes, a rank's exception fails at once."""
+    from vf.bench import parallel
+
+    real, calls = subprocess.run, []
+
+    def first_fails(cmd, **kw):
+        calls.append(cmd)
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(cmd, 1, "", stderr)
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(parallel.subprocess, "run", first_fails)
+    notes: list[str] = []
+    spec = {"kind": "cp", "tokens": 128, "steps": 1, "style": "ring"}
+    if not retried:
+        with pytest.raises(parallel.ChildFailed, match="a bug in the worker"):
+            parallel.launch_worker(spec, 2, retried=notes)
+        assert len(calls) == 1 and notes == []
+        return
+    figures = parallel.launch_worker(spec, 2, retried=notes)
+    assert len(calls) == 2 and len(figures) == 2 and all(f["tokens"] == 128 for f in figures)
+    assert len(notes) == 1 and "SIGABRT" in notes[0] and "terminate called" in notes[0]

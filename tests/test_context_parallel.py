@@ -153,15 +153,16 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
     return report
 
 
-@pytest.mark.parametrize("style,model,extra", [
-    ("ring", "dense", ()), ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()),
-    ("ulysses", "dense", ()), ("ulysses", "mla", ()), ("ring", "dsa", ()), ("ulysses", "sinks", ()),
-    ("ring", "dsv4", ()),
+@pytest.mark.parametrize("style,model,extra", [("ring", "dense", ())] + [  # the rest: -m matrix
+    pytest.param(*case, marks=pytest.mark.matrix) for case in [
+        ("ring", "mla", ("--checkpointing", "--q-tile", "12")), ("ring", "gated", ()), ("ulysses", "dense", ()),
+        ("ulysses", "mla", ()), ("ring", "dsa", ()), ("ulysses", "sinks", ()), ("ring", "dsv4", ())]
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("style,model", [("ring", "dense"), ("ulysses", "dense"), ("ring", "sinks")])
 def test_four_ranks_match_one_process(tmp_path, style, model):  # ulysses at 4: 2 kv heads are repeated to 4 first
     run_worker(tmp_path, 4, style, model)

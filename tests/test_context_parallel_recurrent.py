@@ -100,14 +100,16 @@ def run_worker(tmp_path, nproc: int, style: str, model: str, *extra: str) -> dic
     return report
 
 
-@pytest.mark.parametrize("style,model,extra", [
-    ("ring", "qwen3_next", ()), ("ulysses", "qwen3_next", ()), ("ulysses", "qwen3_next", ("--single",)),
-    ("ring", "nemotron_h", ()), ("ulysses", "nemotron_h_g1", ("--checkpointing",)),
+@pytest.mark.parametrize("style,model,extra", [("ring", "qwen3_next", ())] + [  # the rest: -m matrix
+    pytest.param(*case, marks=pytest.mark.matrix) for case in [
+        ("ulysses", "qwen3_next", ()), ("ulysses", "qwen3_next", ("--single",)), ("ring", "nemotron_h", ()),
+        ("ulysses", "nemotron_h_g1", ("--checkpointing",))]
 ])
 def test_two_ranks_match_one_process(tmp_path, style, model, extra):
     run_worker(tmp_path, 2, style, model, *extra)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("style,model", [("ulysses", "qwen3_next"), ("ring", "nemotron_h")])
 def test_four_ranks_match_one_process(tmp_path, style, model):
     """4 ranks: DeltaNet's 2 key heads and Mamba-2's 2 groups are replicated per head."""

@@ -81,6 +81,7 @@ def test_ep2_loop_shared_expert_router_replay_and_checkpointing(tmp_path):
     assert "grad/layers.0.mlp.shared.down_proj.weight" in report["errors"]
 
 
+@pytest.mark.matrix
 def test_ep2_latent_moe_matches_one_process(tmp_path):
     """A latent MoE (Nemotron-H Super): the projections run on each token's own rank and the ranks
     exchange 24-wide latent rows; the experts are held in the latent width."""
@@ -90,6 +91,7 @@ def test_ep2_latent_moe_matches_one_process(tmp_path):
     assert report["ref_expert_bytes"] == 2 * 8 * (32 * 24 + 24 * 16) * 4  # 2 layers of [E, 2Im, 24] + [E, 24, Im], fp32
 
 
+@pytest.mark.matrix
 def test_zero_row_sends_and_receives(tmp_path):
     """Every token goes to the last rank's experts: rank 0 sends none of its rows to itself and
     receives none, yet runs every collective forward and backward; its expert grads are zero."""
@@ -98,13 +100,13 @@ def test_zero_row_sends_and_receives(tmp_path):
     assert report["stats"]["moe/max_vio"] == pytest.approx(3.0)  # 2 of 8 experts take everything: (A/2 − A/8)/(A/8)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_ep2_times_two_replicas(tmp_path):
     """4 ranks: two ep groups {0,1} {2,3}; expert grads are summed over the replicas {0,2} {1,3}."""
     check(run_worker(tmp_path, 4, "--ep", "2", "--shared"), 2)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_ep4(tmp_path):
     check(run_worker(tmp_path, 4, "--ep", "4", "--impl", "loop", "--replay", "skew"), 4)
 

@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import first_then_matrix
 from test_models_parity import hf_logits, make_hf
 from vf.models import ModelConfig, ModelLoadError, load_model, save_hf
 
@@ -526,7 +527,7 @@ def _train(*args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", first_then_matrix(FAMILIES))
 def test_vf_train_runs_rl_steps_on_family(family, saved, tmp_path):
     check_vf_train(saved[family][1], tmp_path)
 

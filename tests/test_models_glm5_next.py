@@ -516,6 +516,6 @@ def test_glm5_next_sweep_matches_transformers(case, tmp_path):
     check_cached_decode(model, SWEEP_IDS, prefill=37)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix  # vf-train on glm5_next runs by default in test_vf_train_on_image_colors_runs_on_glm5_next
 def test_vf_train_runs_rl_steps_on_glm5_next(saved, tmp_path):
     check_vf_train(saved[1], tmp_path)

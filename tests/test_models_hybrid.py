@@ -13,6 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import first_then_matrix
 from test_models_families import _train, check_logits_parity, check_refused, check_round_trip
 from vf.models import ModelConfig, ModelLoadError, load_model
 
@@ -232,7 +233,7 @@ def test_latent_moe_checkpoint_missing_or_misshapen_latent_key_exits_2(saved, tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "nemotron_h_latent"])
+@pytest.mark.parametrize("family", first_then_matrix(["qwen3_next", "nemotron_h", "nemotron_h_latent"]))
 def test_vf_train_runs_rl_steps_on_hybrid(family, saved, tmp_path):
     run = tmp_path / "run"
     proc = _train("-o", str(run), "--model", str(saved[family][1]), "--warmup.steps", "0", "--steps", "2",

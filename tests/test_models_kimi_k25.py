@@ -441,7 +441,7 @@ def test_bad_images_and_placeholder_mismatches_name_the_message(saved):
     asyncio.run(engine.close())
 
 
-@pytest.mark.slow
+@pytest.mark.matrix  # vf-train on kimi_k25 runs by default in test_vf_train_on_image_colors_learns
 def test_vf_train_runs_rl_steps_on_text_prompts(saved, tmp_path):
     """test_models_families.check_vf_train's run (the default taskset, text prompts, grouped experts)
     after one SFT warm-up step: a random model earns no reward there, the warm-up gives it loss tokens."""

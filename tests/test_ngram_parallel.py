@@ -52,6 +52,7 @@ def test_two_ranks_match_one_process(tmp_path):
         assert sent == [[3 * IDS_PER_ROW, 0], [3 * IDS_PER_ROW, 0]]
 
 
+@pytest.mark.matrix
 def test_four_ranks_match_one_process(tmp_path):
     """Uneven blocks (P = 1202 = 3·301 + 299; P = 890 = 3·223 + 221), rank 2 without tokens, and
     in the first table rank 3's block [903, 1202) is padding alone: no id reaches it."""

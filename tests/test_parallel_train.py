@@ -118,7 +118,7 @@ def test_ep_on_one_process_exits_2_before_training(moe_dir, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_ep_2_matches_one_process_and_resumes_at_another_ep(moe_dir, tmp_path):
     """Two RL steps at ep 2 (each rank 4 of the 8 experts) give the 1-process losses and gradient
     norms; its sharded checkpoint resumes at ep 1 on 2 processes and on 1 process, and checkpoints
@@ -153,7 +153,7 @@ def test_ep_2_matches_one_process_and_resumes_at_another_ep(moe_dir, tmp_path):
     assert losses(killed) == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("style", ["ring", "ulysses"])
 def test_cp_2_matches_one_process(tmp_path, style):
     """Each row's tokens split over 2 ranks (documents straddle the split): the same losses."""
@@ -191,7 +191,7 @@ def test_cp_and_ep_on_the_same_ranks_match_one_process(moe_dir, tmp_path):
     assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_dp_shard_2_by_cp_2_with_ep_2_on_four_processes_matches_one_process(moe_dir, tmp_path):
     """Every dimension at once on 4 processes: FSDP2 over 4 ranks, 2 data-parallel rows groups,
     each row split over a cp pair, experts split over ep pairs with 2 replicas each."""
@@ -204,7 +204,7 @@ def test_dp_shard_2_by_cp_2_with_ep_2_on_four_processes_matches_one_process(moe_
     assert [r["grad_norm"] for r in both] == pytest.approx([r["grad_norm"] for r in one], rel=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_ngram_tables_split_by_row_over_two_processes_match_one_process(tmp_path):
     """Qwen3.8 Flash Next (tiny qwen4_exp): under torchrun its hashed n-gram tables are split by row
     over the ranks (lookups exchange ids and rows); 2 data-parallel processes give the 1-process
@@ -229,7 +229,7 @@ def test_ngram_tables_split_by_row_over_two_processes_match_one_process(tmp_path
         assert losses(run) == pytest.approx(want, rel=1e-4, abs=1e-6), name
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_trainer_role_at_cp_2_with_an_orchestrator_process(tmp_path):
     """`--role trainer` under torchrun at cp 2, batches from a separate `--role orchestrator`
     process: the 1-process losses."""

@@ -61,7 +61,7 @@ def test_two_processes_repeat_the_one_process_losses(tmp_path):
     assert "the trainer's run is complete" in (tmp_path / ORCH_LOG).read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_torchrun_trainer_ranks_with_an_orchestrator_process(tmp_path):
     """M trainer ranks under torchrun (`--role trainer`) + one orchestrator process: rank 0 takes
     the batches from the run dir and broadcasts them; the losses are the one-process run's."""

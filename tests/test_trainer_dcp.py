@@ -60,7 +60,7 @@ def back_to(step: int, src: Path, dst: Path) -> None:
             shutil.rmtree(ck)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 def test_sharded_checkpoint_resumes_with_the_same_and_another_world_size(tmp_path):
     full = tmp_path / "full"
     launch(2, "-o", str(full), *ARGS)

@@ -16,6 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import first_then_matrix
 from test_hf_fallback import CG_FAMILIES, build_conditional_generation
 from test_models_families import (
     IDS,
@@ -177,7 +178,7 @@ def test_checkpoint_with_a_missing_or_misshapen_expert_key_exits_2(family, saved
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", first_then_matrix(FAMILIES))
 def test_vf_train_on_image_colors_runs(family, saved, cli, tmp_path):
     """An SFT warm-up step on image prompts (gradients through the experts and the tower), then two RL
     steps on image rollouts with MoE metrics. (A random model earns no reward on image-colors, so the

@@ -230,6 +230,7 @@ def hf_logprobs(state: dict, model_config, prompt: list[int], completion: list[i
     return lp.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+@pytest.mark.matrix  # in CI: weights live after every push, and a killed vf-train resumed
 def test_started_server_killed_mid_run_is_restarted(tmp_path):
     """vf-train starts its server; kill -9 of it mid-run: reported, restarted with the latest
     weights, and the run completes every step."""
@@ -352,6 +353,7 @@ def test_attach_two_servers_weights_live_after_every_push(fleet, tmp_path):
     assert all(e < 1e-4 for e in worst.values()), worst
 
 
+@pytest.mark.matrix
 def test_attached_server_killed_stops_the_run_then_resume_completes(fleet, tmp_path):
     """kill -9 of one of two attached servers: vf-train exits 1 naming it and saying what to do, no
     traceback, last checkpoint intact; restarted by the user, --resume completes on both."""
@@ -385,6 +387,7 @@ def test_attached_server_killed_stops_the_run_then_resume_completes(fleet, tmp_p
     assert all(c[1].policy_version is not None and c[1].policy_version >= k for c in resumed)
 
 
+@pytest.mark.matrix
 def test_server_whose_weight_load_failed_is_never_sampled(fleet, tmp_path):
     """One of two attached servers loses the run dir (its node's shared filesystem) mid-run, so its
     next weight load fails: vf-train stops with a clear error, the server is left alive and paused

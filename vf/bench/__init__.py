@@ -4,8 +4,8 @@
     result = run_suite("loss", size="quick")      # one suite's record (see vf.bench.common)
 
 Suites (one module each): trainer, loss, engine, serve, harness, stability, stability_real, parallel. Sizes: "full" (the
-recorded numbers), "quick" (about a minute per suite on 2 CPU cores; the CI smoke test), "tiny"
-(seconds; for the CLI's own tests, no meaningful figures). Importing this package does not
+recorded numbers), "quick" (minutes per suite on 2 CPU cores; a first look), "tiny"
+(seconds; the CI smoke test and the CLI's own tests, no meaningful figures). Importing this package does not
 import torch; every measurement runs in a child process.
 """
 
