@@ -288,7 +288,7 @@ def worker(spec: dict[str, Any]) -> None:
 
 
 def launch_worker(spec: dict[str, Any], world: int, timeout: float = 1200,
-           retried: list[str] | None = None) -> list[dict[str, Any]]:
+                  retried: list[str] | None = None) -> list[dict[str, Any]]:
     """Run the worker on `world` processes; every rank's figures (rank order).
 
     A run in which a rank was killed by a signal (torchrun reports a negative exit code: a C++
