@@ -1,8 +1,9 @@
 """Typed configs for `vf-train`, one small section per component, plus the cross-field checks.
 
     TrainConfig
-      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype,
-                    device, impl (auto|native|hf), compile, moe.impl, router_replay
+      model         path ("tiny-random" = the built-in random-init tiny Qwen3, "tiny" = it trained), dtype
+                    (compute), master_dtype (fp32 masters), tf32, device, impl (auto|native|hf), compile,
+                    moe.impl, router_replay
       taskset       {"id": ..., taskset fields...}   (same shape as vf-eval's)
       sampling      temperature, max_tokens, top_p/top_k/min_p (full distribution for training)
       engine        where rollouts come from: embedded (default) or an OpenAI-compatible server
@@ -54,7 +55,15 @@ class ModelSection(_Section):
     path: str = "tiny-random"
     """An HF directory (config.json + safetensors), or a built-in model: 'tiny-random' (random
     init, the default: training from it shows learning) or 'tiny' (already trained on reverse-text)."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The compute dtype: forward and backward, the rollout engine, the weight push."""
+    master_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """What the optimizer updates and checkpoints keep. float32 (default): with a bfloat16/float16
+    --model.dtype the trainer keeps fp32 master weights, fp32 gradients and fp32 optimizer state
+    (FSDP2's mixed-precision policy under torchrun); set it to the compute dtype for pure low
+    precision (less memory; updates below bf16's resolution are lost). trainer/precision.py."""
+    tf32: bool = True
+    """fp32 matmuls on CUDA through TF32 tensor cores (off: exact fp32). No effect on CPU."""
     device: str = "cpu"
     moe: MoeSection = Field(default_factory=MoeSection)
     impl: Literal["auto", "native", "hf"] = "auto"
@@ -376,5 +385,12 @@ def check(config: TrainConfig) -> None:
     if config.trainer.seq_len < s.max_tokens + 2:
         problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion "
                         f"(sampling.max_tokens {s.max_tokens})")
+    m = config.model
+    if m.dtype == "float32" and m.master_dtype != "float32":
+        problems.append(f"model.master_dtype {m.master_dtype} is narrower than the compute dtype float32: the "
+                        "master weights must be at least as wide as the weights they update")
+    if m.dtype != "float32" and m.master_dtype not in ("float32", m.dtype):
+        problems.append(f"model.master_dtype {m.master_dtype} with model.dtype {m.dtype}: the master weights are "
+                        f"float32 (mixed precision) or {m.dtype} itself (pure low precision)")
     if problems:
         raise ConfigError(problems, hint="see vf-train --help; any key can be set as --section.key VALUE")

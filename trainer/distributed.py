@@ -53,17 +53,20 @@ def init(device: str = "cpu") -> Dist:
     return Dist(rank, world, device)
 
 
-def shard(policy, d: Dist, ignored: set | None = None):
+def shard(policy, d: Dist, ignored: set | None = None, mp_policy=None):
     """FSDP2: shard every decoder layer, then the root `PolicyLogprobs` wrapper (which holds the
     embedding, final norm and the tied LM head, unsharded inside its forward). `ignored`: the
-    expert blocks of expert parallelism, already split over the ep ranks (trainer/parallel.py)."""
+    expert blocks of expert parallelism, already split over the ep ranks (trainer/parallel.py).
+    `mp_policy`: FSDP2's MixedPrecisionPolicy (trainer/precision.py: fp32 shards, low-precision
+    compute, fp32 gradient reduction)."""
     if not d.enabled:
         return policy
     from torch.distributed.fsdp import fully_shard
 
+    extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
     for layer in policy.model.layers:
-        fully_shard(layer, ignored_params=ignored or None)
-    fully_shard(policy, ignored_params=ignored or None)
+        fully_shard(layer, ignored_params=ignored or None, **extra)
+    fully_shard(policy, ignored_params=ignored or None, **extra)
     return policy
 
 
@@ -114,15 +117,20 @@ class GatherMeter:
 METER = GatherMeter()
 
 
-def stream_state(policy, d: Dist, full=None) -> Iterator[tuple[str, dict[str, Any]]]:
+def stream_state(policy, d: Dist, full=None, dtype=None) -> Iterator[tuple[str, dict[str, Any]]]:
     """The native model's parameters (own names), one group (`param_group`: a decoder layer, the
     embedding, ...) at a time. Under FSDP each parameter is gathered (`DTensor.full_tensor`, a
     collective: every rank must iterate the whole stream, in step) and a group's tensors are
     released when the consumer asks for the next one (the yielded dict is emptied), so a rank holds
     about one layer, never the whole model. Without FSDP the tensors are views of the live
     parameters: consume them before the next optimizer step (copy what must outlive it). `full(name,
-    p)` gathers a parameter FSDP does not own (an expert block, `parallel.Mesh.full_param`)."""
+    p)` gathers a parameter FSDP does not own (an expert block, `parallel.Mesh.full_param`).
+    `dtype`: the compute dtype the consumers (engine, weight push) get; fp32 master shards under
+    FSDP2's mixed-precision policy are cast to it after the gather."""
     import torch
+
+    def cast(t):
+        return t.to(dtype) if dtype is not None and t.is_floating_point() and t.dtype != dtype else t
 
     def gather(name, p):
         if not hasattr(p, "full_tensor"):
@@ -132,7 +140,7 @@ def stream_state(policy, d: Dist, full=None) -> Iterator[tuple[str, dict[str, An
             if t is not p:
                 METER.track(t)
             return t.detach()
-        t = p.detach().full_tensor()
+        t = cast(p.detach().full_tensor())
         METER.track(t)
         return t
 
@@ -213,11 +221,13 @@ def broadcast(obj: Any, d: Dist) -> Any:
     return box[0]
 
 
-def all_reduce_sum(x):
+def all_reduce_sum(x, device=None):
+    """Σ over ranks of a number or a tensor, as a float64 tensor on `device` (default: the
+    tensor's own): NCCL reduces device tensors only, gloo host tensors."""
     import torch
     import torch.distributed as dist
 
-    t = torch.as_tensor(x, dtype=torch.float64).clone()
+    t = torch.as_tensor(x, dtype=torch.float64, device=device).clone()
     dist.all_reduce(t)
     return t
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vf.trainer import distributed, parallel
+from vf.trainer import distributed, parallel, precision
 from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import count_loss_tokens, micro_batches
@@ -46,6 +46,8 @@ class Learner:
     optimizer: Any
     scheduler: Any
     mesh: parallel.Mesh
+    masters: Any = None  # precision.MasterWeights: the fp32 copies the optimizer updates (one process)
+    _memory_reported: bool = False
 
     @classmethod
     def build(cls, config: TrainConfig, d: distributed.Dist, restore: dict[str, Any] | None = None,
@@ -66,7 +68,10 @@ class Learner:
         m, o = config.model, config.optim
         path = resolve_model_path(m.path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = load_model(path, dtype=getattr(torch, m.dtype), device=d.device, moe_impl=m.moe.impl, impl=m.impl)
+        compute, master = precision.dtype_of(m.dtype), precision.dtype_of(m.master_dtype)
+        precision.configure_matmul(d.device, m.tf32)
+        # loaded as the masters: their first values are the checkpoint's, not a rounding of them
+        model = load_model(path, dtype=master, device=d.device, moe_impl=m.moe.impl, impl=m.impl)
         model.activation_checkpointing = config.trainer.activation_checkpointing
         if restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
             model.load_state_dict(restore["model"])
@@ -86,16 +91,25 @@ class Learner:
         if tables:
             say(f"split {len(tables)} n-gram table(s) by row over {d.world_size} processes")
         own_blocks |= tables
+        if precision.mixed(compute, master) and own_blocks:
+            raise UsageError(f"--model.dtype {m.dtype} with {m.master_dtype} master weights is not supported yet with "
+                             "expert parallelism or split n-gram tables (their blocks are outside FSDP's "
+                             "mixed-precision policy)",
+                             hint=f"add --model.master-dtype {m.dtype} (pure low precision), or train in float32")
+        masters = None
+        if precision.mixed(compute, master) and not d.enabled:  # torchrun: FSDP2's policy does the same
+            masters = precision.MasterWeights(model, compute, master)
+            model.config.torch_dtype = m.dtype
         embedding_grad_in_place(model, distributed=d.enabled)
         if m.compile:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
         policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay),
-                                   d, ignored=own_blocks)
-        optimizer = make_optimizer(policy, o.lr, o.betas, o.weight_decay)
+                                   d, ignored=own_blocks, mp_policy=precision.fsdp_policy(compute, master))
+        optimizer = make_optimizer(masters.parameters() if masters else policy, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None
         scheduler = make_scheduler(optimizer, o.scheduler, o.warmup_steps, config.total_steps, phases)
-        learner = cls(config, d, path, tokenizer, model, policy, optimizer, scheduler, mesh)
+        learner = cls(config, d, path, tokenizer, model, policy, optimizer, scheduler, mesh, masters)
         if restore is not None:
             from vf.trainer import checkpoint
 
@@ -121,16 +135,21 @@ class Learner:
         mbs = micro_batches(batch.samples, c.trainer.seq_len, c.trainer.micro_batch_size,
                             pad_id=self.tokenizer.pad_token_id or 0, rank=layout.dp_rank, world_size=layout.dp_shard,
                             image_token_id=getattr(self.model.config, "image_token_id", None))
-        mbs = [self.mesh.local_batch(mb) for mb in mbs]
+        mbs = [self.mesh.local_batch(mb.to(self.d.device)) for mb in mbs]
         result = train_step(self.policy, self.optimizer, self.scheduler, mbs, loss, params, n_tokens,
                             temperature=float(c.sampling.temperature) if rl else 1.0, grad_clip=c.optim.grad_clip,
-                            world_size=self.d.world_size, mesh=self.mesh)
+                            world_size=self.d.world_size, mesh=self.mesh, masters=self.masters)
+        if not self._memory_reported:  # after the first step, when gradients and optimizer state exist
+            self._memory_reported = True
+            result.metrics["mem_bytes_per_param"] = precision.bytes_per_parameter([self.policy], self.optimizer,
+                                                                                  self.masters)
         return result, n_tokens
 
     def stream_state(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The policy's weights a group (a decoder layer, the embedding, ...) at a time, what the
         weight pushers take (see `distributed.stream_state`: a collective under torchrun)."""
-        return distributed.stream_state(self.policy, self.d, full=self.mesh.full_param)
+        return distributed.stream_state(self.policy, self.d, full=self.mesh.full_param,
+                                        dtype=precision.dtype_of(self.config.model.dtype))
 
     def with_weights(self, use: Callable[[Iterator], Any] | None) -> Any:
         """`use(stream)` on the rank that consumes the weights (None elsewhere), every rank taking
@@ -142,7 +161,11 @@ class Learner:
 
     def full_state(self) -> dict[str, Any]:
         """Full CPU state dict of the policy (collective under torchrun; ranks > 0 get {}): the
-        single-process checkpoint only; weights for inference are streamed (`stream_state`)."""
+        single-process checkpoint only; weights for inference are streamed (`stream_state`). Under
+        mixed precision the fp32 masters, which a resumed run continues from."""
+        if self.masters is not None:
+            state = distributed.full_state_dict(self.policy, self.d)  # buffers and frozen weights
+            return state | {k: v.clone().cpu() for k, v in self.masters.state_dict().items()}
         return distributed.full_state_dict(self.policy, self.d)
 
     @property

@@ -240,7 +240,8 @@ class Mesh:
             def grow(t, value):
                 return torch.cat([t, t.new_full((R, pad, *t.shape[2:]), value)], dim=1)
 
-            pos = torch.cat([mb.position_ids, torch.arange(pad).expand(R, pad)], dim=1)  # a padding document
+            pad_pos = torch.arange(pad, device=mb.position_ids.device).expand(R, pad)  # a padding document
+            pos = torch.cat([mb.position_ids, pad_pos], dim=1)
             mb = replace(mb, input_ids=grow(mb.input_ids, 0), position_ids=pos, targets=grow(mb.targets, 0),
                          loss_mask=grow(mb.loss_mask, False), inference_logprobs=grow(mb.inference_logprobs, 0.0),
                          advantages=grow(mb.advantages, 0.0),
@@ -257,13 +258,15 @@ class Mesh:
                        advantages=cut(mb.advantages), routed_experts=cut(mb.routed_experts), context=shard)
 
     # -- gradients --------------------------------------------------------------------------------
-    def finish_grads(self, policy, max_norm: float):
+    def finish_grads(self, policy, max_norm: float, params=None):
         """After backward: reduce the expert blocks' gradients over their replicas (see the module
-        doc), then clip every gradient by the global norm over all shards. Returns the norm."""
+        doc), then clip every gradient by the global norm over all shards. Returns the norm.
+        `params`: what the optimizer updates (default the policy's own parameters)."""
         import torch
 
+        params = list(policy.parameters()) if params is None else params
         if self.layout.ep == 1 and not self.tables:
-            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         if self.layout.ep > 1:
             from vf.models.expert_parallel import reduce_expert_grads
@@ -275,7 +278,7 @@ class Mesh:
                 m.weight.grad = torch.zeros_like(m.weight)
             m.weight.grad.div_(self.layout.world)
             held_once.add(id(m.weight))
-        return clip_global(policy.parameters(), max_norm, self.layout, held_once)
+        return clip_global(params, max_norm, self.layout, held_once)
 
 
 def clip_global(params, max_norm: float, layout: Layout, held_once: set[int] = frozenset()):
@@ -286,8 +289,10 @@ def clip_global(params, max_norm: float, layout: Layout, held_once: set[int] = f
     import torch.distributed as dist
 
     params = [p for p in params if p.grad is not None]
-    sharded = torch.zeros((), dtype=torch.float64)
-    blocks = torch.zeros((), dtype=torch.float64)
+    # summed and reduced where the gradients are: NCCL reduces device tensors only
+    device = params[0].grad.device if params else None
+    sharded = torch.zeros((), dtype=torch.float64, device=device)
+    blocks = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         g = p.grad
         if hasattr(g, "to_local"):

@@ -34,7 +34,7 @@ ever attends to padding).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vf.trace import Trace
@@ -199,6 +199,18 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def to(self, device) -> MicroBatch:
+        """The same micro-batch with every tensor on `device` (where the model's weights are):
+        `collate` builds on the host, the forward reads on the device. Host copies are
+        non-blocking (the copy overlaps the previous micro-batch's compute on a GPU)."""
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return replace(self, input_ids=move(self.input_ids), position_ids=move(self.position_ids),
+                       targets=move(self.targets), loss_mask=move(self.loss_mask),
+                       inference_logprobs=move(self.inference_logprobs), advantages=move(self.advantages),
+                       routed_experts=move(self.routed_experts))
 
 
 def collate(bins: list[Bin], pad_id: int = 0) -> MicroBatch:

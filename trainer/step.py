@@ -10,7 +10,9 @@
           loss = loss_fn(logπ, logμ, A, loss_mask)                      Σ over loss tokens
         backward(loss · world_size / N_global)                      gradient accumulation
     (expert parallelism: expert-block grads summed over their replicas, `parallel.Mesh.finish_grads`)
+    (mixed precision: the gradients land in the fp32 master weights, trainer/precision.py)
     clip grad norm (global over all shards); optimizer.step() unless logits/gradients went non-finite; scheduler.step()
+    (mixed precision: the compute weights rounded from the updated masters)
 
 N_global is the loss-token count of the whole step (all micro-batches of all ranks), counted
 before the forward pass, so the step is the token mean over the global batch whatever the
@@ -31,6 +33,7 @@ from vf.models.expert_parallel import global_moe_stats
 from vf.models.moe import moe_stats, replay_routing
 from vf.trainer.logprobs import FUSED_BLOCK_ELEMENTS, chunked_logprobs, fused_head_loss
 from vf.trainer.losses import Loss, Stat, merge_stats, stat_value
+from vf.trainer.precision import MasterWeights
 from vf.trainer.samples import MicroBatch
 
 
@@ -105,6 +108,11 @@ def _nonfinite(logp, mask) -> dict[str, Stat]:
     return {"nonfinite_logits": Stat((mask & ~torch.isfinite(logp.detach())).sum(), 1, "sum")}
 
 
+def _device(module: torch.nn.Module) -> torch.device:
+    """Where the module computes (an FSDP2 shard reports its local device)."""
+    return next(module.parameters()).device
+
+
 def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], loss_fn: Loss, loss_params: dict,
                      num_loss_tokens: int, temperature: float = 1.0, world_size: int = 1):
     """Accumulate gradients of Σ loss / num_loss_tokens; returns (Σ loss.detach(), [stats]).
@@ -113,7 +121,7 @@ def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], lo
     head, and the loss's gradient is formed inside it (3 GEMMs, no recompute); other losses get
     per-token log-probs from `chunked_logprobs` and autograd through the loss."""
     scale = world_size / max(int(num_loss_tokens), 1)
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=_device(policy))  # summed where the losses are
     stats = []
     fused = getattr(policy, "fused_loss", False) and loss_fn.per_token
     replay = getattr(policy, "router_replay", False)
@@ -132,7 +140,7 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
         mu, adv = mu.index_select(0, rows), adv.index_select(0, rows)
 
         def token_loss(lp, a, b):
-            out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool), **loss_params)
+            out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool, device=lp.device), **loss_params)
             out.stats.update(_nonfinite(lp, torch.ones_like(lp, dtype=torch.bool)))
             return out
 
@@ -140,7 +148,7 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
                                fused=(rows, token_loss, scale), images=mb.images)
         loss.backward()
         if not outs:  # no loss token in this micro-batch: the metrics still count it
-            outs = [token_loss(torch.zeros(0), 0, 0)]
+            outs = [token_loss(torch.zeros(0, device=mask.device), 0, 0)]
         stats.extend(o.stats for o in outs)
         return sum(o.loss.double() for o in outs)
     logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature, images=mb.images)
@@ -152,24 +160,31 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
 
 def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list[MicroBatch], loss_fn: Loss,
                loss_params: dict, num_loss_tokens: int, temperature: float = 1.0, grad_clip: float = 1.0,
-               world_size: int = 1, mesh=None) -> StepResult:
+               world_size: int = 1, mesh=None, masters: MasterWeights | None = None) -> StepResult:
     """One full optimizer step. With world_size > 1 every rank calls it with its own micro-batches
     and the same global `num_loss_tokens`; loss and metrics come back reduced over all ranks.
 
     NaN/inf in the logits of a loss token (counted in `nonfinite_logits`) or in the gradient norm
     skips the update: the gradients are dropped, the optimizer does not step (the LR schedule
     does, so it stays aligned with the step index), `skipped_step` = 1 in the metrics. `mesh`
-    (trainer/parallel.py) finishes the gradients under torchrun."""
+    (trainer/parallel.py) finishes the gradients under torchrun. `masters` (mixed precision in one
+    process, trainer/precision.py): the fp32 copies the optimizer updates; the gradients reach them
+    during backward, and the compute weights are rounded from them after the update."""
     t0 = time.perf_counter()
     policy.train()
     optimizer.zero_grad(set_to_none=True)
+    if masters is not None:
+        masters.zero_grad()
     moe_stats(policy.model)  # drop routing counts of forwards outside this step
     total, stats = forward_backward(policy, micro_batches, loss_fn, loss_params, num_loss_tokens,
                                     temperature, world_size)
+    if masters is not None:
+        masters.collect()
+    params = masters.parameters() if masters is not None else list(policy.parameters())
     if mesh is not None:  # torchrun: expert blocks reduced over their replicas, the norm over all shards
-        grad_norm = mesh.finish_grads(policy, grad_clip)
+        grad_norm = mesh.finish_grads(policy, grad_clip, params)
     else:
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
             grad_norm = grad_norm.full_tensor()
     merged = merge_stats(stats)
@@ -190,16 +205,20 @@ def train_step(policy: PolicyLogprobs, optimizer, scheduler, micro_batches: list
     else:
         optimizer.step()
         scheduler.step()
+        if masters is not None:
+            masters.sync()
     metrics["skipped_step"] = float(skipped)
     return StepResult(loss=float(total) / max(int(num_loss_tokens), 1), metrics=metrics,
                       grad_norm=float(grad_norm), num_tokens=sum(mb.num_tokens for mb in micro_batches),
                       seconds=time.perf_counter() - t0, skipped=skipped)
 
 
-def make_optimizer(model, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0):
+def make_optimizer(params, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0):
+    """AdamW over a module's parameters or a list of them (the fp32 masters under mixed precision)."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
     # foreach=False: identical arithmetic whether parameters are plain tensors or FSDP2 shards
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-                             foreach=False)
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, foreach=False)
 
 
 def make_scheduler(optimizer, kind: str = "constant", warmup_steps: int = 0, total_steps: int = 0,
