@@ -60,8 +60,11 @@ one process, ring 0.17-0.29 s; the bench's documents meet the cp-2 chunk edges, 
 mask: a ring of one over the same row at T=4096, whose blocks do, takes 0.13 s vs SDPA's 0.09 s for
 one attention forward+backward). Ring runs each block through torch's fused CPU flash kernel
 (`_blocks`); before that, explicit fp32 tile math took 7.7-10.8 s, most of it in the [Q_TILE, chunk]
-score matmuls, exp and mask fills. The tile math remains the path on CUDA and for fp16/bf16; ring
-has not yet run on NCCL/GPU.
+score matmuls, exp and mask fills. On CUDA in fp16/bf16 the unmasked blocks (every key visible, or
+one document's causal diagonal) go to torch's CUDA flash kernel with its log-sum-exp
+(`attention_kernels.flash_block_forward`/`_backward`) and the masked tiles (where a document starts
+inside a chunk) to the tile math; fp32 on CUDA runs the tile math throughout. Ring has not yet run on
+NCCL/GPU: the CUDA block path is checked on CPU against the tile math with a stand-in for the op.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
+from vf.models import attention_kernels
 from vf.models.layers import CONTEXT_SHARD, Documents, ShardedMask, sdpa
 
 from vf.errors import UsageError
@@ -333,14 +337,17 @@ def _merge(out, lse, o, l):
 
 
 
-# ---- fused CPU blocks ------------------------------------------------------------------------------
-# On CPU in fp32 each block goes to torch's fused flash kernel (forward: out + lse; backward: given
-# the FINAL out and lse it returns the block's dq/dk/dv, the same identity as `_RingAttention`), which
-# is ~10x faster than the explicit tile math. The kernel wants one head count, one head size and a
-# float mask, so K/V are expanded to the query heads, q/k/v are zero-padded to a common head size
-# (zeros change no score and no output column we keep), and a block is run unmasked when all its
-# keys are visible to all its queries, `is_causal` on the diagonal of one document, else with an
-# additive mask Q_TILE query rows at a time. Elsewhere (CUDA, fp16/bf16) the tile math runs.
+# ---- fused blocks ---------------------------------------------------------------------------------
+# Each block goes to a fused flash kernel returning (out, lse), merged with `_merge`; backward hands
+# the kernel the FINAL out and lse and gets the block's dq/dk/dv (the same identity as
+# `_RingAttention`). The kernels want one head count and one head size, so K/V are expanded to the
+# query heads and q/k/v zero-padded to a common head size (zeros change no score and no output column
+# we keep); a block is run unmasked when all its keys are visible to all its queries, `is_causal` on
+# the diagonal of one document, else (`_blocks`) with an additive mask Q_TILE query rows at a time.
+#   CPU fp32   torch's fused CPU flash kernel (`_CpuBlocks`), masked tiles included: ~10x the tile math.
+#   CUDA 16-bit  torch's CUDA flash kernel (`_CudaBlocks`, attention_kernels.flash_block_*), which takes
+#              no mask: the masked tiles run the tile math, in fp32. $VF_ATTENTION=sdpa_loop, fp32 on
+#              CUDA and head sizes over 256 run the tile math throughout.
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -349,13 +356,14 @@ def _fused(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype == torch.float32
 
 
-def _blocks(shard: ContextShard, src: int, Tq: int):
+def _blocks(shard: ContextShard, src: int, Tq: int, masks: bool = True):
     """(query slice, key slice, kind, mask) of this rank's queries × rank `src`'s block, decided from
     the layout and the documents' spans (document ids rise along a row and each chunk's columns are
     contiguous): kind "full" (every key visible to every query: no mask), "causal" (the diagonal
     chunk of one document), "mask" (an additive fp32 mask [B, 1, tq, tk], -inf where hidden; queries
     in Q_TILE rows so the mask stays small, each tile's keys trimmed to the span from its first
-    query's document start to its last query). Pairs where nothing is visible are skipped."""
+    query's document start to its last query; `masks` False: None, for a kernel that sends masked
+    tiles to the tile math). Pairs where nothing is visible are skipped."""
     n, c = shard.size, shard.position_ids.shape[1] // (2 * shard.size)
     docs = shard.doc_spans
 
@@ -392,7 +400,7 @@ def _blocks(shard: ContextShard, src: int, Tq: int):
                     continue
                 qsl, ksl = slice(j * c + t, j * c + qe - q0), slice(i * c + ks - k0, i * c + ke - k0)
                 mask = None
-                if what == "mask":
+                if what == "mask" and masks:
                     device = shard.position_ids.device
                     q_pos = (shard.doc_ids[:, qs:qe], torch.arange(qs, qe, device=device))
                     k_pos = (shard.doc_ids[:, ks:ke], torch.arange(ks, ke, device=device))
@@ -420,6 +428,66 @@ def _fused_forward_block(q4, kb, vb, what, mask, scale):
     return o, lse
 
 
+class _CpuBlocks:
+    """torch's fused CPU flash kernel (fp32), masked tiles included."""
+
+    masks = True
+
+    def __init__(self, q, v):
+        self.d, self.dtype = max(q.shape[-1], v.shape[-1]), q.dtype
+
+    def forward(self, q4, kb, vb, what, mask, scale):
+        return _fused_forward_block(q4, kb, vb, what, mask, scale)
+
+    def backward(self, do4, q4, kb, vb, o4, l4, what, mask, scale):
+        return _FLASH_BACKWARD(do4, q4, kb, vb, o4, l4, 0.0, what == "causal", attn_mask=mask, scale=scale)
+
+
+class _CudaBlocks:
+    """torch's CUDA flash kernel (fp16/bf16, attention_kernels.flash_block_*): unmasked blocks only,
+    head size padded to a multiple of 8; keeps the op's philox placeholders from forward for backward."""
+
+    masks = False
+
+    def __init__(self, d: int, dtype: torch.dtype):
+        self.d, self.dtype, self.aux = d, dtype, None
+
+    def forward(self, q4, kb, vb, what, mask, scale):
+        o, lse, self.aux = attention_kernels.flash_block_forward(q4, kb, vb, what == "causal", scale)
+        return o, lse
+
+    def backward(self, do4, q4, kb, vb, o4, l4, what, mask, scale):
+        return attention_kernels.flash_block_backward(do4, q4, kb, vb, o4, l4, what == "causal", scale, self.aux)
+
+
+def _block_kernel(q, v):
+    """The fused kernel for this rank's blocks (`_CpuBlocks`, `_CudaBlocks`), or None: the tile math.
+    Asks attention_kernels first, so a forced $VF_ATTENTION that cannot run here raises."""
+    backend = attention_kernels.ring_block_backend(q)
+    if _fused(q):
+        return _CpuBlocks(q, v)
+    d = -(-max(q.shape[-1], v.shape[-1]) // 8) * 8
+    if backend == "flash" and d <= attention_kernels.MAX_HEAD_DIM:
+        return _CudaBlocks(d, q.dtype)
+    return None
+
+
+def _tile_backward(q, dout, kb, vb, lse, D, grads, tile, ks, q_pos, k_pos, scale) -> None:
+    """The tile math's backward for queries `tile` × keys `ks` of a block (kb/vb fp32), added into
+    grads = (dq [B, nkv, rep, Tq, d], dk, dv [B, nkv, Tk, *]) in place; q_pos/k_pos: the block's
+    (document ids, global columns)."""
+    dq, dk, dv = grads
+    qt, dot, kt, vt = q[:, :, :, tile].float(), dout[:, :, :, tile], kb[:, :, ks], vb[:, :, ks]
+    # in place where possible: at most ~2 tile-sized [.., Q_TILE, chunk] buffers live at once
+    p = _scores(qt, kt, (q_pos[0][:, tile], q_pos[1][tile]), (k_pos[0][:, ks], k_pos[1][ks]), scale)
+    p = p.sub_(lse[:, :, :, tile, None]).exp_()  # 0 where masked
+    dv[:, :, ks] += (p.transpose(-1, -2) @ dot).sum(2)
+    ds = (dot @ vt.transpose(-1, -2)[:, :, None]).sub_(D[:, :, :, tile, None]).mul_(p)
+    del p
+    dq[:, :, :, tile] += (ds @ kt[:, :, None]) * scale
+    dk[:, :, ks] += (ds.transpose(-1, -2) @ qt).sum(2) * scale
+
+
 class _RingAttention(torch.autograd.Function):
     """Ring attention with a flash-style backward: saves only this rank's q, k, v, the output and
     its log-sum-exp, and in backward sends K/V round the ring again, now with their gradient
@@ -441,9 +509,9 @@ class _RingAttention(torch.autograd.Function):
         B, nkv, rep, Tq, _ = q.shape
         out = torch.zeros(B, nkv, rep, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.full((B, nkv, rep, Tq), float("-inf"), dtype=torch.float32, device=q.device)
-        fused = _fused(q)
-        if fused:  # the kernel's layout: [B, nh, T, d], one head size d for q, k and v
-            d = max(q.shape[-1], v.shape[-1])
+        kernel = _block_kernel(q, v)
+        if kernel:  # the kernel's layout: [B, nh, T, d], one head size d for q, k and v
+            d = kernel.d
             q4 = _pad(q.reshape(B, nkv * rep, Tq, q.shape[-1]), d)
             out4, lse4 = out.view(B, nkv * rep, Tq, -1), lse.view(B, nkv * rep, Tq)
         kv, pending = (k, v), None
@@ -453,19 +521,24 @@ class _RingAttention(torch.autograd.Function):
                 kv = pending.wait()
             if step + 1 < shard.size:  # pass this block on while attending to it
                 pending = _Exchange(kv, nxt, prev, shard.group)
-            if fused:
-                kb, vb = (_heads(t, rep, d) for t in kv)
-                for qs, ks, what, mask in _blocks(shard, src, Tq):
-                    o, lo = _fused_forward_block(q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], what, mask, scale)
-                    _merge(out4[:, :, qs], lse4[:, :, qs], o[..., :out4.shape[-1]], lo)
-                continue
             k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
+            if kernel:
+                kb, vb = (_heads(t, rep, d) for t in kv)
+                for qs, ks, what, mask in _blocks(shard, src, Tq, kernel.masks):
+                    if what == "mask" and not kernel.masks:  # this tile by the tile math
+                        o, lo = _tile_forward(q[:, :, :, qs], kv[0][:, :, ks], kv[1][:, :, ks],
+                                              (q_pos[0][:, qs], q_pos[1][qs]), (k_docs[:, ks], k_cols[ks]), scale)
+                        _merge(out[:, :, :, qs], lse[:, :, :, qs], o, lo)
+                        continue
+                    o, lo = kernel.forward(q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], what, mask, scale)
+                    _merge(out4[:, :, qs], lse4[:, :, qs], o[..., :out4.shape[-1]].float(), lo.float())
+                continue
             for tile, ks in _pairs(shard, src, Tq):
                 o, lo = _tile_forward(q[:, :, :, tile], kv[0][:, :, ks], kv[1][:, :, ks],
                                       (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
                 _merge(out[:, :, :, tile], lse[:, :, :, tile], o, lo)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.shard, ctx.scale = shard, scale
+        ctx.shard, ctx.scale, ctx.kernel = shard, scale, kernel
         return out
 
     @staticmethod
@@ -483,10 +556,10 @@ class _RingAttention(torch.autograd.Function):
                torch.zeros(v.shape, dtype=torch.float32, device=v.device))
         pending_kv = pending_dkv = None
         B, nkv, rep, Tq, _ = q.shape
-        fused = _fused(q)
-        if fused:
-            d = max(q.shape[-1], v.shape[-1])
-            q4, do4, o4 = (_pad(t.reshape(B, nkv * rep, Tq, t.shape[-1]), d) for t in (q, dout, out))
+        kernel = ctx.kernel
+        if kernel:  # the kernel's dtype (CUDA: 16-bit; the final out/lse in place of the block's own)
+            d = kernel.d
+            q4, do4, o4 = (_pad(t.reshape(B, nkv * rep, Tq, t.shape[-1]).to(kernel.dtype), d) for t in (q, dout, out))
             l4, dq4 = lse.view(B, nkv * rep, Tq), dq.view(B, nkv * rep, Tq, -1)
         for step in range(shard.size):
             src = (shard.rank - step) % shard.size
@@ -495,27 +568,25 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < shard.size:
                 pending_kv = _Exchange(kv, nxt, prev, shard.group)
             dk, dv = (t.clone() for t in dkv)
-            if fused:
+            k_pos = (docs.index_select(1, shard.columns_of(src)), shard.columns_of(src))
+            if kernel:
                 kb, vb = (_heads(t, rep, d) for t in kv)
-                for qs, ks, what, mask in _blocks(shard, src, Tq):
-                    gq, gk, gv = _FLASH_BACKWARD(do4[:, :, qs], q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], o4[:, :, qs],
-                                                 l4[:, :, qs], 0.0, what == "causal", attn_mask=mask, scale=scale)
+                k32 = v32 = None
+                for qs, ks, what, mask in _blocks(shard, src, Tq, kernel.masks):
+                    if what == "mask" and not kernel.masks:  # this tile by the tile math
+                        if k32 is None:
+                            k32, v32 = (t.float() for t in kv)
+                        _tile_backward(q, dout, k32, v32, lse, D, (dq, dk, dv), qs, ks, q_pos, k_pos, scale)
+                        continue
+                    gq, gk, gv = kernel.backward(do4[:, :, qs], q4[:, :, qs], kb[:, :, ks], vb[:, :, ks], o4[:, :, qs],
+                                                 l4[:, :, qs], what, mask, scale)
                     dq4[:, :, qs] += gq[..., :dq4.shape[-1]]
-                    dk[:, :, ks] += gk.view(B, nkv, rep, -1, d).sum(2)[..., :dk.shape[-1]]
-                    dv[:, :, ks] += gv.view(B, nkv, rep, -1, d).sum(2)[..., :dv.shape[-1]]
+                    dk[:, :, ks] += gk.reshape(B, nkv, rep, -1, d).sum(2)[..., :dk.shape[-1]]
+                    dv[:, :, ks] += gv.reshape(B, nkv, rep, -1, d).sum(2)[..., :dv.shape[-1]]
             else:
                 kb, vb = (t.float() for t in kv)
-            k_docs, k_cols = docs.index_select(1, shard.columns_of(src)), shard.columns_of(src)
-            for tile, ks in ([] if fused else _pairs(shard, src, q.shape[3])):
-                qt, dot, kt, vt = q[:, :, :, tile].float(), dout[:, :, :, tile], kb[:, :, ks], vb[:, :, ks]
-                # in place where possible: at most ~2 tile-sized [.., Q_TILE, chunk] buffers live at once
-                p = _scores(qt, kt, (q_pos[0][:, tile], q_pos[1][tile]), (k_docs[:, ks], k_cols[ks]), scale)
-                p = p.sub_(lse[:, :, :, tile, None]).exp_()  # 0 where masked
-                dv[:, :, ks] += (p.transpose(-1, -2) @ dot).sum(2)
-                ds = (dot @ vt.transpose(-1, -2)[:, :, None]).sub_(D[:, :, :, tile, None]).mul_(p)
-                del p
-                dq[:, :, :, tile] += (ds @ kt[:, :, None]) * scale
-                dk[:, :, ks] += (ds.transpose(-1, -2) @ qt).sum(2) * scale
+                for tile, ks in _pairs(shard, src, Tq):
+                    _tile_backward(q, dout, kb, vb, lse, D, (dq, dk, dv), tile, ks, q_pos, k_pos, scale)
             # the block's accumulators go on with it; after the last step they go home (to rank src)
             if shard.size > 1:
                 pending_dkv = _Exchange((dk, dv), nxt, prev, shard.group)
@@ -528,6 +599,7 @@ def ring_attention(q, k, v, shard: ContextShard) -> torch.Tensor:
     """Ring attention over the CP group (module doc; `_RingAttention`). Step i holds the K/V block
     of rank (rank - i) mod size; per block (out_i, lse_i), merged with the log-sum-exp rule in fp32,
     which is softmax over the union of the blocks (CPU fp32: per block torch's fused kernel, `_blocks`;
+    CUDA fp16/bf16: torch's flash kernel for unmasked blocks, the tile math for masked tiles;
     elsewhere the tile math). Masked scores are built Q_TILE queries at a time, so
     the transient is [B, nh, Q_TILE, T/(2·size)] fp32, never [T/size × T]; what backward keeps is this
     rank's q, k, v, out and lse: activation memory O(T/size). GQA: kv head h // (nh / nkv) serves

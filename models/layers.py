@@ -15,6 +15,7 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vf.models import attention_kernels
 from vf.models.config import ModelConfig
 
 from vf.errors import UsageError
@@ -228,12 +229,15 @@ class Documents:
     """Where packed documents lie in each row: the attention `mask` object for packed training.
 
     Built from position_ids [B, T] (a document starts wherever the position is 0, and at column 0).
-    Attention stays within a document and is causal inside it; `sdpa` runs each document as its own
-    causal SDPA call, so no T×T mask is built and every call takes SDPA's causal fast path (a dense
-    bool mask forces the general masked kernel and its T×T work per head).
+    Attention stays within a document and is causal inside it. On a GPU in fp16/bf16 `sdpa` makes
+    one varlen flash call for the whole micro-batch (models/attention_kernels.py: the rows laid end
+    to end, `cu_seqlens` marking the documents); elsewhere it runs each document as its own causal
+    SDPA call, so no T×T mask is built and every call takes SDPA's causal fast path (a dense bool
+    mask forces the general masked kernel and its T×T work per head).
 
       spans[b]     [(start, end), ...] python ints: row b's documents, in order, covering 0..T
       cu_seqlens   int32 [D+1]: cumulative lengths over all rows flattened (flash-attn varlen layout)
+      max_seqlen   python int: the longest document (the varlen kernels' tiling bound)
       dense()      bool [B, 1, T, T] (True = attend): for attention variants that need a mask
 
     Measured on the project CPU (torch 2.13, fp32, B1 T2048, 16/8 heads × 128, 7 documents, fwd+bwd):
@@ -254,6 +258,7 @@ class Documents:
                 self.spans[b][-1] = (self.spans[b][-1][0], c)
             self.spans[b].append((c, T))
         lengths = [e - s for row in self.spans for s, e in row]
+        self.max_seqlen = max(lengths)
         self.cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int32, device=self.device).cumsum(0, dtype=torch.int32)
 
     @property
@@ -324,26 +329,68 @@ def positions_and_mask(input_ids: torch.Tensor, position_ids: torch.Tensor | Non
     return position_ids, (Documents(position_ids) if cache is None else None)
 
 
-@torch.compiler.disable  # a graph break under `--model.compile`: the per-document loop stays eager, so
-# compiled blocks never recompile for a new packing layout
-def sdpa(q, k, v, mask=None):
+@torch.compiler.disable  # a graph break under `--model.compile`: the packed path (a per-document loop,
+# or a varlen kernel whose layout changes with the packing) stays eager, so compiled blocks never
+# recompile for a new packing layout
+def sdpa(q, k, v, mask=None, window: int | None = None):
     """q [B,nh,T,hd], k/v [B,nkv,S,hd] -> [B,nh,T,hd]. mask: None (causal, T == S), a `Documents`
     layout (causal within each packed document, T == S), a `ShardedMask` (context parallelism: this
-    rank's slice, causal within documents across all ranks) or bool [B|1,1,T,S] (True = attend)."""
+    rank's slice, causal within documents across all ranks) or bool [B|1,1,T,S] (True = attend).
+    `window` W (with None or `Documents`): a query at position p sees only keys p-W+1..p.
+
+    With `Documents` on CUDA in fp16/bf16 the whole micro-batch is one varlen kernel call
+    (`attention_kernels.varlen_backend`: flash-attn, else torch's varlen); a layer the kernel does
+    not fit (`attention_kernels.supports`), and CPU/fp32, run one causal SDPA per document."""
     if isinstance(mask, ShardedMask):
+        if window is not None:
+            raise ValueError("sdpa: a sliding window under context parallelism is not supported")
         return mask.attend(q, k, v)
     gqa = q.shape[1] != k.shape[1]
+    if window is not None and mask is None:
+        mask = Documents(torch.arange(q.shape[2], device=q.device).expand(q.shape[0], -1))  # one document a row
     if isinstance(mask, Documents):
-        if mask.single:
+        if mask.single and window is None:
             mask = None
         else:
-            return torch.cat([
-                torch.cat([F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
-                                                          is_causal=True, enable_gqa=gqa) for s, e in row], dim=2)
-                for b, row in enumerate(mask.spans)], dim=0)
+            backend = attention_kernels.varlen_backend(q)
+            if attention_kernels.supports(backend, q, k, v, window):
+                return _varlen(backend, q, k, v, mask, window)
+            return _per_document(q, k, v, mask, window)
+    if window is not None:
+        raise ValueError("sdpa: a sliding window needs mask None or a Documents layout")
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def _varlen(backend: str, q, k, v, docs: Documents, window: int | None):
+    """The packed rows through one varlen call: [B, h, T, d] -> [B·T, h, d] (row after row, the
+    layout `docs.cu_seqlens` counts in) and the output back to [B, nh, T, dv]."""
+    B, nh, T, _ = q.shape
+    flat = [t.transpose(1, 2).reshape(B * T, t.shape[1], t.shape[-1]) for t in (q, k, v)]
+    cu = docs.cu_seqlens.to(q.device)  # the kernel reads it on the GPU (a no-op where the layout was built)
+    out = attention_kernels.varlen_attention(backend, *flat, cu, docs.max_seqlen, window)
+    return out.view(B, T, nh, -1).transpose(1, 2)
+
+
+def _band(n: int, window: int, device) -> torch.Tensor:
+    """bool [n, n]: causal, and key j within the last `window` positions of query i (i - j < window)."""
+    i = torch.arange(n, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d < window)
+
+
+def _per_document(q, k, v, docs: Documents, window: int | None):
+    """One causal SDPA per document (with a sliding window: the document's band as a bool mask)."""
+    gqa = q.shape[1] != k.shape[1]
+
+    def one(b, s, e):
+        qd, kd, vd = q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e]
+        if window is None:
+            return F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=_band(e - s, window, q.device), enable_gqa=gqa)
+
+    return torch.cat([torch.cat([one(b, s, e) for s, e in row], dim=2) for b, row in enumerate(docs.spans)], dim=0)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:

@@ -19,7 +19,7 @@ def test_documents_layout_spans_and_dense_mask():
     pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
     d = Documents(pos)
     assert d.spans == [[(0, 3), (3, 5), (5, 6)], [(0, 6)]]
-    assert d.cu_seqlens.tolist() == [0, 3, 5, 6, 12]
+    assert d.cu_seqlens.tolist() == [0, 3, 5, 6, 12] and d.max_seqlen == 6
     m = d.dense()[0, 0]
     assert m[4].tolist() == [False, False, False, True, True, False]
     assert m[2].tolist() == [True, True, True, False, False, False]
