@@ -10,8 +10,11 @@ the first rotary_dim dims, half-split). For the query at index p of its document
 positions are: M-RoPE moves them around images):
   block b = keys [b·r, (b+1)·r), complete when (b+1)·r <= p+1;  c(p) complete blocks
   key_b   = rope(k_layernorm(mean of its r raw keys)) with the rope of the block's first token
-  score_b = Σ_heads relu(q_h · key_b) / sqrt(d)
-  selected = the top-min(k, c(p)) complete blocks by score, plus the tail keys c(p)·r .. p
+  score_b = Σ_heads relu(q_h · key_b) / sqrt(d)                              (fp32)
+  selected = topk(score_0 .. score_{c(p)-1}, min(k, c(p))), plus the tail keys c(p)·r .. p
+Exact ties are common (score_b = 0 whenever every head's dot product is negative) and torch.topk
+breaks them by its algorithm, not by index: the top-k above is taken, as transformers takes it, over
+the query's own c(p) scores alone, so the tied choice is transformers' too (`top_blocks`).
 Attention then runs on the selected keys only (causal). This differs from GLM-5's DSA (dsa.py: a
 top-k of single keys from a weighted-ReLU indexer) and DeepSeek-V4's (compressed entries): its own
 module. Packed rows run per document (blocks start at each document's first token). Engine cache:
@@ -67,12 +70,44 @@ class QSAIndexer(nn.Module):
         for h in range(q.shape[2]):
             scores += torch.relu(qf[:, :, h] @ kf)
         scores = scores / math.sqrt(d)
-        valid = torch.arange(nb, device=raw.device) < complete[..., None]  # [B, T, nb]
-        scores = scores.masked_fill(~valid, float("-inf"))
-        top = scores.topk(min(self.topk, nb), dim=-1).indices
-        chosen = torch.zeros_like(valid).scatter_(-1, top, True) & valid
+        chosen = top_blocks(scores, complete, self.topk)
         blocks = F.pad(chosen.repeat_interleave(r, dim=-1), (0, S - nb * r))
         return blocks | tail
+
+
+def top_blocks(scores: torch.Tensor, count: torch.Tensor, k: int) -> torch.Tensor:
+    """scores [B, T, nb] fp32 of every block, `count` [B, T] the complete blocks each query sees
+    (blocks 0..count-1) -> bool [B, T, nb]: each query's top-min(k, count) blocks.
+
+    Why not just one batched top-k: a block score is a sum of ReLUs, exactly 0 whenever every index
+    head's dot product is negative, so exact ties at the k-th place are common (few index heads,
+    untrained weights), and torch.topk breaks ties by its algorithm over the row it is given (CPU:
+    std::nth_element or partial_sort), not by index. transformers calls it once per query on that
+    query's `count` scores alone; a batched call over all nb blocks, the rest at -inf, breaks the same
+    ties otherwise (a weight perturbation keeps ReLU zeros at zero: no rounding matter; it moved the
+    logits of tiny configs by up to 1). So: one batched top-k, whose set is exact wherever the k-th
+    score is not tied with an unchosen block; the tied queries redo it on rows of just their `count`
+    scores, grouped by count (a batched top-k runs the 1-d call's algorithm on each row of that
+    length): transformers' choice, ties included, for one more top-k per distinct count among tied
+    queries (and a host sync per call to find them)."""
+    nb = scores.shape[-1]
+    valid = torch.arange(nb, device=scores.device) < count[..., None]  # [B, T, nb]
+    if k == 0 or nb == 0:
+        return torch.zeros_like(valid)
+    top = scores.masked_fill(~valid, float("-inf")).topk(min(k, nb), dim=-1)
+    chosen = torch.zeros_like(valid).scatter_(-1, top.indices, True) & valid
+    if nb <= k:  # every complete block fits the budget: no choice made
+        return chosen
+    kth = top.values[..., k - 1 :]  # [B, T, 1]: the k-th best (meaningful where count > k)
+    tied = (count > k) & (valid & ~chosen & (scores == kth)).any(-1)  # [B, T]
+    if tied.any():
+        b, t = tied.nonzero(as_tuple=True)
+        c = count[b, t]
+        for n in c.unique().tolist():
+            rows = (b[c == n], t[c == n])
+            idx = scores[rows][:, :n].topk(k, dim=-1).indices
+            chosen[rows] = torch.zeros(idx.shape[0], nb, dtype=torch.bool, device=scores.device).scatter_(-1, idx, True)
+    return chosen
 
 
 class QSAttention(Attention):

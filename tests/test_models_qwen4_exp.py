@@ -5,9 +5,10 @@ trip, each mechanism mattering, broken checkpoints and configs, and vf-train. Th
 checkpoint (`qwen4_exp`, Qwen4ExpForConditionalGeneration) on text prompts: the same checks, and
 image inputs refused.
 
-The QSA indexer's top-k has no defined order for exactly tied block scores (every index head's ReLU
-at 0): the configs use 8 index heads so that no tie reaches the k-th place in these rows (with 2
-heads, ties do, and the logits differ from transformers' by ~0.5 although both are valid)."""
+The QSA indexer's block scores tie exactly whenever every index head's ReLU is 0; transformers
+resolves such ties by torch.topk's order on each query's own scores, and so does ours (qsa.top_blocks).
+These configs use 8 index heads (few ties); tests/test_indexed_selection_qsa.py sweeps the selection
+with 1 and 2 heads, where ties reach the k-th place in most rows."""
 
 import json
 
@@ -230,13 +231,19 @@ SWEEP = {
 SWEEP_IDS = torch.randint(3, V, (2, 48), generator=torch.Generator().manual_seed(2))
 
 
+def build_shrunk(out, seed=4, **overrides):
+    """`build` on SHRUNK (transformers' defaults, sizes shrunk) plus `overrides`; a None value leaves
+    that setting at transformers' default."""
+    overrides = {**SHRUNK, **overrides}
+    return build(out, seed, **{k: None for k in CONFIG if k not in overrides}, **overrides)
+
+
 @pytest.mark.parametrize("case", list(SWEEP))
 def test_qwen4_exp_sweep_matches_transformers(case, tmp_path):
     """Each config: logits, packed rows, cached decode, and a bit-exact round trip of the checkpoint."""
     from safetensors.torch import load_file
 
-    overrides = {k: v for k, v in {**SHRUNK, **SWEEP[case]}.items() if v is not None}
-    hf = build(tmp_path / "hf", seed=4, **{k: None for k in CONFIG if k not in overrides}, **overrides)
+    hf = build_shrunk(tmp_path / "hf", **SWEEP[case])
     model = load_model(tmp_path / "hf")
     with torch.no_grad():
         diff = (model.compute_logits(SWEEP_IDS) - hf_logits(hf, SWEEP_IDS)).abs().max().item()
