@@ -77,10 +77,9 @@ def _run(func, args, kwargs):
         elif isinstance(x, torch.Tensor) and (x.dim() > 0 or is_written):
             seen.add("cpu")  # a host 0-dim tensor may be read by a device op, not written with one
 
-    for i, a in enumerate(args):
-        tree_map(lambda x, w=(i < len(names) and names[i] in written): note(x, w), a)
-    for k, v in kwargs.items():
-        tree_map(lambda x, w=(k in written): note(x, w), v)
+    for name, a in [*zip(names, args), *kwargs.items()]:
+        is_written = name in written
+        tree_map(lambda x, w=is_written: note(x, w), a)
     if len(seen) > 1 and func not in COPIES:
         raise DeviceMismatch(f"{func}: Expected all tensors to be on the same device, but found at least two "
                              f"devices, {DEVICE} (the stand-in accelerator) and cpu!")

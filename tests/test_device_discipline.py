@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 from stand_in_device import DeviceMismatch, stand_in_accelerator
-
 from vf.trainer import checkpoint
 from vf.trainer.config import resolve
 from vf.trainer.loop import run

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from vf.errors import ConfigError
 from vf.models import load_model
 from vf.models.tiny import builtin_model_path
 from vf.trainer import checkpoint, precision
 from vf.trainer.config import resolve
 from vf.trainer.loop import run
+
+from vf.errors import ConfigError
 
 STEPS = 12
 

@@ -54,7 +54,6 @@ class Learner:
               say=lambda _msg: None) -> Learner:
         """A fresh learner, or one continuing from a loaded checkpoint (`restore`: model,
         optimizer, scheduler and RNG states)."""
-        import torch
         from transformers import AutoTokenizer
         from vf.models import load_model
         from vf.trainer.step import (
