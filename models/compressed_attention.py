@@ -12,13 +12,14 @@ Compressor (transformers' DeepseekV4HCACompressor / DeepseekV4CSACompressor and 
   CSA entry   the same over 2m slots: window w-1's Ca halves, then window w's Cb halves (window 0
               has no previous window: its Ca slots weigh 0)
   then kv_norm (RMSNorm) and rope at position w·m on the entry's last rd dims (the compress rope)
-Entry w holds tokens up to w·m+m-1: query at position p may see it iff w < (p + 1) // m.
+Entry w holds tokens up to w·m+m-1: query at position p may see it iff w < (p + 1) // m; a row (or a
+packed document, or an engine prefill) shorter than m has no entry yet, and attends to its window alone.
 Indexer (CSA only): index queries q_i = wq_b(q latent) [ni, di] roped at the query position, index
 keys = the indexer compressor's entries, weights w = weights_proj(x) / sqrt(ni);
   score(t, s) = Σ_h w_h(t) · relu(q_i,h(t) · k_s) / sqrt(di)
-and query t attends to the top `index_topk` visible entries (dsa.top_k_mask: exact ties go to the
-earlier entry, where transformers' torch.topk leaves the order open). The selection is a hard,
-non-differentiable choice, so the indexer's parameters get no gradient (transformers' indexer
+and query t attends to the top `index_topk` visible entries (all of them while it sees fewer;
+dsa.top_k_mask: exact ties go to the earlier entry, torch.topk's order on CUDA). The selection is a
+hard, non-differentiable choice, so the indexer's parameters get no gradient (transformers' indexer
 returns only the indices) and training leaves them as loaded.
 
 Rope layout (`rope_tail`): DeepSeek-V4 rotates the LAST rd dims of a head, as interleaved pairs
@@ -79,10 +80,11 @@ class Compressor(nn.Module):
         kv = kv[:, : nw * m].view(B, nw, m, self.width)
         gate = gate[:, : nw * m].view(B, nw, m, self.width) + self.position_bias.to(gate.dtype)
         if self.overlap:  # slots: the previous window's Ca halves, then this window's Cb halves
-            prev_kv = torch.cat((kv.new_zeros(B, 1, m, d), kv[:, :-1, :, :d]), dim=1)
+            # ([:, :nw]: a row or document shorter than m has no window, so no previous one either)
+            prev_kv = torch.cat((kv.new_zeros(B, 1, m, d), kv[:, :-1, :, :d]), dim=1)[:, :nw]
             prev_gate = torch.cat((gate.new_full((B, 1, m, d), float("-inf")), gate[:, :-1, :, :d]), dim=1)
             kv = torch.cat((prev_kv, kv[..., d:]), dim=2)
-            gate = torch.cat((prev_gate, gate[..., d:]), dim=2)
+            gate = torch.cat((prev_gate[:, :nw], gate[..., d:]), dim=2)
         weights = gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)
         entries = self.kv_norm((kv * weights).sum(dim=2))  # [B, Nw, d]
         positions = (torch.arange(nw, device=kv.device) * m)[None]

@@ -9,9 +9,9 @@ Per query t and visible key s (transformers' GlmMoeDsaIndexer):
   q_i = wq_b(q_lat) per head [di], k_i = k_norm(wk(x)) [di] (one key shared by all index heads)
   both rope'd on their FIRST dr dims (interleaved pairs, like MLA's rope part), the rest pass
   score(t, s) = sum_h w_h(t) * relu(q_i,h(t)·k_i(s) / sqrt(di)),   w(t) = weights_proj(x_t) / sqrt(ni)
-  selected(t) = top-k of score(t, ·) over the keys t may see (k = min(index_topk, S); exact ties
-                go to the earlier key, where transformers' torch.topk leaves the order unspecified:
-                see `top_k_mask`)
+  selected(t) = top-k of score(t, ·) over the keys t may see (k = min(index_topk, S): an early query
+                that sees fewer keys keeps them all); exact ties go to the earlier key, the order
+                torch.topk gives them on CUDA (see `top_k_mask`)
 The attention mask is then visible & selected; everything else is MLA unchanged. The selection is
 a hard, non-differentiable choice (transformers runs the indexer under no_grad), so the indexer
 weights get no gradient and training leaves them as loaded.
@@ -68,14 +68,20 @@ class Indexer(nn.Module):
 
 
 def top_k_mask(index: torch.Tensor, k: int) -> torch.Tensor:
-    """index scores [..., S] (-inf: not visible) -> bool [..., S]: the k highest visible entries.
+    """index scores [..., S] (-inf: not visible) -> bool [..., S]: the k highest visible entries,
+    exact ties to the earlier key.
 
-    A stable sort gives exact ties to the earlier key, whatever the row's length or padding, so a
-    packed row, a padded engine batch and a cached decode step all pick what a lone full forward
-    picks. transformers' `torch.topk` leaves the order of ties unspecified (on CPU it depends on the
-    row length, so its own cached generate and full forward can disagree); ties are exact only
-    where every index head's ReLU is 0 (score 0), which tiny configs with few index heads hit often
-    and real ones (32-64 index heads) practically never."""
+    Ties are exact where every index head's ReLU is 0: the score is then exactly 0, for many keys of
+    a row at once, and no small change of the weights moves it. Tiny configs with few index heads
+    hit this at the k-th place often, real ones (32-64 index heads) rarely. transformers selects
+    with `torch.topk`, whose order of ties is unspecified: on CUDA, where the reference models run,
+    it takes the tied values in index order (TensorTopK.cu's gatherTopK: every value above the k-th,
+    then "the first seen set" of equal ones), which is the order here; on CPU it takes whatever
+    std::nth_element / std::partial_sort leave, which depends on the row's length, so there
+    transformers' logits for a prefix change when more tokens follow it (its full forward and its
+    cached generate disagree). A stable sort gives the earlier key whatever the row's length or
+    padding, so a packed row, a padded engine batch, a cached decode step and a context-parallel
+    shard all pick what a lone full forward picks (tests/test_indexed_selection.py)."""
     top = index.sort(dim=-1, descending=True, stable=True).indices[..., :k]
     return torch.zeros_like(index, dtype=torch.bool).scatter_(-1, top, True) & (index > float("-inf"))
 

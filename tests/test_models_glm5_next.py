@@ -13,7 +13,9 @@ chat template writes `<|begin_of_image|><|image|><|end_of_image|>` per image par
 and the directory holds transformers' own Glm5NextImageProcessorPil config.
 
 The indexer's top-k has no defined order for exactly tied pool scores (every index head's ReLU at 0):
-the configs use 8 index heads so that no tie reaches the k-th place in these rows."""
+the configs use 8 index heads so that no tie reaches the k-th place in these rows. The untuned case
+(4 index heads, ties at the k-th place, transformers' ties in CUDA's order) is swept in
+tests/test_indexed_selection.py."""
 
 import json
 
