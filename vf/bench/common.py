@@ -213,6 +213,9 @@ class ChildFailed(RuntimeError):
     pass
 
 
+GROUP_VAR = "VF_BENCH_CHILD"  # set in run_child's children: a nested run_child shares their process group
+
+
 def run_child(target: str, kwargs: dict[str, Any] | None = None, timeout: float = 1800,
               env: dict[str, str] | None = None, python: str | None = None) -> dict[str, Any]:
     """Run `module:function(**kwargs)` in a fresh Python process and return its dict result.
@@ -224,16 +227,28 @@ def run_child(target: str, kwargs: dict[str, Any] | None = None, timeout: float 
     cmd = [python or sys.executable, "-m", "vf.bench.common", target, json.dumps(kwargs or {})]
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     # a fresh wrapper process so RUSAGE_CHILDREN covers this child alone
-    wrapper = ("import json,resource,subprocess,sys;"
+    # a signal's death is said in words (exit status 128+N says less)
+    wrapper = ("import json,resource,signal,subprocess,sys;"
                "p=subprocess.run(sys.argv[1:],capture_output=True,text=True);"
                "r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss;"
                "sys.stdout.write(p.stdout);sys.stderr.write(p.stderr);"
+               "p.returncode<0 and sys.stderr.write(f'killed by {signal.Signals(-p.returncode).name}\\n');"
                "print('@@VF-BENCH-MAXRSS@@',r);sys.exit(p.returncode)")
+    # its own process group: on a timeout the child and everything it started (its own children,
+    # vf-train runs) are killed, not only the wrapper; a child's children stay in that one group
+    outermost = GROUP_VAR not in os.environ
+    full_env[GROUP_VAR] = "1"
+    proc = subprocess.Popen([sys.executable, "-c", wrapper, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env, start_new_session=outermost)
     try:
-        p = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True,
-                           timeout=timeout, env=full_env)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(proc, outermost)
         raise ChildFailed(f"{target} ran past {timeout:.0f}s") from None
+    except BaseException:  # KeyboardInterrupt: take the child's group down too
+        _kill_group(proc, outermost)
+        raise
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     result, maxrss = None, None
     for line in p.stdout.splitlines():
         if line.startswith(RESULT_MARK):
@@ -246,6 +261,45 @@ def run_child(target: str, kwargs: dict[str, Any] | None = None, timeout: float 
     if maxrss is not None:
         result["_child_peak_rss_mib"] = round(maxrss / 1024, 1)
     return result
+
+
+def _kill_group(proc: subprocess.Popen, own_group: bool) -> None:
+    """SIGKILL the wrapper and everything under it: its process group where it has its own, else
+    (a nested run_child, inside its parent's group) each descendant found in /proc."""
+    import signal
+
+    pids = [proc.pid] + _descendants(proc.pid)
+    try:
+        if own_group:
+            os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.communicate()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (Linux /proc; [] elsewhere)."""
+    out, pending = [], [pid]
+    while pending:
+        p = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            pending += kids
+    return out
 
 
 def _child_main(argv: list[str]) -> None:

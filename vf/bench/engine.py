@@ -113,7 +113,7 @@ def family_model(shape: str) -> dict[str, str]:
     return {"path": str(path)}
 
 
-def model_costs(cfg) -> dict[str, float]:
+def model_costs(cfg, elem_bytes: float = 4.0) -> dict[str, float]:
     """Per-token FLOPs and bytes of a native config: `matmul` (2·weights of the layers' GEMMs), `head`
     (2·H·V), `attn_per_key` (4·nh·hd·L: QK and AV per key a query sees), `weight_bytes` (every
     weight a decode step reads: layer GEMMs + LM head), `kv_bytes_per_key` (K and V of one position
@@ -121,7 +121,8 @@ def model_costs(cfg) -> dict[str, float]:
     H, L, nh, nkv, hd = cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     layer = H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * cfg.intermediate_size
     return {"matmul": 2.0 * L * layer, "head": 2.0 * H * cfg.vocab_size, "attn_per_key": 4.0 * nh * hd * L,
-            "weight_bytes": 4.0 * (L * layer + H * cfg.vocab_size), "kv_bytes_per_key": 4.0 * 2 * nkv * hd * L,
+            "weight_bytes": elem_bytes * (L * layer + H * cfg.vocab_size),
+            "kv_bytes_per_key": elem_bytes * 2 * nkv * hd * L,
             "gemm_k": H, "gemm_n": 2 * cfg.intermediate_size}
 
 
@@ -136,39 +137,56 @@ def work(costs: dict[str, float], B: int, P: int, T: int) -> dict[str, float]:
             "step_bytes": costs["weight_bytes"] + B * costs["kv_bytes_per_key"] * avg_keys}
 
 
-def measure_limits(M: int, K: int, N: int, budget_s: float = 0.6) -> float:
-    """Best fp32 GEMM FLOP/s of x [M, K] · W [N, K]ᵀ (the engine's layout) on this thread's intra-op
-    threads, by MKL (`F.linear`) or oneDNN, whichever is faster: the practical peak at this shape.
-    Each repeats until `budget_s`, at least 3 times."""
+def measure_limits(M: int, K: int, N: int, budget_s: float = 0.6, device: str = "cpu",
+                   dtype: str = "float32") -> float:
+    """Best GEMM FLOP/s of x [M, K] · W [N, K]ᵀ (the engine's layout): on the CPU in fp32 on this
+    thread's intra-op threads, by MKL (`F.linear`) or oneDNN, whichever is faster; on CUDA
+    `F.linear` in `dtype`. The practical peak at this shape. Each repeats until `budget_s`, at
+    least 3 times."""
     import torch
     import torch.nn.functional as F
 
-    from vf.engines.fastpath import cpu_linear
+    x = torch.randn(M, K, device=device, dtype=getattr(torch, dtype))
+    w = torch.randn(N, K, device=device, dtype=x.dtype)
+    cuda = x.device.type == "cuda"
+    if cuda:
+        linears = {F.linear}
+    else:
+        from vf.engines.fastpath import cpu_linear
 
-    x, w = torch.randn(M, K), torch.randn(N, K)
+        linears = {F.linear, cpu_linear(x.device, x.dtype)}  # MKL's and oneDNN's: the better one
     best = float("inf")
-    for linear in {F.linear, cpu_linear(x.device, x.dtype)}:  # MKL's and oneDNN's: the better one
+    for linear in linears:
         linear(x, w)
         spent, n = 0.0, 0
         while n < 3 or spent < budget_s:
+            if cuda:
+                torch.cuda.synchronize()
             t = time.perf_counter()
             linear(x, w)
+            if cuda:
+                torch.cuda.synchronize()
             dt = time.perf_counter() - t
             best, spent, n = min(best, dt), spent + dt, n + 1
     return 2.0 * M * K * N / best
 
 
-def measure_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+def measure_bandwidth(mib: int = 256, repeats: int = 5, device: str = "cpu") -> float:
     """Best memory bandwidth (bytes/s) of a `copy_` between two `mib` MiB fp32 buffers (read + write)."""
     import torch
 
-    src = torch.randn(mib * 2**18)
+    src = torch.randn(mib * 2**18, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
+    cuda = src.device.type == "cuda"
     best = float("inf")
     for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
         t = time.perf_counter()
         dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t)
     return 2.0 * src.numel() * 4 / best
 
@@ -190,30 +208,37 @@ def figures(B: int, P: int, T: int, total_s: float, prefill_s: float, w: dict[st
             "decode_bw_util": round(dec_bw / bandwidth, 3), "decode_limit_frac": round(roof / decode_s, 3)}
 
 
-def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeats: int) -> dict[str, Any]:
-    """(child) {batch: {"local": {...}, "hf": {...}, "limits": {...}}} for every batch size."""
+def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeats: int, device: str = "cpu",
+            dtype: str = "float32") -> dict[str, Any]:
+    """(child) {batch: {"local": {...}, "hf": {...}, "limits": {...}}} for every batch size; both
+    sides' weights on `device` in `dtype` (on CUDA the limits are that device's GEMM peak and copy
+    bandwidth, and the thread matching is moot)."""
     import asyncio
 
     import torch
     from transformers.generation.streamers import BaseStreamer
 
-    from vf.bench.trainer import hf_reference_class
+    from vf.bench.trainer import _sync, hf_reference_class
     from vf.engines.base import Sampling
     from vf.engines.local import LocalEngine
 
-    engine = LocalEngine.from_model(model, max_batch=max(batches))
+    cuda = torch.device(device).type == "cuda"
+    engine = LocalEngine.from_model(model, max_batch=max(batches), device=device, dtype=dtype)
     sched = engine.scheduler
 
     def same_threads() -> int:
         """transformers gets the intra-op threads our engine thread decodes with (its tuner's pick
         for a bigger model): the same resources on both sides (with 2 threads on a busy 2-core
         machine generate loses 5-10x to fork/join waits)."""
+        if cuda:
+            return torch.get_num_threads()
         n = sched.tuner.best if sched.tuner is not None else sched.threads_in_use
         torch.set_num_threads(n)
         return n
-    hf = hf_reference_class(str(engine.path)).from_pretrained(str(engine.path), dtype=torch.float32).eval()
+    hf = hf_reference_class(str(engine.path)).from_pretrained(str(engine.path), dtype=getattr(torch, dtype))
+    hf = hf.to(device).eval()
     cfg = engine.model.config
-    costs = model_costs(cfg)
+    costs = model_costs(cfg, elem_bytes=torch.finfo(getattr(torch, dtype)).bits / 8)
     # token ids the tokenizer knows (the bench models' vocabulary may be larger than their tokenizer's)
     V = min(cfg.vocab_size, len(engine.tokenizer))
     gen = torch.Generator().manual_seed(0)
@@ -234,14 +259,24 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
             pass
 
     def run_hf(prompts, n=tokens, streamer=None):
+        prompts = prompts.to(device)
         with torch.inference_mode():
-            return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n,
-                               min_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
+            out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n,
+                              min_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
+        _sync(device)
+        return out
 
     def limits_now(B: int, n_threads: int, best: dict[str, float]) -> dict[str, float]:
         """The limits at batch B measured now, or as measured before where that was higher (a
         shared machine: the best moment is the closest to the machine's real limit); also the
         decode-shape GEMM peak on one thread (what an engine pinned to one core can reach)."""
+        if cuda:  # one device: no thread count to match
+            dev = {"device": device, "dtype": dtype}
+            now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"], **dev),
+                   "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"], **dev),
+                   "bandwidth": measure_bandwidth(device=device)}
+            now["gemm_decode_1t"] = now["gemm_decode"]
+            return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
         torch.set_num_threads(1)
         now = {"gemm_decode_1t": measure_limits(B, costs["gemm_k"], costs["gemm_n"])}
         torch.set_num_threads(n_threads)
@@ -271,7 +306,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 st = FirstToken()
                 t = time.perf_counter()
                 gen_out = run_hf(prompts, streamer=st)
-                ht.append(time.perf_counter() - t)
+                ht.append(time.perf_counter() - t)  # run_hf waited for the device
                 hp.append(st.calls[1] - t)  # the prompt's put, then the first token's after the prefill
             limits = limits_now(B, threads[-1], limits)  # before and after the timed runs: the better of the two
             assert all(len(s.token_ids) == tokens for s in seqs)

@@ -317,16 +317,18 @@ def flops_per_token(cfg, seq: int) -> float | None:
     return 6 * n_mm + 12 * L * q * seq
 
 
-def _build(variant: str, path: str):
-    """(model, config, loss_fn(ids, targets) -> scalar loss) for "ours" | "ours-ckpt" | "ref"."""
+def _build(variant: str, path: str, device: str = "cpu", dtype: str = "float32"):
+    """(model, config, loss_fn(ids, targets) -> scalar loss) for "ours" | "ours-ckpt" | "ref", its
+    weights on `device` in `dtype` (the compute dtype; the loss is taken in fp32 on both sides)."""
     import torch
 
+    torch_dtype = getattr(torch, dtype)
     if variant in ("ours", "ours-ckpt"):
         from vf.models import load_model
         from vf.trainer import losses
         from vf.trainer.step import PolicyLogprobs, embedding_grad_in_place
 
-        model = load_model(path, dtype=torch.float32)
+        model = load_model(path, dtype=torch_dtype, device=device)
         model.activation_checkpointing = variant == "ours-ckpt"
         embedding_grad_in_place(model)
         cfg = model.config
@@ -336,15 +338,15 @@ def _build(variant: str, path: str):
             n = tgt.numel()
 
             def token_loss(lp, a, b):
-                return sft(lp, None, None, torch.ones(b - a, dtype=torch.bool))
+                return sft(lp, None, None, torch.ones(b - a, dtype=torch.bool, device=lp.device))
 
-            loss, _, _ = policy(ids, None, tgt, 1.0, fused=(torch.arange(n), token_loss, 1.0 / n))
+            loss, _, _ = policy(ids, None, tgt, 1.0, fused=(torch.arange(n, device=ids.device), token_loss, 1.0 / n))
             return loss
     else:
         from vf.models import read_config
 
         cfg = read_config(path)
-        model = hf_reference_class(path).from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        model = hf_reference_class(path).from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa").to(device)
 
         def loss_fn(ids, tgt):
             logits = model(input_ids=ids, use_cache=False).logits
@@ -364,18 +366,28 @@ def hf_reference_class(path: str):
     return AutoModelForCausalLM if causal else AutoModelForImageTextToText
 
 
-def _batch(vocab: int, batch: int, seq: int):
+def _batch(vocab: int, batch: int, seq: int, device: str = "cpu"):
     import torch
 
-    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1)).to(device)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _sync(device) -> None:
+    """Wait for a CUDA device's queued work (step times are wall times of finished work)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _step(model, loss_fn, inp, tgt) -> tuple[float, float]:
     """One forward+backward; (seconds, loss). Grads are dropped so every step allocates them."""
+    _sync(inp.device)
     t = time.perf_counter()
     loss = loss_fn(inp, tgt)
     loss.backward()
+    _sync(inp.device)
     dt = time.perf_counter() - t
     model.zero_grad(set_to_none=True)
     return dt, float(loss.detach())
@@ -401,16 +413,24 @@ def measure_pair(path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
     return out
 
 
-def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[str, Any]:
-    """(child) Train-step tokens/s and peak memory of one variant ("ours" | "ours-ckpt" | "ref")."""
+def measure(variant: str, path: str, batch: int, seq: int, steps: int, device: str = "cpu",
+            dtype: str = "float32") -> dict[str, Any]:
+    """(child) Train-step tokens/s and peak memory of one variant ("ours" | "ours-ckpt" | "ref").
+    On CUDA the memory figures are the allocator's (`peak_cuda_mib`: the most allocated at once
+    during the steps, model included; `extra_mib`: that above the loaded model)."""
     import torch
 
     torch.manual_seed(0)
-    model, cfg, loss_fn = _build(variant, path)
+    model, cfg, loss_fn = _build(variant, path, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    inp, tgt = _batch(cfg.vocab_size, batch, seq)
+    inp, tgt = _batch(cfg.vocab_size, batch, seq, device)
+    cuda = torch.device(device).type == "cuda"
     pm = PeakMemory()
-    pm.reset()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        pm.reset()
     times, losses = [], []
     for i in range(steps + 1):  # step 0 is the warm-up (and the timed one when steps == 0)
         dt, loss = _step(model, loss_fn, inp, tgt)
@@ -418,8 +438,13 @@ def measure(variant: str, path: str, batch: int, seq: int, steps: int) -> dict[s
         if i > 0 or steps == 0:
             times.append(dt)
     med = statistics.median(times)
-    out = {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 3), **pm.figures(),
-           "loss": round(losses[0], 5), "params": n_params}
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device)
+        mem = {"peak_cuda_mib": round(peak / 2**20, 1), "extra_mib": round((peak - base) / 2**20, 1)}
+    else:
+        mem = pm.figures()
+    out = {"tokens_per_s": round(batch * seq / med, 1), "step_s": round(med, 3 if not cuda else 5), **mem,
+           "loss": round(losses[0], 5), "params": n_params, "device": device, "dtype": dtype}
     if variant == "ref" and cfg.num_experts:  # transformers' default: "grouped_mm" where it can dispatch
         out["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
     return out
