@@ -102,7 +102,9 @@ def check(cfg, d: dict[str, Any], source: str) -> None:
         cfg.mlp_layer_types = ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
     if cfg.layer_types is None:
         cfg.layer_types = ["linear_attention" if i % 4 != 3 else "indexed_attention" for i in range(n)]
-    cfg.layer_types = ["indexed_attention" if t == "full_attention" else t for t in cfg.layer_types]
+    # transformers 5.17 (the GPU image's) spells the indexed layer "deepseek_sparse_attention"
+    cfg.layer_types = ["indexed_attention" if t in ("full_attention", "deepseek_sparse_attention") else t
+                       for t in cfg.layer_types]
     for key, allowed in (("layer_types", LAYER_KINDS), ("mlp_layer_types", ("dense", "sparse"))):
         bad = sorted(set(getattr(cfg, key)) - set(allowed))
         if len(getattr(cfg, key)) != n or bad:

@@ -34,7 +34,9 @@ def check(cfg, d: dict, source: str) -> None:
     layer indexed attention) and reads "full_attention" as "indexed_attention", as transformers does."""
     if cfg.layer_types is None:
         cfg.layer_types = ["linear_attention" if (i + 1) % 4 else "indexed_attention" for i in range(cfg.num_layers)]
-    cfg.layer_types = ["indexed_attention" if t == "full_attention" else t for t in cfg.layer_types]
+    # transformers 5.17 (the GPU image's) spells the indexed layer "qwen_sparse_attention"
+    cfg.layer_types = ["indexed_attention" if t in ("full_attention", "qwen_sparse_attention") else t
+                       for t in cfg.layer_types]
     bad = sorted(set(cfg.layer_types) - {"linear_attention", "indexed_attention"})
     if len(cfg.layer_types) != cfg.num_layers or bad:
         raise ModelLoadError(f"{source}: qwen4_exp layer_types must be linear_attention / indexed_attention "
