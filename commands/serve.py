@@ -37,6 +37,8 @@ def command(
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="Model name the API reports."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (CPU), bfloat16 or float16 (GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    tf32: bool = typer.Option(True, "--tf32/--no-tf32", help="CUDA: fp32 matmuls through TF32 tensor cores "
+                              "(--no-tf32: exact fp32). No effect on CPU."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's; the "
                                        "engine's own thread uses 1 for a model under 50M parameters)."),
     weights_root: list[str] | None = typer.Option(None, "--weights-root", metavar="DIR",  # noqa: B008
@@ -79,6 +81,9 @@ def command(
         torch.set_num_threads(threads)
     from vf.engines.local import LocalEngine
     from vf.serve import run_server
+    from vf.trainer.precision import configure_matmul
+
+    configure_matmul(device, tf32)
 
     engine = LocalEngine.from_model(model, dtype=dtype, device=device, max_batch=max_batch,
                                     router_replay=router_replay, threads=threads)
