@@ -42,6 +42,10 @@ class OnDevice(torch.Tensor):
     def __repr__(self):
         return f"OnDevice({self.data_!r})"
 
+    @property
+    def is_meta(self) -> bool:  # it holds data: `load_state_dict` must copy into it, as into a CUDA tensor
+        return False
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

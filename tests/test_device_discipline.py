@@ -88,6 +88,10 @@ def test_resume_on_the_device_continues_the_cpu_checkpoint(tmp_path):
         run(config, tmp_path / "cut", resume=True)
     resumed = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in whole], rel=1e-5, abs=1e-8)
+    # the RL step's loss is ~0 (advantages sum to 0): the weights show that the resumed run started from
+    # the checkpoint (not from the model it was first loaded with: the warm-up moved every weight ~lr)
+    ends = [checkpoint.load(checkpoint.latest(tmp_path / d))["model"] for d in ("whole", "cut")]
+    assert max(float((ends[0][k] - ends[1][k]).abs().max()) for k in ends[0]) < 1e-5
 
 
 MECHANISMS = {  # one family per mechanism: builder module, family
