@@ -1,12 +1,11 @@
 """vf-rollout: generate groups of rollouts with tokens and inference log-probs, for training."""
 
 
-from typing import Optional
 
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,24 +25,26 @@ EPILOG = options.epilog(
 @app.command(epilog=EPILOG)
 @guarded
 def command(
-    taskset: Optional[str] = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
+    taskset: str | None = typer.Argument(None, help="Taskset id (built-in name, installed package, or path)."),
     model: options.Model = None,
     base_url: options.BaseUrl = None,
     api_key_var: options.ApiKeyVar = None,
     num_tasks: options.NumTasks = None,
     rollouts: options.Rollouts = None,
     concurrency: options.Concurrency = None,
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Model replies per episode."),
-    episode_timeout: Optional[float] = typer.Option(None, "--episode-timeout", help="Seconds per episode before it counts as timed out."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Run dir (new or empty), or - to stream JSONL to stdout."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Model replies per episode."),
+    episode_timeout: float | None = typer.Option(None, "--episode-timeout", help="Seconds per episode before it counts as timed out."),
+    output: str | None = typer.Option(None, "-o", "--output", help="Run dir (new or empty), or - to stream JSONL to stdout."),
     output_dir: options.OutputDir = None,
     config_file: options.ConfigFile = None,
     resume: options.Resume = None,
+    trust_run_dir: options.TrustRunDir = False,
 ):
     """Generate rollouts of TASKSET (groups of -r per task) with tokens and log-probs."""
     from vf.cli_compat import command_overrides, place_run
     from vf.errors import UsageError
     from vf.evaluate import execute, open_run, resolve_config
+    from vf.loading import untrusted_config
 
     over, output, output_dir = command_overrides({
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,
@@ -55,8 +56,10 @@ def command(
         raise UsageError("--resume continues in its own dir; drop -o")
     config = None if resume else resolve_config({"command": "rollout"}, over)
     output = place_run(config, output, output_dir)
-    config, run, kept, _ = open_run(config, over, output, resume)
-    summary = execute(config, run, kept, label="rollout")
+    # a run dir's config.yaml is data: the code it names is imported only on the user's word
+    with untrusted_config(f"run dir {resume} (config.yaml)" if resume and not trust_run_dir else None):
+        config, run, kept, _ = open_run(config, over, output, resume)
+        summary = execute(config, run, kept, label="rollout")
     where = summary["run_dir"] or "stdout"
     console.print(f"{summary['num_episodes']} episodes ({summary['num_errors']} errors) → {where}")
     if summary["num_episodes"] and summary["num_errors"] == summary["num_episodes"]:

@@ -120,3 +120,55 @@ def test_collected_files_restore_into_another_runtime_at_the_same_relative_place
             return written, (await grader.read("src/m.py")).decode()
     written, text = asyncio.run(go())
     assert written == ["src/m.py"] and text == "def f():\n    return 1\n"
+
+
+SPARSE_RESTORE = """
+import asyncio, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a restore that reads the 2 GiB fails loudly
+from vf.artifacts import restore, safe_members
+from vf.errors import SandboxError
+from vf.runtime import make_runtime
+archive = open(sys.argv[1], "rb").read()
+for attempt in (lambda: safe_members(archive), lambda: asyncio.run(restore(make_runtime({"type": "subprocess"}),
+                                                                             {"big": archive}))):
+    try:
+        attempt()
+        print("read")
+    except SandboxError as e:
+        print("refused:", e)
+"""
+
+
+def test_restore_refuses_a_sparse_archive_by_its_expanded_size(tmp_path):
+    """A 10 KB archive (GNU sparse) of a 2 GiB file: before, restore read all 2 GiB into memory;
+    now its members' declared sizes are summed from their headers and refused past the budget
+    (MAX_ARTIFACT_BYTES, 32 MiB) before anything is read."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "src" / "big"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(2 << 30)
+    archive = tmp_path / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "-cf", str(archive), "-C", str(big.parent), "big"], check=True)
+    assert archive.stat().st_size < 64 << 10
+    proc = subprocess.run([sys.executable, "-c", SPARSE_RESTORE, str(archive)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("refused:") for line in lines), proc.stdout + proc.stderr[-2000:]
+    assert "expands to 2147483648 bytes" in lines[0]
+
+
+def test_collect_counts_what_an_archive_expands_to():
+    """The collected archive's expanded size counts against `artifact_max_bytes` too."""
+    from vf.artifacts import expanded_size
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("f")
+        info.size = 1000
+        tar.addfile(info, io.BytesIO(b"x" * 1000))
+    assert expanded_size(buf.getvalue(), 1000) == 1000
+    with pytest.raises(SandboxError, match="expands to 1000 bytes"):
+        expanded_size(buf.getvalue(), 999)

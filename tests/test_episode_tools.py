@@ -166,7 +166,7 @@ def test_kill_9_leaves_no_tool_or_runtime_process_and_resume_completes(stub, tmp
         time.sleep(0.1)
     assert not left, [_cmdline(p) for p in left]
     assert 1 <= len(read_episodes(traces)) < 8
-    resumed = subprocess.run([str(BIN / "vf-eval"), "--resume", str(out), "--json"], capture_output=True,
+    resumed = subprocess.run([str(BIN / "vf-eval"), "--resume", str(out), "--trust-run-dir", "--json"], capture_output=True,
                              text=True, env=env, timeout=120, check=False)
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -678,3 +679,69 @@ def test_real_codex_runs_a_tool_through_the_server(running, tmp_path):
     assert handler.calls[1].request.messages[-1].tool_call_id == "call_agent_1"
     assert reg.secret not in p.stdout + p.stderr
 
+
+
+# --- issue 33: the provider fetches nothing the agent names; nothing outlives a kill -9 ------------
+
+IMAGE_URLS = ["https://example.com/cat.png", "http://127.0.0.1:8080/admin", "file:///etc/shadow",
+              "HTTP://169.254.169.254/latest/meta-data/", "//example.com/x.png", "data:text/html;base64,PGI+"]
+
+
+@pytest.mark.parametrize("url", IMAGE_URLS)
+def test_an_image_by_url_is_refused_never_passed_on_and_told_to_the_rollout(running, url):
+    """Before: each URL reached the handler (and so the provider and the trace) verbatim; a
+    provider that fetches image URLs could be made to reach the host's loopback or carry data out."""
+    handler = Scripted(reply("ok"))
+    reg = running.register(handler)
+    refused: list = []
+
+    async def listen():
+        running.server.on_refused(reg.secret, lambda status, message: refused.append((status, message)))
+    running.run(listen())
+    auth = {"Authorization": f"Bearer {reg.secret}"}
+    bodies = {
+        "/chat/completions": chat_body(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}]}]),
+        "/responses": {"model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": url}]}]},
+        "/messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": url}}, {"type": "text", "text": "see"}]}]},
+    }
+    for route, body in bodies.items():
+        headers = {**auth, "x-api-key": reg.secret} if route == "/messages" else auth
+        r = httpx.post(reg.url + route, json=body, headers=headers)
+        assert r.status_code == 400, (route, r.status_code, r.text)
+        assert "image by URL" in r.json()["error"]["message"] and url not in r.text
+    assert handler.calls == []  # never passed on
+    assert [status for status, _ in refused] == [400, 400, 400]
+    assert all("data:image/" in message and url not in message for _, message in refused)
+    assert_serves(running, reg, handler)  # an inline image still goes through (test_chat_image_...)
+
+
+SOCKET_HOLDER = """
+import asyncio, sys
+from vf.interception import InterceptionServer
+async def main():
+    server = InterceptionServer()
+    await server.start()
+    print(server.socket, flush=True)
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
+
+
+def test_the_socket_dir_is_removed_after_kill_9(tmp_path):
+    """Before: every `kill -9` of vf left a `vf-intercept-*` directory (and its socket) in the temp dir."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", SOCKET_HOLDER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        sock = proc.stdout.readline().strip()
+        assert sock and os.path.exists(sock) and os.path.basename(os.path.dirname(sock)).startswith("vf-intercept-")
+    finally:
+        proc.kill()
+        proc.wait()
+    for _ in range(100):  # vf's reaper notices the kill at once and removes what it was told of
+        if not os.path.exists(os.path.dirname(sock)):
+            break
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.dirname(sock))

@@ -386,6 +386,11 @@ def tiny_package(folder: Path, version: str = "1.0.0", exit_code: int = 0) -> Pa
     files = {"package/package.json": json.dumps({"name": "vf-tiny-agent", "version": version,
                                                  "bin": {"vf-tiny": "cli.js"}}),
              "package/cli.js": f"#!/usr/bin/env node\nconsole.log('tiny {version}');\nprocess.exit({exit_code});\n"}
+    return package_tarball(path, files)
+
+
+def package_tarball(path: Path, files: dict[str, str]) -> Path:
+    """`files` ({"package/NAME": text}) as an npm package tarball at `path` (.js files executable)."""
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
             info = tarfile.TarInfo(name)

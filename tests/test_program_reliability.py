@@ -260,7 +260,7 @@ def test_kill_9_mid_episode_leaves_no_agent_and_resume_runs_each_task_once(stub,
                 break
             time.sleep(0.05)
         assert left == [] and work == [], (left, work)
-        proc = subprocess.run([str(BIN / "vf-eval"), "--resume", str(out), "--json"], capture_output=True,
+        proc = subprocess.run([str(BIN / "vf-eval"), "--resume", str(out), "--trust-run-dir", "--json"], capture_output=True,
                               text=True, env=env, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert survivors(marker) == []

@@ -284,6 +284,60 @@ def test_total_memory_of_many_processes_is_capped():
     assert trace.stop_condition == "limit"
 
 
+# ---- issue 33: every writable filesystem counts against the limits ------------------------------
+
+async def run_in(command: str, **runtime):
+    """(tool reply, trace) of one bash call in a fresh sandboxed rollout."""
+    rollout = await open_rollout(tool_timeout=20, **runtime)
+    try:
+        return await call(rollout, "bash", command=command), rollout.trace
+    finally:
+        await rollout.cleanup()
+
+
+def test_the_sandboxes_root_etc_run_and_dev_are_read_only():
+    """Before: / , /etc, /run and /dev were bwrap's own tmpfs, 12 GB of host memory each, outside
+    tmp_mb and total_memory_mb: 20 MB went into each with limits of 256/8 MB and `limit=None`."""
+    command = ("for d in / /etc /run /dev; do head -c 20M /dev/zero > $d/fill 2>/dev/null && echo \"held $d\"; done; "
+               "echo x > /dev/null && echo devnull-ok; echo ok > ~/home.txt && cat ~/home.txt")
+    reply, trace = asyncio.run(run_in(command, tmp_mb=8, total_memory_mb=256))
+    assert "held" not in reply, reply
+    assert "devnull-ok" in reply and "ok" in reply.splitlines()  # devices and the work dir still work
+    assert trace.stop_condition is None and not trace.errors
+
+
+def test_dev_shm_is_capped_and_a_fill_ends_the_rollout_with_a_limit():
+    """Before: 20 MB went into /dev/shm with tmp_mb=8, and the result said limit=None."""
+    reply, trace = asyncio.run(run_in("head -c 20M /dev/zero > /dev/shm/x; du -k /dev/shm/x; sleep 1; exit 1", tmp_mb=8))
+    assert "disk limit reached" in reply
+    assert trace.stop_condition == "limit" and [e.type for e in trace.errors] == ["RuntimeLimitError"]
+
+
+def test_tmp_and_dev_shm_together_count_against_tmp_mb():
+    """Each under its own 8 MB cap, 12 MB together: past tmp_mb, stopped while it holds them."""
+    command = "head -c 6M /dev/zero > /tmp/a; head -c 6M /dev/zero > /dev/shm/b; echo wrote; sleep 5; echo survived"
+    reply, trace = asyncio.run(run_in(command, tmp_mb=8))
+    assert "wrote" in reply and "survived" not in reply and "disk limit reached" in reply, reply
+    assert trace.stop_condition == "limit"
+
+
+def test_tmpfs_counts_against_total_memory():
+    """/tmp is host memory: 24 MB in it, with total_memory_mb=16 (and room in tmp_mb), is over the
+    memory limit. Before: no limit at all."""
+    reply, trace = asyncio.run(run_in("head -c 24M /dev/zero > /tmp/a; echo wrote; sleep 5; echo survived",
+                                      tmp_mb=64, total_memory_mb=16))
+    assert "total_memory limit reached" in reply and "survived" not in reply, reply
+    assert trace.stop_condition == "limit"
+
+
+def test_no_nested_user_namespace():
+    """Before: `unshare -Ur` gave the command uid 0 in a namespace of its own, where it could mount
+    filesystems that no limit sees. The refusal (ENOSPC) is not mistaken for a full disk."""
+    reply, trace = asyncio.run(run_in("unshare -Ur id; unshare -Urm true && echo nested-ok; echo done"))
+    assert "uid=0" not in reply and "nested-ok" not in reply and "done" in reply, reply
+    assert trace.stop_condition is None and not trace.errors
+
+
 LEAVER = """
 import asyncio, sys
 from vf.runtime import make_runtime, RuntimeConfig

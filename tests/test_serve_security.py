@@ -122,6 +122,24 @@ def test_request_limits_answer_400_and_413(engine):
     assert r["ok"][0] == 200 and r["ok"][1]["usage"]["completion_tokens"] == 2
 
 
+def test_a_client_that_sends_its_whole_oversized_body_still_reads_the_413(engine):
+    """Most HTTP clients send the whole body before they read: the server lets it arrive (and drops
+    it, never kept), so the client reads the 413 instead of a broken pipe."""
+    body = b"x" * (8 << 20)
+
+    async def go(port, app):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await asyncio.wait_for(writer.drain(), 30)
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        return answer
+
+    answer = serving(engine, go, max_body=4096)
+    assert answer.startswith(b"HTTP/1.1 413") and b"RequestTooLarge" in answer
+
+
 def test_slow_and_idle_connections_time_out(engine):
     async def go(port, app):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -12,6 +12,10 @@ Everything in an archive was made by the agent: collection is bounded by
 `TaskData.artifact_max_bytes` (the runtime's `read` enforces it while reading), and `restore`
 validates on the host first — regular files and directories only, relative names below the
 target — and writes through the runtime's link-safe `write` (vf.runtime.files), never `tar -x`.
+Both bound what an archive expands to as well as its own size: a sparse member (or a GNU sparse
+map) can say 2 GiB in a 10 KB archive, and reading it would make the host hold all 2 GiB. The
+members' declared sizes are summed from their headers, before any member is read, against the
+same budget (`MAX_ARTIFACT_BYTES` unless the caller names one).
 """
 
 from __future__ import annotations
@@ -92,14 +96,30 @@ async def collect(runtime: Runtime, artifacts: list[Artifact | dict | str] | Non
                 raise SandboxError(f"artifact {artifact.source!r}: {e}") from None
         finally:
             await runtime.run(["rm", "-f", "--", name])
-        budget -= len(archive)
+        budget -= max(len(archive), expanded_size(archive, budget, repr(artifact.source)))
         collected[artifact.source] = archive
     return collected
 
 
-def safe_members(archive: bytes) -> list[tuple[str, bytes | None]]:
+def expanded_size(archive: bytes, max_bytes: int, what: str = "archive") -> int:
+    """Bytes the files of `archive` expand to, summed from their headers (nothing is read);
+    SandboxError when that passes `max_bytes` (a sparse file's size, not its few stored bytes)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+            total = sum(m.size for m in tar.getmembers() if m.isfile())
+    except tarfile.TarError as e:
+        raise SandboxError(f"artifact {what}: not a tar archive ({e})") from None
+    if total > max_bytes:
+        raise SandboxError(f"artifact {what} expands to {total} bytes, over its budget of {max_bytes} bytes "
+                           "(a sparse or oversized file); nothing of it is read")
+    return total
+
+
+def safe_members(archive: bytes, max_bytes: int = MAX_ARTIFACT_BYTES) -> list[tuple[str, bytes | None]]:
     """(relative name, file bytes or None for a directory) of an untrusted archive; anything
-    but regular files and directories, and any name that is absolute or climbs, is refused."""
+    but regular files and directories, any name that is absolute or climbs, and an archive
+    whose files expand past `max_bytes` (checked before any is read), are refused."""
+    expanded_size(archive, max_bytes)
     out = []
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
         for member in tar.getmembers():
@@ -116,11 +136,17 @@ def safe_members(archive: bytes) -> list[tuple[str, bytes | None]]:
     return out
 
 
-async def restore(runtime: Runtime, collected: dict[str, bytes | None]) -> list[str]:
+async def restore(runtime: Runtime, collected: dict[str, bytes | None], *,
+                  max_bytes: int = MAX_ARTIFACT_BYTES) -> list[str]:
     """Write collected files into `runtime` at the same paths below its working directory;
-    returns the files written. Archives are validated before anything is written."""
-    members = [(name, data) for archive in collected.values() if archive is not None
-               for name, data in safe_members(archive)]
+    returns the files written. Archives are validated before anything is written, and all of
+    them together expand to at most `max_bytes`."""
+    archives = [archive for archive in collected.values() if archive is not None]
+    budget = max_bytes
+    for source, archive in collected.items():
+        if archive is not None:
+            budget -= expanded_size(archive, budget, repr(source))
+    members = [(name, data) for archive in archives for name, data in safe_members(archive, max_bytes)]
     written = []
     for name, data in members:
         if data is not None:

@@ -8,10 +8,10 @@ progress bar on a TTY, plain lines otherwise (or with NO_COLOR set).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-import functools
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -29,11 +29,33 @@ def fancy() -> bool:
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> None:
+    elastic_error_file(message, hint)
+    if code == 2 and os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("RANK", "0") != "0":
+        raise SystemExit(code)  # under torchrun every rank meets the same bad usage: rank 0 says it once
     # escaped: a message quoting input or a library ("[enforce fail at ...]") is not markup
     console.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     if hint:
         console.print(f"  [dim]hint:[/] {escape(hint)}", markup=True)
     raise SystemExit(code)
+
+
+def elastic_error_file(message: str, hint: str | None) -> None:
+    """Under torchrun: put the error where torchrun looks for a worker's (TORCHELASTIC_ERROR_FILE),
+    so its failure report names the reason ("traceback: error: ...") instead of a pointer to its
+    docs. torchrun itself still exits 1 with its own traceback when any worker fails: a worker
+    cannot change that (vf-train's exit code is the worker's, 2, only without torchrun)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    text = f"error: {message}" + (f"\n  hint: {hint}" if hint else "")
+    try:
+        import json
+
+        with open(path, "w") as f:
+            json.dump({"message": {"message": text, "extraInfo": {"py_callstack": text,
+                                                                  "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -269,6 +269,7 @@ class Rollout:
 
             self.runtime = make_runtime(runtime_for_task(self.spec.runtime, self.task.data))
         if isinstance(self.spec.harness, Harness):  # a program: it sends its own prompts and tools
+            self.spec.harness.check_isolation(self.runtime)
             await self.spec.harness.setup(self.runtime)
             await call_hook(self.task.setup, self.hook_args())
             return
@@ -474,7 +475,7 @@ class Rollout:
                     raise ToolError(f"unknown tool {name!r}")
             except (ToolError, BoundsError) as e:
                 content = f"error: {e}"
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.trace.info.setdefault("tool_errors", []).append({"tool": name, "type": "Timeout"})
                 content = f"error: tool {name} timed out after {timeout:g}s"
             except Exception as e:  # noqa: BLE001 - a tool that raises is shown to the model

@@ -15,13 +15,21 @@ An id is one of:
 A module must export exactly one `Taskset` subclass (in `__all__`, or defined in it), and may
 export one `Env` subclass; without one (and no `Taskset.ENV`) the taskset runs as
 `SingleAgentEnv`.
+
+Code named by a config vf did not get from its user (`untrusted_config`: a run dir's
+config.yaml on `--resume`) is not imported unless the user said so: a file path or a module
+that is not a built-in or a registered entry point is refused (`guard_code`) with a hint naming
+the flag. A run dir is data someone may hand you; importing what it names would run their code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -29,11 +37,38 @@ from types import ModuleType
 from typing import Any
 
 from vf.env import AgentConfig, Env, SingleAgentEnv
-from vf.errors import ConfigError, TasksetNotFound
+from vf.errors import ConfigError, TasksetNotFound, UsageError
 from vf.taskset import Taskset
 from vf.utils.exports import exported_subclasses
 
 ENTRY_POINT_GROUP = "vf.environments"
+
+
+TRUST_FLAG = "--trust-run-dir"
+"""The flag by which a user lets a resumed run import the code its config.yaml names."""
+_untrusted: ContextVar[str | None] = ContextVar("vf_untrusted_config", default=None)
+
+
+@contextlib.contextmanager
+def untrusted_config(source: str | None) -> Iterator[None]:
+    """While the config being acted on came from `source` (e.g. "run dir runs/x (config.yaml)"),
+    not from the user: `guard_code` refuses to import host code it names. None: trusted (the
+    user passed the trust flag, or wrote the config)."""
+    token = _untrusted.set(source)
+    try:
+        yield
+    finally:
+        _untrusted.reset(token)
+
+
+def guard_code(kind: str, ref: str) -> None:
+    """UsageError when `ref` (a `kind` id that imports a file or an arbitrary module) comes from
+    an untrusted config (`untrusted_config`); nothing otherwise."""
+    source = _untrusted.get()
+    if source is not None:
+        raise UsageError(f"{source} names {kind} {ref!r}, which would import code from this host; "
+                         "code named by a run dir is not imported unless you say so",
+                         hint=f"check that {ref!r} is what you mean to run, then pass {TRUST_FLAG}")
 
 
 def builtin_ids() -> list[str]:
@@ -128,6 +163,7 @@ def _resolve_module(base: str) -> tuple[ModuleType, str | None]:
         p = Path(base).expanduser()
         if not p.exists():
             raise TasksetNotFound(f"no taskset file or folder at {base}")
+        guard_code("taskset", base)
         return import_path(p), None
     norm = normalize_id(base)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -136,6 +172,8 @@ def _resolve_module(base: str) -> tuple[ModuleType, str | None]:
             return importlib.import_module(modname.strip()), (attr.strip() or None)
     tried = [f"vf.environments.{norm}", norm]
     for modname in tried:
+        if modname == norm:
+            guard_code("taskset", base)  # an arbitrary module, not a built-in
         try:
             return importlib.import_module(modname), None
         except ModuleNotFoundError as e:

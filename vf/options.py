@@ -41,6 +41,9 @@ OutputDir = Annotated[str | None, typer.Option(
     "--output-dir", help="Folder for an automatically named run dir (verifiers' -o); -o names the run dir itself.")]
 ConfigFile = Annotated[str | None, typer.Option("--config", help="YAML config file; flags override it.")]
 Resume = Annotated[str | None, typer.Option("--resume", help="Continue the run in this dir.")]
+TrustRunDir = Annotated[bool, typer.Option(
+    "--trust-run-dir", help="With --resume: import the taskset / harness code the run dir's config.yaml names (a "
+    "file or module on this host). Without it only built-in and installed ids load.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 
 DOTTED_NOTE = ("Any config key can be set as a dotted flag (--sampling.temperature 0.7, "

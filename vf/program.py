@@ -22,7 +22,14 @@ key is blanked wherever the program echoes it (a tool that ran `env`, its own lo
 
 Harness ids (`--env.agent.harness.id`): a built-in (`vf.harnesses.<id>`), an installed
 package's `vf.harnesses` entry point, a module exporting exactly one `Harness` subclass, or
-`module:Class` / `path/file.py:Class`.
+`module:Class` / `path/file.py:Class`. The last three import host code: from a config a run dir
+holds (`--resume`) they need the user's word (vf.loading.guard_code).
+
+What a program's calls can make the host hold is capped (vf.interception.budget): a call that
+would pass its rollout's (or the run's) recorded budget is refused with 413 before anything of
+it is kept, and the rollout stops as `limit` with an `InterceptionLimitError` on its trace.
+Calls the server refuses before they reach the rollout (malformed, an image by URL) are listed
+on the trace (`info["refused_calls"]`, the first 16; `info["refused_calls_total"]` counts all).
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ from vf.errors import (
     UsageError,
     boundary,
 )
-from vf.interception.server import InterceptionServer
+from vf.interception.budget import InterceptionLimitError, RecordBudget, RunBudget, recorded_size
+from vf.interception.server import InterceptionConfig, InterceptionServer
 from vf.mcp.client import program_tool_urls
 from vf.runtime.base import ROLLOUT_LIMITS, RuntimeLimitError
 from vf.runtimes import ProgramResult, Runtime
@@ -93,7 +101,10 @@ class Harness(ABC, Generic[ConfigT]):
     EXECUTES_CODE: ClassVar[bool] = True
     SUPPORTS_SKILLS: ClassVar[bool] = False
     NEEDS_CONTAINER: ClassVar[bool] = True
-    """A third-party program: run it isolated (vf's `sandbox` runtime), not on the host."""
+    """A third-party program: run it isolated (vf's `sandbox` or `docker` runtime), never on the
+    host. A rollout whose runtime is not isolated (`subprocess`) fails at setup with a
+    `HarnessError` (`check_isolation`); running such a program on the host on purpose takes a
+    subclass that sets this False."""
     NEEDS_RUNTIME: ClassVar[bool] = True
 
     def __init__(self, config: ConfigT):
@@ -119,6 +130,16 @@ class Harness(ABC, Generic[ConfigT]):
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError(f"harness {self.config.id!r} takes a text prompt only")
         return system, prompt
+
+    def check_isolation(self, runtime: Runtime) -> None:
+        """HarnessError when this program needs isolation (`NEEDS_CONTAINER`) and `runtime` runs
+        commands on the host, as verifiers refuses it."""
+        if self.NEEDS_CONTAINER and not getattr(runtime, "ISOLATED", True):
+            raise HarnessError(
+                f"harness {self.config.id!r} runs a third-party program, which needs an isolated runtime "
+                f"(NEEDS_CONTAINER), and runtime {getattr(runtime, 'type', '?')!r} runs it on this host",
+                hint="use --env.agent.runtime.type sandbox (the default) or docker; to run it on the host on "
+                     "purpose, name a subclass of the harness that sets NEEDS_CONTAINER = False")
 
     async def setup(self, runtime: Runtime) -> None:
         """Install the program in `runtime` (before the agent's time starts)."""
@@ -161,12 +182,15 @@ def _exported_harness(module, where: str) -> type[Harness]:
 
 
 def harness_class(harness_id: str) -> type[Harness] | None:
-    """The program harness an id names (None: not found)."""
+    """The program harness an id names (None: not found). An id that imports a file or a module
+    that is neither built in nor registered is refused while the config came from a run dir
+    (vf.loading.guard_code: `vf-eval --resume` without the trust flag)."""
+    from vf.loading import guard_code, import_path
+
     if ":" in harness_id:
         target, _, attr = harness_id.rpartition(":")
+        guard_code("harness", harness_id)
         if target.endswith(".py"):
-            from vf.loading import import_path
-
             module = import_path(Path(target))
         else:
             module = importlib.import_module(target)
@@ -181,6 +205,8 @@ def harness_class(harness_id: str) -> type[Harness] | None:
         if point.name in (harness_id, name):
             return point.load()
     for module_name in (f"vf.harnesses.{name}", name):
+        if module_name == name:
+            guard_code("harness", harness_id)  # any installed module: not a built-in, not registered
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -205,16 +231,18 @@ def build_program_harness(cls: type[Harness], config: HarnessConfig) -> Harness:
 
 class RunInterception:
     """The run's interception server, started when the first program rollout needs it (most
-    runs never do) and stopped with the run. Its socket directory is its own (vf.interception)."""
+    runs never do) and stopped with the run. Its socket directory is its own (vf.interception);
+    `config` its limits and budgets (None: InterceptionConfig's defaults)."""
 
-    def __init__(self):
+    def __init__(self, config: InterceptionConfig | None = None):
+        self.config = config
         self._server: InterceptionServer | None = None
         self._lock = asyncio.Lock()
 
     async def get(self) -> InterceptionServer:
         async with self._lock:
             if self._server is None:
-                server = InterceptionServer()
+                server = InterceptionServer(self.config)
                 await server.start()
                 self._server = server
         return self._server
@@ -260,6 +288,9 @@ class ProgramDriver:
         when it then fails, this is recorded instead of its exit (verifiers' `session.error`)."""
         self.secret = ""
         """The rollout's key: blanked wherever the program echoes it (`_blank`)."""
+        self.budget = RecordBudget(1 << 62, RunBudget(1 << 62))
+        """Bytes the trace may still take from the program's calls: the server's, once registered
+        (vf.interception.budget)."""
         self.one_call = asyncio.Lock()
         """Calls are answered one at a time: each is a turn on the one trace (its caps, nodes and
         tokens), so a program's concurrent calls queue (past the server's in-flight cap: 429)."""
@@ -269,6 +300,8 @@ class ProgramDriver:
         harness: Harness = rollout.spec.harness
         registration = self.server.register(self._answer_stashing)
         self.secret = registration.secret
+        self.budget = self.server.budget(registration.secret) or self.budget
+        self.server.on_refused(registration.secret, self._refused)
         try:
             endpoint = rollout.runtime.model_endpoint(registration.url, registration.socket)
             ctx = ModelContext(model=rollout.spec.model, client=rollout.spec.engine,
@@ -296,6 +329,17 @@ class ProgramDriver:
             self.error = e
             raise
 
+    MAX_REFUSED_RECORDS = 16
+    """Refused calls listed on the trace (`info["refused_calls"]`); past it they are only counted."""
+
+    def _refused(self, status: int, message: str) -> None:
+        """A call the server refused before answering it (malformed, an image by URL): on the trace."""
+        info = self.rollout.trace.info
+        info["refused_calls_total"] = info.get("refused_calls_total", 0) + 1
+        listed = info.setdefault("refused_calls", [])
+        if len(listed) < self.MAX_REFUSED_RECORDS:
+            listed.append({"status": status, "message": self._blank(message)[:300]})
+
     def _blank(self, text: str) -> str:
         """`text` with the rollout's key blanked (the program may print it, or a tool its env)."""
         return text.replace(self.secret, "***")
@@ -319,14 +363,25 @@ class ProgramDriver:
         if self.secret and self.secret in (wire := json.dumps(messages)):  # a tool ran `env`: the key never
             messages = json.loads(self._blank(wire))  # reaches the policy or the trace (url-safe: no escapes)
         tools = flat_tools_to_functions(request.tools)
-        if tools and not rollout.trace.tools:
+        if tools and self.secret and self.secret in (wire := json.dumps(tools)):  # nor from a tool's definition
+            tools = json.loads(self._blank(wire))
+        shared = self._shared(messages)
+        new_tools = tools if tools and not rollout.trace.tools else None
+        cost = sum(recorded_size(m) for m in messages[shared:]) + (recorded_size(new_tools) if new_tools else 0)
+        try:  # checked before anything of the call is kept (vf.interception.budget)
+            self.budget.charge(cost, f"this call ({len(messages) - shared} new messages)")
+        except InterceptionLimitError as e:
+            rollout.fail(e, "limit")
+            raise DialectError(e.message, status=413) from None
+        if new_tools:
             rollout.trace.tools = tools
-        self._extend(messages)
+        self._extend(messages, shared)
         if stopped:  # as verifiers: the prompt is kept, the program is refused
             rollout.finish(stopped)
             raise DialectError(f"the rollout has ended ({stopped})", status=400)
         max_tokens = call.sampling.get("max_tokens")
         result = await rollout.generate(messages, tools, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+        self.budget.add(recorded_size(rollout.trace.nodes[rollout.trace.calls[-1].node].message))  # the reply
         policy = self._response(result, call.model)
         async with boundary(TaskError, "response interception failed"):
             response, stopped = await self.intercept.response(policy)
@@ -388,9 +443,8 @@ class ProgramDriver:
                 self.pinned[after.tool_call_id] = to_wire(after)
         return changed, stopped
 
-    def _extend(self, messages: list[dict[str, Any]]) -> None:
-        """Put the call's prompt on the trace: what extends the latest branch is appended; a
-        rewritten history branches off at the last message both share."""
+    def _shared(self, messages: list[dict[str, Any]]) -> int:
+        """How many of the call's messages the latest branch already holds (`_extend` adds the rest)."""
         trace = self.rollout.trace
         branch = trace.branch()
         shared = 0
@@ -402,6 +456,13 @@ class ProgramDriver:
             shared += 1
         if shared == len(messages) < len(branch):  # an earlier prompt again (a retry, concurrent calls): its
             shared -= 1  # last message again on a new branch, so the reply follows it, not the earlier reply
+        return shared
+
+    def _extend(self, messages: list[dict[str, Any]], shared: int) -> None:
+        """Put the call's prompt on the trace: what extends the latest branch (past its first
+        `shared` messages, `_shared`) is appended; a rewritten history branches off at the last
+        message both share."""
+        branch = self.rollout.trace.branch()
         parent = branch[shared - 1] if shared else None
         if shared < len(branch):
             self.rollout.restart_tokens()

@@ -29,6 +29,7 @@ from vf.engines.base import Engine, Sampling
 from vf.env import Agent, AgentConfig, Agents, Env, EpisodeContext, SingleAgentEnv, runs_legacy
 from vf.errors import ConfigError, UsageError
 from vf.harness import Rollout, SeatSpec, make_harness
+from vf.interception.server import InterceptionConfig
 from vf.loading import LoadedTaskset
 from vf.program import RunInterception
 from vf.retries import RetryBudget, backoff
@@ -61,6 +62,8 @@ class EpisodeSpec:
     """`shared_toolsets` once started (`with_shared_tools`); None = not started yet."""
     interception: RunInterception | None = None
     """The run's interception server for program harnesses (`with_shared_tools`)."""
+    interception_config: InterceptionConfig | None = None
+    """Its limits and budgets (None: InterceptionConfig's defaults)."""
 
 
 def seat_spec(spec: EpisodeSpec, agent: Agent) -> SeatSpec:
@@ -142,7 +145,7 @@ async def with_shared_tools(spec: EpisodeSpec):
     """`spec` with the run's shared services for the duration: its shared toolsets started
     (servers up, `setup()` run) and an interception server for program harnesses (started on
     first use). What a spec already has is kept as it is."""
-    interception = RunInterception() if spec.interception is None else None
+    interception = RunInterception(spec.interception_config) if spec.interception is None else None
     try:
         if interception is not None:
             spec = dataclasses.replace(spec, interception=interception)
@@ -203,11 +206,11 @@ async def _run_episode(task: Task, spec: EpisodeSpec, rollout: int) -> Episode:
             await asyncio.wait_for(body(), timeout=timeout)
         else:
             await body()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         episode.is_timeout = True
         unfinished = [r for r in run.rollouts if r.trace not in run.completed]
         for r in unfinished:
-            r.fail(asyncio.TimeoutError(f"episode exceeded {timeout}s"), "episode_timeout")
+            r.fail(TimeoutError(f"episode exceeded {timeout}s"), "episode_timeout")
         if not unfinished:
             episode.errors.append(ErrorInfo(type="Timeout", message=f"episode exceeded {timeout}s"))
     except Exception as e:  # noqa: BLE001 - env code is user code: the episode failed, the run goes on
@@ -281,7 +284,7 @@ def make_spec(engine, loaded: LoadedTaskset, config: EvalConfig, run: dict[str, 
         max_turns=config.max_turns, episode_timeout=config.episode_timeout,
         env=loaded.env, env_id=loaded.id, run=run,
         require_tokens=config.command == "rollout",
-        shared_toolsets=taskset_toolsets(loaded),
+        shared_toolsets=taskset_toolsets(loaded), interception_config=config.interception,
     )
 
 

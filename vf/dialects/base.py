@@ -79,10 +79,22 @@ def text_or_parts(value: Any, where: str) -> str | list:
     return value
 
 
+INLINE_IMAGE = "data:image/"
+
+
 def image_part(url: Any, where: str) -> ImageUrlContentPart:
+    """An image the agent sends: inline data (`data:image/...;base64,...`) only. A URL is refused
+    (400), never fetched and never passed on: the provider behind the policy may fetch image URLs,
+    and an agent could point it at the host's loopback services, a cloud metadata address, a
+    `file://` path, or a server of its own to carry data out. Neither is the URL recorded."""
     expect(url, str, where)
     if not url:
         raise DialectError(f"{where} is empty")
+    if url[:len(INLINE_IMAGE)].lower() != INLINE_IMAGE or ";base64," not in url[:200]:
+        scheme = url.split(":", 1)[0][:20] if ":" in url[:21] else "no scheme"
+        raise DialectError(f"{where}: an image by URL ({scheme!r}) is refused: this endpoint fetches nothing an "
+                           "agent names and passes no URL on; send the image inline, as a "
+                           "data:image/<type>;base64,<data> URL")
     return ImageUrlContentPart(image_url=ImageUrlSource(url=url))
 
 

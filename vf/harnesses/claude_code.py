@@ -56,7 +56,10 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
 
     @property
     def program(self) -> NpmProgram:
-        return NpmProgram("claude-code", self.config.version, (f"{PACKAGE}@{self.config.version}",), "claude")
+        # its postinstall (`node install.cjs`) copies the native binary of the platform's optional
+        # package over the bin/claude.exe placeholder: without it the program does not run
+        return NpmProgram("claude-code", self.config.version, (f"{PACKAGE}@{self.config.version}",), "claude",
+                          scripts=True)
 
     async def setup(self, runtime: Runtime) -> None:
         await asyncio.to_thread(self.program.ensure)

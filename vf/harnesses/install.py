@@ -6,6 +6,13 @@ program is installed here, on the host, into a virtual environment under the cac
 sees that directory read-only (`runtime.add_read_only`). The network is needed only for the first
 install of a version; every later rollout, in this run or the next, reuses it.
 
+What runs where (docs/agents.md, "Agent installs"): `python -m venv` and `pip install` run
+here, on the host, as the invoking user, with the network (pip's own index settings); pip
+installs wheels only (`--only-binary :all:`), so no package's build code (`setup.py`, a build
+backend) runs on the host. The agent's own code runs only in the rollout's runtime. Only the
+requirements are pinned (exact versions); their dependencies resolve as pip resolves them (no
+lock file with hashes here, yet).
+
 The environment is made with the interpreter the sandbox itself has (`/usr/bin/python3` by
 default, which the sandbox mounts with `/usr`), so its `bin/python` resolves the same inside and
 out. A program that needs a newer Python than the runtime has (harbor needs 3.12; Debian 12's is
@@ -72,6 +79,8 @@ class PythonProgram:
     copy_python: bool = False
     """Copy `python`'s installation into the program's directory (a host interpreter the runtime
     cannot see, like pyenv's under /root) and make the environment from the copy."""
+    wheels_only: bool = True
+    """Install built wheels only: an sdist would run its build code on the host at install."""
 
     @property
     def key(self) -> str:
@@ -121,7 +130,8 @@ class PythonProgram:
         env.pop("PYTHONPATH", None)
         python = self._copy_python() if self.copy_python else self.python
         steps = [[python, "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *self.requirements]]
+                 [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                  *(["--only-binary", ":all:"] if self.wheels_only else []), *self.requirements]]
         try:
             for argv in steps:
                 done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,

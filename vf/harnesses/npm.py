@@ -7,6 +7,21 @@ and the runtime mounts DIR read-only (`runtime.add_read_only`). The agent runs w
 from its own cache (~/.npm) without asking the registry: a machine that installed a version once
 installs it again without the network.
 
+What runs where (docs/agents.md, "Agent installs"):
+
+    host, as you, with network   `npm install --ignore-scripts`: npm fetches and unpacks the
+                                 pinned packages and their dependencies; no package's lifecycle
+                                 script runs, unless the program cannot work without one
+                                 (`scripts=True`: Claude Code's postinstall puts its native
+                                 binary in place; Codex has none)
+    sandbox, no network          the program's `--version` probe, from the read-only install
+                                 (on the host only where this machine cannot sandbox it: no
+                                 bwrap, or an install the sandbox's user cannot reach; vf warns)
+    sandbox                      every rollout's run of the program
+
+Only the top-level packages are pinned (exact versions, no ranges, no URLs: `PinnedVersion`);
+their dependencies resolve as npm resolves them (no lock file with hashes here, yet).
+
 One install per (packages, node): concurrent rollouts and runs take a file lock and the loser
 finds it done; the marker is written last, so a crash mid-install leaves a directory that the next
 one makes again. After the install, the program's `--version` must run from the install (a
@@ -23,11 +38,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vf.errors import HarnessError
+from vf.errors import HarnessError, SandboxError
 from vf.harnesses.install import INSTALL_TIMEOUT, MARKER, cache_root
 
 NODE = "/usr/bin/node"
@@ -45,6 +61,9 @@ class NpmProgram:
     bin: str
     node: str = NODE
     root: Path = field(default_factory=cache_root)
+    scripts: bool = False
+    """Let npm run the packages' lifecycle scripts (on the host, as you): only for a program that
+    does not work without them. Off, the install runs with `--ignore-scripts`."""
 
     @property
     def key(self) -> str:
@@ -82,12 +101,24 @@ class NpmProgram:
                 return done  # another rollout (or run) installed it while this one waited
             return self._install()
 
-    def _run(self, argv: list[str], what: str) -> str:
+    def _run(self, argv: list[str], what: str, sandboxed: bool = False) -> tuple[str, str]:
+        """(`argv`'s stdout, where it ran); HarnessError (and no install left) when it fails.
+        `sandboxed`: in a fresh sandbox with the install read-only (vf.runtime.sandbox), or on
+        the host, with a warning, where this machine cannot sandbox it."""
         env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false",
                "npm_config_audit": "false"}
+        where, done = "host", None
         try:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-                                  check=False, cwd=self.dir)
+            if sandboxed:
+                from vf.runtime.sandbox import run_sandboxed
+
+                try:
+                    done, where = run_sandboxed(argv, read_only=(str(self.dir),), timeout=120.0), "sandbox"
+                except SandboxError as e:
+                    print(f"vf: warning: {what} {self.name} on the host: {e}", file=sys.stderr)
+            if done is None:
+                done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                                      check=False, cwd=self.dir)
         except subprocess.TimeoutExpired:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise HarnessError(f"{what} {self.name}@{self.version} took over {INSTALL_TIMEOUT:.0f} s") from None
@@ -100,21 +131,23 @@ class NpmProgram:
                                if "EBADENGINE" not in line)[-1500:]
             raise HarnessError(f"{what} {self.name}@{self.version} failed ({' '.join(argv[:2])} ... "
                                f"exited {done.returncode}): {detail}")
-        return done.stdout.strip()
+        return done.stdout.strip(), where
 
     def _install(self) -> dict:
         shutil.rmtree(self.dir, ignore_errors=True)  # an earlier install that did not finish
         self.dir.mkdir(parents=True)
         started = time.monotonic()
         npm = shutil.which("npm", path=f"{os.path.dirname(self.node)}:{os.environ.get('PATH', '')}") or "npm"
+        scripts = [] if self.scripts else ["--ignore-scripts"]
         self._run([npm, "install", "--prefix", str(self.dir), "--prefer-offline", "--no-audit", "--no-fund",
-                   "--omit=dev", "--no-save", "--loglevel=error", *self.packages], "installing")
-        reported = self._run([self.node, self.executable, "--version"]
-                             if self.executable.endswith((".js", ".mjs", ".cjs"))
-                             else [self.executable, "--version"], "running")
-        self._open_up()
+                   "--omit=dev", "--no-save", "--loglevel=error", *scripts, *self.packages], "installing")
+        self._open_up()  # before the probe: the sandbox's user (nobody, under a root vf) reads it
+        reported, probed_in = self._run([self.node, self.executable, "--version"]
+                                        if self.executable.endswith((".js", ".mjs", ".cjs"))
+                                        else [self.executable, "--version"], "running", sandboxed=True)
         marker = {"name": self.name, "version": self.version, "packages": list(self.packages),
                   "node": self.node, "reports": reported.splitlines()[-1] if reported else "",
+                  "lifecycle_scripts": self.scripts, "probed_in": probed_in,
                   "seconds": round(time.monotonic() - started, 1), "installed_at": time.time()}
         (self.dir / MARKER).write_text(json.dumps(marker, indent=1))
         (self.dir / MARKER).chmod(0o644)

@@ -10,10 +10,16 @@ through a bind mount of the socket file (the socket is 0666 inside a directory o
 but not list, so a sandboxed command running as another user can connect; the secret is the gate).
 
 Answers, in the dialect's error shape: no or wrong key 401 (the handler never runs); unknown path
-404; a body over `max_body_mb` 413; more than `max_inflight_per_rollout` concurrent calls on one key
+404; a body over `max_body_mb` 413 (a call past the rollout's or the run's recorded budget too:
+vf.interception.budget); more than `max_inflight_per_rollout` concurrent calls on one key
 429 (an agent flooding its endpoint cannot starve the other rollouts); a malformed body 400; the
 handler raising `DialectError` its status; the handler failing otherwise 502 with a one-line
 message; a handler slower than `handler_timeout` 504. No answer and no log line carries a secret.
+A call refused before its rollout's handler saw it (malformed, an image by URL) is still told to
+the rollout (`on_refused`), so its trace records it.
+
+The socket directory the server makes for itself is watched by vf.reaper: a `kill -9` of vf does
+not leave it behind in the temp dir.
 """
 
 from __future__ import annotations
@@ -33,14 +39,18 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vf import reaper
 from vf.dialects import DIALECTS, Call, Dialect, DialectError
 from vf.dialects.base import header
+from vf.interception.budget import MIB, RecordBudget, RunBudget
 from vf.serve import http
 from vf.types import Response
 
 logger = logging.getLogger("vf.interception")
 
 Handler = Callable[[Call], Awaitable[Response]]
+Refused = Callable[[int, str], None]
+"""Told (status, message) of a call refused before the handler saw it."""
 SOCKET_NAME = "intercept.sock"
 MODELS_PATH = "/v1/models"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -55,8 +65,16 @@ class InterceptionConfig(BaseModel):
     """Loopback by default: the agent runs on this machine (in a sandbox: over the Unix socket)."""
     port: int = Field(0, ge=0, le=65535)
     """0 picks a free port."""
-    max_body_mb: float = Field(64.0, gt=0)
-    """Largest request body (an agent resends its whole conversation, images included, on each call)."""
+    max_body_mb: float = Field(8.0, gt=0)
+    """Largest request body, per call (an agent resends its whole conversation, images included, on
+    each call); a larger one is answered 413 before it is read."""
+    max_recorded_mb: float = Field(64.0, gt=0)
+    """Bytes (as trace JSON) one rollout's trace may take from its agent's calls: new messages,
+    tools, replies. The call that would pass it is refused (413) and the rollout stops as `limit`
+    (vf.interception.budget)."""
+    max_run_recorded_mb: float = Field(1024.0, gt=0)
+    """The same, summed over all the rollouts this server answers at once: what every live agent
+    together can make the host hold."""
     max_inflight_per_rollout: int = Field(16, ge=1)
     """Concurrent calls one rollout's key may have open; past it the call is answered 429."""
     request_timeout: float = Field(60.0, gt=0)
@@ -83,6 +101,8 @@ class Registration:
 @dataclass
 class _Slot:
     handler: Handler
+    budget: RecordBudget
+    on_refused: Refused | None = None
     inflight: int = 0
 
 
@@ -92,6 +112,7 @@ class InterceptionServer:
         self._socket_dir = Path(socket_dir) if socket_dir is not None else None
         self._own_dir: Path | None = None
         self._slots: dict[str, _Slot] = {}
+        self._run_budget = RunBudget(int(self.config.max_run_recorded_mb * MIB))
         self._routes: dict[str, Dialect] = {f"/v1{r}": d for d in DIALECTS.values() for r in d.routes}
         self._servers: list[Any] = []
         self._connections: set[asyncio.StreamWriter] = set()
@@ -115,6 +136,7 @@ class InterceptionServer:
             self.url = f"http://{host}:{self.port}/v1"
             if self._socket_dir is None:
                 self._own_dir = Path(tempfile.mkdtemp(prefix="vf-intercept-"))
+                reaper.watch_dir(str(self._own_dir))  # removed by the reaper if vf is killed before stop()
                 os.chmod(self._own_dir, 0o711)  # others may reach the socket by name, not list the dir
                 directory = self._own_dir
             else:
@@ -147,7 +169,10 @@ class InterceptionServer:
             os.unlink(self.socket)
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
+            reaper.forget_dir(str(self._own_dir))
             self._own_dir = None
+        for slot in self._slots.values():
+            slot.budget.release()
         self._slots.clear()
 
     async def __aenter__(self) -> Self:
@@ -164,12 +189,27 @@ class InterceptionServer:
         if not self._servers:
             raise RuntimeError("InterceptionServer.register before start()")
         secret = secrets.token_urlsafe(32)
-        self._slots[secret] = _Slot(handler)
+        budget = RecordBudget(int(self.config.max_recorded_mb * MIB), self._run_budget)
+        self._slots[secret] = _Slot(handler, budget)
         return Registration(secret=secret, url=self.url, socket=self.socket)
 
     def unregister(self, secret: str) -> None:
-        """Forget a key: its later calls get 401 (calls already running finish)."""
-        self._slots.pop(secret, None)
+        """Forget a key: its later calls get 401 (calls already running finish); its share of the
+        run's recorded budget is given back."""
+        slot = self._slots.pop(secret, None)
+        if slot is not None:
+            slot.budget.release()
+
+    def on_refused(self, secret: str, listener: Refused) -> None:
+        """Tell `listener(status, message)` of the key's calls refused before its handler saw them
+        (malformed, or asking for something this server does not do, like an image by URL)."""
+        if (slot := self._slots.get(secret)) is not None:
+            slot.on_refused = listener
+
+    def budget(self, secret: str) -> RecordBudget | None:
+        """The recorded-bytes budget of a registered key (vf.interception.budget); None: no such key."""
+        slot = self._slots.get(secret)
+        return slot.budget if slot is not None else None
 
     def _slot(self, presented: str | None) -> _Slot | None:
         """The slot whose key matches, comparing against every key in constant time per key (no
@@ -224,7 +264,12 @@ class InterceptionServer:
                                              f"for this rollout; retry after one finishes")
         slot.inflight += 1
         try:
-            call = dialect.parse(req.body)
+            try:
+                call = dialect.parse(req.body)
+            except DialectError as e:
+                if slot.on_refused is not None:
+                    slot.on_refused(e.status, self._scrub(e.message))
+                raise
             response = await asyncio.wait_for(slot.handler(call), self.config.handler_timeout)
             if not isinstance(response, Response):
                 response = Response.model_validate(response)

@@ -108,6 +108,9 @@ class Runtime(ABC):
     """One rollout's place to run commands: a working directory plus the processes in it."""
 
     type: ClassVar[str]
+    ISOLATED: ClassVar[bool] = False
+    """Whether a command runs isolated from the host (its files, network, processes): what a
+    harness with `NEEDS_CONTAINER` (a third-party program) must have."""
     RESOURCES: ClassVar[dict[str, str]] = {}
     """`TaskData.resources` field → the `RuntimeConfig` limit (MiB) by which this type enforces it
     (vf.runtime.resources); the others are ignored, with a warning."""
@@ -178,6 +181,11 @@ class Runtime(ABC):
 
     async def close(self) -> None:
         """Stop what still runs and remove the working directory (if this runtime made it)."""
+        self.release()
+
+    def release(self) -> None:
+        """Close the working directory and remove it (if this runtime made it); `close` without
+        stopping anything, for a runtime whose commands all ran to their end."""
         if self._root_fd is not None:
             os.close(self._root_fd)
             self._root_fd = None

@@ -6,6 +6,11 @@ with `-c` so nothing on the host needs to be readable by the sandbox user) liste
 sandbox's private loopback and relays each connection to the socket, then runs the command as its
 child and exits with the child's status. The sandbox keeps its own network namespace: nothing
 but the interception server is reachable.
+
+When the server answers before it has read the whole request (a body over its `max_body_mb`
+gets 413 and the server stops reading), the relay reads and drops the rest of what the client
+sends (at most 1 GiB, 30 s without a byte), so the client, which sends its whole body before it
+reads, gets to read the 413 instead of blocking on a send until its own timeout.
 """
 
 SOCKET_DIR = "/run/vf-model"
@@ -16,12 +21,13 @@ PORT = 47821
 SCRIPT = r'''
 import signal, socket, subprocess, sys, threading
 path, port, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+DRAIN_SECONDS, DRAIN_BYTES = 30, 1 << 30
 server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("127.0.0.1", port))
 server.listen(128)
 
-def relay(src, dst):
+def relay(src, dst, drain=False):
     try:
         while True:
             data = src.recv(65536)
@@ -29,9 +35,22 @@ def relay(src, dst):
                 break
             dst.sendall(data)
     except OSError:
-        pass
+        if drain:  # the server answered early (a 413) and stopped reading: let the client finish
+            discard(src)  # sending, or it never reads that answer
     try:
         dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def discard(src):
+    src.settimeout(DRAIN_SECONDS)
+    left = DRAIN_BYTES
+    try:
+        while left > 0:
+            data = src.recv(65536)
+            if not data:
+                break
+            left -= len(data)
     except OSError:
         pass
 
@@ -44,7 +63,7 @@ def accept():
         except OSError:
             conn.close()
             continue
-        threading.Thread(target=relay, args=(conn, upstream), daemon=True).start()
+        threading.Thread(target=relay, args=(conn, upstream, True), daemon=True).start()
         threading.Thread(target=relay, args=(upstream, conn), daemon=True).start()
 
 threading.Thread(target=accept, daemon=True).start()

@@ -35,6 +35,7 @@ def docker_available() -> bool:
 @register_runtime
 class DockerRuntime(SubprocessRuntime):
     type = "docker"
+    ISOLATED = True
     RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb", "memory": "memory_mb"}  # the container's memory
 
     def __init__(self, *args, **kwargs):

@@ -2,20 +2,28 @@
 
 What a sandboxed command sees and may do:
   files      the system directories (/usr, /bin, /lib*, a few files of /etc) read-only, the
-             rollout's working directory read-write (at the same path; also $HOME), a private /tmp,
-             `read_only_paths` read-only, and nothing else of the host (no $HOME, no run dirs)
+             rollout's working directory read-write (at the same path; also $HOME), a private /tmp
+             and /dev/shm, `read_only_paths` read-only, and nothing else of the host (no $HOME, no
+             run dirs). Nothing else is writable: the sandbox's own root (and so /etc, /run, ...)
+             and /dev are read-only (each is a tmpfs of bwrap's, host memory with no size of its
+             own, so a write there would escape every limit)
   network    none (a private network namespace with only its own loopback) unless
              `network_allow` is non-empty, which shares the host's network (all-or-nothing)
   processes  a private PID namespace; everything dies with the command (`--die-with-parent`),
              and a command that is stopped (a limit, a cancelled call) is waited for until the
              whole namespace is gone, background and `setsid` children included
   identity   no capabilities; when vf itself runs as root the command runs as `nobody`, because
-             the kernel does not apply the process limit to root
+             the kernel does not apply the process limit to root; no nested user namespaces
+             (`--disable-userns`, where bwrap can: `unshare -Ur` would give a command a uid 0 that
+             may mount its own filesystems, outside the limits above)
   env        only PATH, HOME, LANG, TMPDIR and what the caller passes: no API keys leak in
   limits     wall time (killed), CPU seconds, address space, processes, file size (`prlimit`
-             inside the sandbox), output size (stopped by the reader), /tmp size (`tmp_mb`, a
-             size-capped tmpfs), the working directory's disk use (`disk_mb`) and all processes'
-             resident memory together (`total_memory_mb`), both checked while the command runs
+             inside the sandbox), output size (stopped by the reader), /tmp and /dev/shm
+             (`tmp_mb`: each a tmpfs capped at it, and both together checked against it while the
+             command runs), the working directory's disk use (`disk_mb`) and all processes'
+             resident memory plus what /tmp and /dev/shm hold (`total_memory_mb`: tmpfs is host
+             memory), checked while the command runs. A command stopped by one says which in
+             its result (`limit`: "disk" for the working directory, /tmp or /dev/shm)
   host files vf's own reads and writes in the working directory follow no links
              (vf.runtime.files), so a process left running there cannot point them elsewhere
 
@@ -32,13 +40,14 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import ClassVar
 
 from vf import reaper
 from vf.runtime import bridge
-from vf.runtime.base import SandboxUnavailable, register_runtime
+from vf.runtime.base import RuntimeConfig, SandboxUnavailable, register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
 
 NOBODY = 65534
@@ -66,14 +75,44 @@ def find_bwrap() -> str | None:
         return None
 
 
+def _probe(argv: list[str], **kwargs) -> tuple[int, bytes]:
+    """(exit code, stdout) of a short capability probe; (-1, b"") when it cannot run."""
+    try:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, **kwargs) as proc:
+            out, _ = proc.communicate(timeout=10)
+            return proc.returncode, out
+    except (OSError, subprocess.TimeoutExpired):
+        return -1, b""
+
+
 @functools.cache
+def bwrap_help(bwrap: str) -> bytes:
+    """This bwrap's `--help` (which options it has)."""
+    return _probe([bwrap, "--help"])[1]
+
+
 def bwrap_sizes_tmpfs(bwrap: str) -> bool:
     """Whether this bwrap has `--size` for a tmpfs (bubblewrap 0.10 and later)."""
-    try:
-        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
-        return b"--size" in helped.stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    return b"--size" in bwrap_help(bwrap)
+
+
+USERNS_OFF = ["--unshare-user", "--disable-userns"]
+
+
+@functools.cache
+def bwrap_disables_userns(bwrap: str, as_nobody: bool) -> bool:
+    """Whether this bwrap can keep a command from making user namespaces of its own
+    (`--disable-userns`: bubblewrap 0.8 and later, not the setuid build), tried once as the
+    user commands run as. Where it cannot, vf warns once and runs without it."""
+    if b"--disable-userns" not in bwrap_help(bwrap):
+        works = False
+    else:
+        nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if as_nobody else {}
+        works = _probe([bwrap, "--unshare-all", *USERNS_OFF, "--ro-bind", "/", "/", "true"], cwd="/", **nobody)[0] == 0
+    if not works:
+        print(f"vf: warning: {bwrap} cannot disable nested user namespaces (--disable-userns needs "
+              "bubblewrap 0.8+, unprivileged); sandboxed commands may make their own", file=sys.stderr)
+    return works
 
 
 def others_can_reach(path: str | Path) -> bool:
@@ -120,6 +159,7 @@ def bwrap_for_nobody(bwrap: str) -> str:
 @register_runtime
 class SandboxRuntime(SubprocessRuntime):
     type = "sandbox"
+    ISOLATED = True
     BACKGROUND_OUTLIVES = False  # the PID namespace dies with the command
     # memory is what all the command's processes hold together, as a container's: the resident
     # sum, not the per-process address space (memory_mb), which runtimes such as node reserve
@@ -184,11 +224,14 @@ class SandboxRuntime(SubprocessRuntime):
     def _argv(self, command: str | list[str], cwd: str, timeout: float) -> list[str]:
         c = self.config
         work = str(self.workdir)
-        argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
-        if bwrap_sizes_tmpfs(self.bwrap):  # else /tmp's use is only checked while the command runs
-            argv += ["--size", str(c.tmp_mb << 20)]
-        argv += ["--tmpfs", "/tmp"]
+        argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        if bwrap_disables_userns(self.bwrap, self._as_nobody):
+            argv += USERNS_OFF
+        argv += ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+        size = ["--size", str(c.tmp_mb << 20)] if bwrap_sizes_tmpfs(self.bwrap) else []
+        argv += [*size, "--tmpfs", "/tmp"]  # without --size, /tmp's use is only checked while the command runs
+        if size:  # shared memory (POSIX semaphores, multiprocessing); an older bwrap leaves it read-only
+            argv += [*size, "--tmpfs", "/dev/shm"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64"):
             top = Path("/") / name
             if top.is_symlink():
@@ -203,7 +246,9 @@ class SandboxRuntime(SubprocessRuntime):
             argv += ["--ro-bind", os.path.dirname(self._model_socket), bridge.SOCKET_DIR]
         if c.network_allow:
             argv += ["--share-net"]
-        argv += ["--bind", work, work, "--chdir", cwd]
+        argv += ["--bind", work, work]
+        # last: the mounts above made their mount points in these two; nothing else may write them
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd]
         cpu = int(c.cpu_time or timeout) + 1
         fsize = min(c.max_file_mb, c.disk_mb) << 20
         argv += ["--", self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={c.memory_mb << 20}",
@@ -258,17 +303,26 @@ class SandboxRuntime(SubprocessRuntime):
             todo += self._children(pid)
         return total
 
+    @staticmethod
+    def _tmpfs_used(init: int) -> int:
+        """Bytes the command's /tmp and /dev/shm hold (tmpfs: host memory)."""
+        used = 0
+        for path in ("tmp", "dev/shm"):
+            try:
+                fs = os.statvfs(f"/proc/{init}/root/{path}")
+                used += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+            except OSError:
+                pass
+        return used
+
     async def _over_limit(self, proc) -> str | None:
         init = self._ns_init(proc.pid) if proc is not None else None
         if init is not None:
-            if self._ns_memory(init) > self.config.total_memory_mb << 20:
+            tmpfs = self._tmpfs_used(init)
+            if self._ns_memory(init) + tmpfs > self.config.total_memory_mb << 20:
                 return "total_memory"
-            try:
-                tmp = os.statvfs(f"/proc/{init}/root/tmp")
-                if (tmp.f_blocks - tmp.f_bfree) * tmp.f_frsize >= self.config.tmp_mb << 20:
-                    return "disk"
-            except OSError:
-                pass
+            if tmpfs >= self.config.tmp_mb << 20:
+                return "disk"
         return await super()._over_limit(proc)
 
     def _kill(self, group: int) -> None:
@@ -304,6 +358,26 @@ class SandboxRuntime(SubprocessRuntime):
             return "memory"
         if any(s in tail for s in PROCESS_SIGNS):  # a shell that could not fork may still exit 0
             return "processes"
-        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ) or any(s in tail for s in DISK_SIGNS):
+        # ENOSPC is also what making a user namespace gets under --disable-userns: not a full disk
+        said = b"\n".join(line for line in tail.splitlines() if b"unshare" not in line)
+        if exit_code in (128 + signal.SIGXFSZ, -signal.SIGXFSZ) or any(s in said for s in DISK_SIGNS):
             return "disk"  # a file past the file-size cap, or a full /tmp (a shell may go on)
         return None
+
+
+def run_sandboxed(argv: list[str], *, read_only: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                  timeout: float = 600.0, **limits) -> subprocess.CompletedProcess:
+    """Run `argv` once, blocking, in a fresh sandbox (no network, its own empty working
+    directory, `read_only` host directories visible read-only, `limits` as RuntimeConfig
+    fields): for host-side steps that run third-party code outside a rollout, like the version
+    probe of an agent just installed (vf.harnesses.npm). SandboxUnavailable where this machine
+    cannot sandbox it (no bwrap, or a directory the sandbox's user cannot reach)."""
+    runtime = SandboxRuntime(RuntimeConfig(type="sandbox", timeout=timeout, **limits))
+    try:
+        for path in read_only:
+            runtime.add_read_only(path)
+        cwd = str(runtime.workdir)
+        return subprocess.run(runtime._argv(list(argv), cwd, timeout), env=runtime._env(env), capture_output=True,
+                              text=True, timeout=timeout + 10, check=False, **runtime._spawn_kwargs())
+    finally:
+        runtime.release()

@@ -8,11 +8,18 @@ is checked (`du`) while it runs and when it ends, and it is stopped past `disk_m
 The sandbox and docker runtimes reuse all of this and only change what is started (`_argv`),
 with which environment (`_env`) and as whom (`_spawn_kwargs`).
 `vf.reaper` kills a command's process group if vf itself is killed first.
+
+What a command detaches from its group (`setsid`, a double fork) outlives `close()` here, as a
+host process does, but not vf: `close()` finds the processes its commands left (working in its
+directory, or carrying its `VF_RUNTIME_DIR` mark in their environment) and vf kills them when it
+exits (by pidfd, so a recycled pid is never hit). A daemon that changed both is beyond reach:
+this runtime is no isolation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import shutil
 import signal
@@ -27,6 +34,43 @@ from vf.runtime.base import CommandResult, Runtime, register_runtime
 _warned = False
 POLL = 0.1
 """Seconds between checks of a running command's disk (and, in the sandbox, memory) use."""
+MARK = "VF_RUNTIME_DIR"
+"""In every command's environment: the runtime's working directory (`leftovers` finds it)."""
+_left: list[int] = []
+"""pidfds of processes closed runtimes left running: killed when vf exits (`_kill_left`)."""
+
+
+def _kill_left() -> None:
+    while _left:
+        fd = _left.pop()
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+atexit.register(_kill_left)
+
+
+def leftovers(workdir: str) -> list[int]:
+    """Live processes (not vf) working in `workdir` or below, or whose environment carries its
+    mark: what a runtime's commands left behind."""
+    mark, me, found = f"{MARK}={workdir}".encode(), os.getpid(), []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        pid = int(name)
+        if pid == me:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cwd == workdir or cwd.startswith(workdir + "/") or mark in environ:
+            found.append(pid)
+    return found
 
 
 @register_runtime
@@ -57,7 +101,7 @@ class SubprocessRuntime(Runtime):
         return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
-        return {**os.environ, **(env or {})}
+        return {**os.environ, **(env or {}), MARK: str(self.workdir)}
 
     def _spawn_kwargs(self) -> dict:
         return {}
@@ -136,6 +180,10 @@ class SubprocessRuntime(Runtime):
             except (TimeoutError, asyncio.CancelledError):
                 readers.cancel()
                 await asyncio.gather(readers, return_exceptions=True)
+            finally:  # our ends of the pipes, now: left to the garbage collector, they are closed after
+                transport = getattr(proc, "_transport", None)  # the event loop is ("Event loop is closed")
+                if transport is not None:
+                    transport.close()
         if not limit and (over := await self._over_limit(None)):
             limit.append(over)  # filled the disk faster than the checks above
         code = proc.returncode
@@ -185,4 +233,14 @@ class SubprocessRuntime(Runtime):
             reaper.forget(group)
         for group in groups:
             await self._gone(group)
+        if self.BACKGROUND_OUTLIVES and self._owns_workdir:
+            self._hand_over_leftovers()
         await super().close()
+
+    def _hand_over_leftovers(self) -> None:
+        """What the commands detached from their groups lives on (host processes), until vf exits."""
+        for pid in leftovers(str(self.workdir)):
+            try:
+                _left.append(os.pidfd_open(pid))
+            except OSError:
+                pass

@@ -181,6 +181,17 @@ async def write_response(writer: asyncio.StreamWriter, resp: Response, keep_aliv
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+DRAIN_BYTES, DRAIN_SECONDS = 1 << 30, 10.0
+
+
+async def discard(reader: asyncio.StreamReader, limit: int, seconds: float) -> None:
+    """Read and drop up to `limit` bytes for at most `seconds` (a refused body, never kept)."""
+    try:
+        async with asyncio.timeout(seconds):
+            while limit > 0 and (chunk := await reader.read(min(limit, 1 << 16))):
+                limit -= len(chunk)
+    except (TimeoutError, ConnectionError):
+        pass
 
 
 def connection_handler(handler: Handler, *, max_body: int = MAX_BODY, idle_timeout: float = IDLE_TIMEOUT,
@@ -212,6 +223,8 @@ def connection_handler(handler: Handler, *, max_body: int = MAX_BODY, idle_timeo
                     kind = {408: "RequestTimeout", 413: "RequestTooLarge"}.get(status, "BadRequestError")
                     msg = {"error": {"message": f"bad HTTP request: {e}", "type": kind, "code": status}}
                     await asyncio.wait_for(write_response(writer, json_response(msg, status), keep_alive=False), 5)
+                    if status == 413:  # the client sends its whole body before it reads: let it, then it reads this
+                        await discard(reader, DRAIN_BYTES, DRAIN_SECONDS)
                     break
                 keep = req.headers.get("connection", "").lower() != "close"
                 resp = await handler(req)
