@@ -4,14 +4,14 @@
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 EPILOG = options.epilog(
     "What it rewrites and how, rule by rule with before/after examples: MIGRATION.md (section \"vf-migrate rules\").",
-    "Exit codes: 0 ok, 1 --check found changes or a manual step (TODO(vf-migrate)) still open, 2 bad usage (missing path, dirty git tree on --write).",
+    "Exit codes: 0 ok, 1 --check found changes or a manual step (TODO(vf-migrate)) still open, 2 bad usage (missing path, dirty git tree on --write) or a file refused (too large or nested too deeply to parse; reported as SRC900, every other file is still migrated).",
     examples=[
         "vf-migrate environments/my_env/my_env.py",
         "vf-migrate . --write",
@@ -62,6 +62,11 @@ def command(
     if write:
         apply(report)
         console.print(f"wrote {len(report.changes)} file(s); originals kept as .bak", markup=False)
+    refused = [e.file for e in report.entries if e.status == "refused"]
+    if refused:  # after every other file was reported (and written)
+        raise UsageError(f"{len(refused)} file(s) not read or parsed: {', '.join(refused[:5])}"
+                         + (" ..." if len(refused) > 5 else ""),
+                         hint="each is over a limit named above (SRC900); split it, or migrate it by hand")
     if check and (report.changes or report.summary()["manual"]):
         raise SystemExit(1)
 

@@ -114,7 +114,7 @@ def test_raising_reward_and_provider_errors_are_recorded(tmp_path, stub, cli):
     env_file.write_text(BOOM)
     out = tmp_path / "boom"
     summary = json_out(cli("vf-eval", str(env_file), "-m", "echo", "--base-url", stub.url, "-o", str(out), "--json",
-                           check=True))
+                           "--max-errors", "3", check=True))
     assert summary["num_episodes"] == 6 and summary["num_errors"] == 3 and summary["mean_reward"] == 1.0
     bad = [e for e in read_episodes(out / "traces.jsonl") if not e.ok]
     assert sorted(e.traces[0].errors[0].message for e in bad) == [f"reward 'ok': bad task {i}" for i in (1, 3, 5)]

@@ -65,7 +65,8 @@ def test_golden_outputs(corpus):
     # v1 names: JudgeRubric → vf.Judge, StatefulToolEnv → typed-state Toolset,
     # setup_state → Task.setup, group rewards → Env.finalize (flagged)
     judged = changes["envs/judged.py"].new
-    assert "class JudgedJudge(vf.Judge):" in judged and "vf.JudgeConfig(model=\"gpt-4.1-mini\")" in judged
+    assert "class JudgedJudge(vf.Judge):" in judged and "class JudgedJudgeConfig(vf.JudgeConfig):" in judged
+    assert 'model: str = "gpt-4.1-mini"' in judged and "compat.judge_arguments(model='judge_model')" in judged
     assert "TODO(vf-migrate)" not in judged and "JudgeRubric(judge_model=judge_model)" in judged
     assert any(e.rule == "ENV010" and e.status == "migrated" and e.file.endswith("judged.py") for e in report.entries)
     stateful = changes["envs/stateful_tools.py"].new
@@ -265,6 +266,35 @@ def test_bad_usage_exit_2(tmp_path):
     assert migrate_cli(tmp_path / "missing").returncode == 2
     r = migrate_cli()
     assert r.returncode == 2 and "missing PATH" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hostile_files_are_refused_and_the_run_goes_on(tmp_path):
+    """2000 nested parentheses in 8 KB crashed libcst (SIGSEGV: the whole run died with no output);
+    a 5.5 MB module took minutes and gigabytes. Each is refused naming the limit, every other file
+    is still migrated and written, and the command exits 2 (issue 34)."""
+    import time
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    deep = "(" * 2000 + "1" + ")" * 2000
+    (root / "deep.py").write_text(f"import verifiers as vf\n\ndef load_environment():\n    x = {deep}\n"
+                                  "    return vf.SingleTurnEnv(dataset=[])\n")
+    (root / "chain.py").write_text("import subprocess\nsubprocess.run(['vf-eval', 'x'])\nx = " + "+".join(["1"] * 20000))
+    (root / "huge.py").write_text("import verifiers as vf\n" + "X = [1, 2, 3]\n" * 400_000
+                                  + "def load_environment():\n    return vf.SingleTurnEnv(dataset=[])\n")
+    (root / "run.sh").write_text("vf-eval my-env -s -b http://x/v1\n")
+    start = time.time()
+    r = migrate_cli(root, "--write", "--force")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert time.time() - start < 60 and "Traceback" not in r.stderr
+    out = r.stderr + r.stdout
+    assert "deep.py:1: [SRC900] refused" in out and "too many nested parentheses" in out
+    assert "chain.py:1: [SRC900] refused" in out and "huge.py:1: [SRC900] refused" in out
+    assert "up to 256 KB" in out and "3 file(s) not read or parsed" in r.stderr
+    assert (root / "run.sh").read_text() == "vf-eval my-env --base-url http://x/v1\n"  # the rest was written
+    assert not (root / "deep.py.bak").exists() and (root / "deep.py").read_text().startswith("import verifiers")
+    check = migrate_cli(root, "--check")  # --check reports them too, and finishes
+    assert check.returncode == 2 and "3 file(s) not read or parsed" in check.stderr
 
 
 def test_write_refuses_dirty_git(tmp_path):

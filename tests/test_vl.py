@@ -395,7 +395,7 @@ def test_bad_images_fail_their_episode_and_the_run_goes_on(tiny_vl, cli, tmp_pat
     env = tmp_path / "bad_images.py"
     env.write_text(BAD_IMAGES_ENV)
     r = cli("vf-eval", str(env), "-m", str(tiny_vl), "-n", "4", "-r", "1", "-o", str(tmp_path / "run"), "--json",
-            "--sampling.max-tokens", "2")
+            "--sampling.max-tokens", "2", "--max-errors", "3")  # the three bad images fail their episodes
     assert r.returncode == 0, r.stderr[-2000:]
     episodes = {e["task"]["data"]["id"]: e for e in map(json.loads, (tmp_path / "run" / "traces.jsonl").read_text().splitlines())}
     assert episodes["bad-0"]["ok"]

@@ -1,6 +1,9 @@
 """Model-free checks: does a task's gold reply earn full reward?
 
-`Task.validate()` returns the gold reply (a string), a bool verdict, or None for "no check".
+`Task.validate()` returns the gold reply (a string), a bool verdict, or None for "no check"; or a
+`Probe` (a reply to score that need not earn full reward: the check is that every reward and
+metric runs without an error; a migrated v0 task, which had no gold reply, returns one, so a
+reward function that would fail every episode is found before a run).
 For a gold reply, `validate_task` plays one episode through the real harness
 (`vf.harness.run_episode`) with a `ScriptedEngine` that answers with that reply, so setup and
 finalize hooks, toolsets, stop conditions and scoring run exactly as in an evaluation:
@@ -16,11 +19,15 @@ weight their rewards to sum to 1).
 
     ok, reward, reason = await validate_task(task, env)
     report = await validate_taskset(vf.load_taskset("wordle"), n=20)
+
+No model is called: while a reply is scored, `OFFLINE` is set, and scoring code that would ask a
+model itself (a migrated v0 judge) answers on its own instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +40,13 @@ from vf.trace import Episode
 
 FULL_REWARD = 1.0
 TOLERANCE = 1e-6
+
+OFFLINE: ContextVar[bool] = ContextVar("vf_validate_offline", default=False)
+"""True while vf-validate scores a reply (see the module docstring)."""
+
+
+class Probe(str):
+    """A reply `Task.validate()` returns to have it scored without a full-reward requirement."""
 
 
 class ScriptedEngine:
@@ -61,7 +75,11 @@ async def score_reply(task: Task, reply: str, env: Env | None = None) -> Episode
     """One episode in which the model's first (and only) reply is `reply`; scored."""
     spec = EpisodeSpec(engine=ScriptedEngine([reply]), model="scripted", max_turns=1, env=env,
                        env_id="validate", run={"type": "validate"})
-    return await run_episode(task, spec)
+    token = OFFLINE.set(True)
+    try:
+        return await run_episode(task, spec)
+    finally:
+        OFFLINE.reset(token)
 
 
 async def validate_task(task: Task, env: Env | None = None) -> tuple[bool, float | None, str]:
@@ -76,10 +94,13 @@ async def validate_task(task: Task, env: Env | None = None) -> tuple[bool, float
         return gold, None, "validate() passed" if gold else "validate() returned False"
     episode = await score_reply(task, str(gold), env)
     trace = episode.trace
-    if not trace.ok:
-        first = trace.errors[0] if trace.errors else None
-        return False, None, f"gold episode failed: {first.type}: {first.message}" if first else "gold episode failed"
+    what = "probe" if isinstance(gold, Probe) else "gold"
+    if not trace.ok or not episode.ok:
+        first = next(iter([*trace.errors, *episode.errors]), None)
+        return False, None, f"{what} episode failed: {first.type}: {first.message}" if first else f"{what} episode failed"
     reward = trace.reward
+    if isinstance(gold, Probe):
+        return True, reward, f"probe reply scored {reward:g} without an error (no gold reply to require 1.0 of)"
     if reward < FULL_REWARD - TOLERANCE:
         parts = ", ".join(f"{k}={v.score:g}×{v.weight:g}" for k, v in trace.rewards.items() if v is not None)
         return False, reward, f"gold reply earned {reward:g} < {FULL_REWARD:g} ({parts})"

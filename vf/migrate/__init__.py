@@ -12,21 +12,45 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from vf.migrate.report import MANUAL, Report
+from vf.migrate.report import MANUAL, REFUSED, Report
 
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 SCRIPT_SUFFIXES = {".sh", ".bash", ".zsh", ".yml", ".yaml", ".mk"}
 SCRIPT_NAMES = {"Makefile", "makefile", "GNUmakefile", "Justfile", "justfile", "Dockerfile"}
 
 
+def _kind(path: Path) -> str | None:
+    """What vf-migrate reads `path` as ("py", "toml", "script"), or None: not read at all."""
+    if path.suffix == ".py":
+        return "py"
+    if path.suffix == ".toml":
+        return "toml"
+    if path.suffix in SCRIPT_SUFFIXES or path.name in SCRIPT_NAMES:
+        return "script"
+    return None
+
+
 def _migrate_file(path: Path) -> Report:
+    from vf.migrate import limits
+
+    if _kind(path) is None:
+        return Report()
     try:
+        limits.check_read(path)
         source = path.read_text(encoding="utf-8")
+    except limits.SourceRefused as e:
+        return _refused(e)
     except (UnicodeDecodeError, OSError):
         return Report()
     report = _migrate_source(path, source)
     if not any(c.path == path for c in report.changes):
         _left_todos(path, source, report)
+    return report
+
+
+def _refused(e) -> Report:
+    report = Report()
+    report.add(e.path, 1, "SRC900", REFUSED, str(e).removeprefix(f"{e.path}: "))
     return report
 
 
@@ -43,22 +67,45 @@ def _left_todos(path: Path, source: str, report: Report) -> None:
 
 
 def _migrate_source(path: Path, source: str) -> Report:
-    from vf.migrate import configs, python_env, scripts
+    from vf.migrate import configs, limits, python_env, scripts
 
     try:
         if path.suffix == ".py":
-            if python_env.is_v0_environment(source):
+            env = python_env.is_v0_environment(source)
+            if not env and not scripts.CMD_RE.search(source):
+                return Report()  # nothing to migrate: never parsed
+            if env and python_env.UNMIGRATED in source:
+                return python_env.migrate_environment(path, source)  # flagged by an earlier run: not parsed
+            broken = limits.check_python(path, source)  # before libcst sees it (SourceRefused past a limit)
+            if broken is not None:
+                return _unparsable(path, source, broken, env)
+            if env:
                 return python_env.migrate_environment(path, source)
             return scripts.migrate_python_subprocess(path, source)
         if path.suffix == ".toml":
             return configs.migrate_toml(path, source)
         if path.suffix in SCRIPT_SUFFIXES or path.name in SCRIPT_NAMES:
             return scripts.migrate_text_file(path, source)
+    except limits.SourceRefused as e:
+        return _refused(e)
     except Exception as e:  # noqa: BLE001 - one odd file must not stop the migration of the rest
         r = Report()
         r.add(path, 1, "ENV900", "manual", f"not migrated: {type(e).__name__}: {e}")
         return r
     return Report()
+
+
+def _unparsable(path: Path, source: str, error: SyntaxError, env: bool) -> Report:
+    """A file Python cannot parse: a v0 environment gets the TODO header that says so (as any module
+    the codemod cannot handle); another file is reported, and left as it is."""
+    from vf.migrate import python_env
+
+    reason = f"Python cannot parse it ({error.msg}, line {error.lineno})"
+    if env:
+        return python_env.unmigrated(path, source, reason)
+    report = Report()
+    report.add(path, error.lineno or 1, "ENV900", MANUAL, f"not migrated: {reason}")
+    return report
 
 
 def _walk(path: Path, report: Report) -> None:

@@ -31,6 +31,38 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vf.env import Env
+from vf.migrate import v0_api, v0_judge
+from vf.migrate.v0_api import (  # noqa: F401 - re-exported: migrated code names them here
+    AssistantMessage,
+    BrowserSandboxError,
+    EmptyModelResponseError,
+    Error,
+    InfraError,
+    InvalidModelResponseError,
+    MissingKeyError,
+    ModelError,
+    OverlongPromptError,
+    SandboxError,
+    SystemMessage,
+    TextMessage,
+    ToolCall,
+    ToolCallError,
+    ToolError,
+    ToolMessage,
+    ToolParseError,
+    TunnelError,
+    UserMessage,
+    cleanup,
+    ensure_keys,
+    print_prompt_completions_sample,
+    run_cleanups,
+    run_stops,
+    setup_logging,
+    stop,
+    stop_methods,
+    teardown,
+    trajectory,
+)
 from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated imports name them here
     BOXED_SYSTEM_PROMPT,
     THINK_BOXED_SYSTEM_PROMPT,
@@ -42,7 +74,8 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
-from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward, stop
+from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward
+from vf.taskset import stop as v1_stop
 from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
@@ -92,6 +125,10 @@ class Parser:
 
         return format_reward_func
 
+    def example_reply(self, answer: str) -> str:
+        """A reply in this parser's format whose answer is `answer` (vf-validate's probe)."""
+        return answer
+
 
 class ThinkParser(Parser):
     """v0 `ThinkParser`: the answer is the text after `</think>` ('' when there is no `</think>`);
@@ -112,6 +149,10 @@ class ThinkParser(Parser):
             return sum(follows_format(_text(m.get("content"))) for m in messages) / len(messages)
 
         return format_reward_func
+
+
+    def example_reply(self, answer: str) -> str:
+        return f"<think>\n...\n</think>\n{answer}"
 
 
 class MaybeThinkParser(Parser):
@@ -152,6 +193,10 @@ class XMLParser(Parser):
 
     def get_fields(self) -> list[str]:
         return [c for c, _ in self._fields]
+
+    def example_reply(self, answer: str) -> str:
+        return "\n".join(f"<{tag}>\n{answer if tag == self.answer_field else '...'}\n</{tag}>"
+                         for tag, _ in self._fields)
 
     def get_format_str(self) -> str:
         """v0's format description: `<tag>\\n...\\n</tag>` per field (`<[ a | b ]>` for alternatives)."""
@@ -300,32 +345,56 @@ Respond either "yes" or "no" only."""
 
 
 class JudgeRubric(Rubric):
-    """v0 `JudgeRubric`: records the judge settings; the migrated Task builds a `vf.Judge` from
-    them and hands its reward functions a v0-style `judge(prompt, completion, answer, state)`."""
+    """v0 `JudgeRubric` of every 0.1.x release: records the judge settings; the migrated Task builds
+    a `vf.Judge` from them. Its reward functions reach that judge as v0's did, as their `judge`
+    argument or through `rubric.judge(prompt, completion, answer, state)`, plain (0.1.2) or
+    awaited (0.1.3+) (see vf.migrate.v0_judge). `judge_sampling_args` go with every call;
+    `judge_reward_func` is 0.1.0-0.1.1's built-in reward (yes → 1.0, no → 0.0, else the number the
+    judge replied)."""
 
     def __init__(self, judge_client: Any = None, judge_model: str = "gpt-4.1-nano", judge_prompt: str = JUDGE_PROMPT,
-                 parser: Parser | None = None, **kwargs: Any):
+                 parser: Parser | None = None, judge_sampling_args: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(parser=parser, **{k: v for k, v in kwargs.items() if k in ("funcs", "weights")})
         self.judge_client, self.judge_model, self.judge_prompt = judge_client, judge_model, judge_prompt
+        self.judge_sampling_args = dict(judge_sampling_args or {})
+        self.class_objects = {"judge_client": judge_client, "judge_model": judge_model, "judge_prompt": judge_prompt,
+                              "judge_sampling_args": self.judge_sampling_args}
+
+    def judge(self, prompt: Any, completion: Any, answer: Any, state: Any = None, **kwargs: Any) -> Any:
+        call = v0_judge.current("rubric.judge()")
+        return call.ask(prompt, completion, answer, state, kwargs, asynchronous=v0_judge.caller_is_async())
+
+    def judge_reward_func(self, prompt: Any, completion: Any, answer: Any, **kwargs: Any) -> float:
+        """verifiers 0.1.0-0.1.1: the judge's verdict on the whole last reply."""
+        text = v0_judge.current("judge_reward_func").ask(prompt, completion, answer, kwargs.get("state"), {},
+                                                          asynchronous=False)
+        if "yes" in text.lower():
+            return 1.0
+        if "no" in text.lower():
+            return 0.0
+        return float(text)
 
 
-class JudgeCall:
-    """v0's `judge(prompt, completion, answer, state)` on top of a v1 `vf.Judge`: returns the
-    judge's reply text, and records the call on the trace."""
+JudgeCall = v0_judge.JudgeCall
 
-    def __init__(self, judge: Any, trace: Any, parser: Parser | None = None):
-        self.judge, self.trace, self.parser = judge, trace, parser
 
-    async def __call__(self, prompt: Any, completion: Any, answer: Any, state: Any = None) -> str:
-        # v0's signature exactly: a reward that passes more (`**kwargs`) failed in v0, and scored 0
-        question = prompt if isinstance(prompt, str) else (content_text(prompt[-1].get("content")) if prompt else "")
-        if self.parser is not None:
-            response = self.parser.parse_answer(completion)
-        else:
-            response = completion if isinstance(completion, str) else next(
-                (content_text(m.get("content")) for m in reversed(completion or []) if m.get("role") == "assistant"), "")
-        messages = self.judge.build_messages(question=question, answer=answer, response=response)
-        return (await self.judge.complete(messages, trace=self.trace)).text
+def judge_arguments(**fields: str) -> Any:
+    """A validator for a generated TasksetConfig: the load_environment() arguments the v0 judge
+    client was built from (`judge_base_url`, `judge_model`, ...; `fields` maps a JudgeConfig key
+    to its argument) reach the task's judge config when a run sets them
+    (`--taskset.judge-base-url URL`), unless that run also sets `--taskset.task.judge.KEY`."""
+    from pydantic import model_validator
+
+    def bind(self: Any) -> Any:
+        task = self.task
+        explicit = task.judge.model_fields_set if "judge" in task.model_fields_set else set()
+        update = {key: getattr(self, arg) for key, arg in fields.items()
+                  if arg in self.model_fields_set and key not in explicit}
+        if update:
+            self.task = task.model_copy(update={"judge": task.judge.model_copy(update=update)})
+        return self
+
+    return model_validator(mode="after")(bind)
 
 
 class Environment:
@@ -343,13 +412,16 @@ class Environment:
             setattr(self, key, value)
 
     def score(self, index: int, task: Any, trace: Any, state: Any, **extra: Any) -> Any:
-        """Call the rubric's `index`-th function the v0 way (async functions return a coroutine,
-        which the v1 hook runner awaits), with its own rubric's parser as `parser`. `extra` adds
-        arguments (e.g. a JudgeRubric's `judge`)."""
+        """Call the rubric's `index`-th function the v0 way, with its own rubric's parser as
+        `parser` (a coroutine, which the v1 hook runner awaits). `extra` adds arguments (a
+        JudgeRubric's `judge`, which also answers `rubric.judge(...)` while the function runs)."""
         fn, _, owner = self.rubric.entries()[index]
-        if isinstance(extra.get("judge"), JudgeCall):  # v0's judge() parses with its own rubric's parser
-            extra["judge"].parser = owner.parser
-        return _scored(fn, pick(fn, v0_args(task, trace, state, parser=owner.parser, **owner.class_objects, **extra)))
+        judge = extra.get("judge")
+        if isinstance(judge, JudgeCall):  # v0's judge() parses with its own rubric's parser, and its sampling
+            judge.parser = owner.parser
+            judge.sampling = dict(getattr(owner, "judge_sampling_args", None) or {})
+        available = {**v0_args(task, trace, state), "parser": owner.parser, **owner.class_objects, **extra}
+        return _scored(fn, pick(fn, available), judge if isinstance(judge, JudgeCall) else None)
 
     async def setup_state(self, state: dict, **kwargs: Any) -> dict:
         return state
@@ -359,31 +431,33 @@ class Environment:
         return tool_args
 
 
-def _scored(fn: Callable, kwargs: dict[str, Any]) -> Any:
-    """`fn(**kwargs)` as a float, 0.0 when it raises: v0 logged a failing reward function and scored
-    it 0 (a coroutine for an async function, which the hook runner awaits)."""
-    if inspect.iscoroutinefunction(fn):
-        async def run() -> float:
-            try:
-                return float(await fn(**kwargs))
-            except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
-                return 0.0
-        return run()
+async def _scored(fn: Callable, kwargs: dict[str, Any], judge: JudgeCall | None = None) -> float:
+    """`fn(**kwargs)` as a float; while it runs, `judge` is the current judge (`rubric.judge`).
+
+    A function that raises, or returns something that is no number, raises here: the hook runner
+    records it as an error on the trace, and the episode counts as errored. (v0 logged it and
+    scored 0, so a broken reward looked like a wrong answer; that silent zero is what this avoids.)"""
+    token = v0_judge.CURRENT.set(judge)
     try:
         out = fn(**kwargs)
-    except Exception:  # noqa: BLE001 - v0 semantics: a failing reward scores 0
-        return 0.0
-    if inspect.isawaitable(out):
-        async def wait() -> float:
-            try:
-                return float(await out)
-            except Exception:  # noqa: BLE001
-                return 0.0
-        return wait()
+        if inspect.isawaitable(out):
+            out = await out
+    finally:
+        v0_judge.CURRENT.reset(token)
     try:
         return float(out)
     except (TypeError, ValueError):
-        return 0.0
+        raise TypeError(f"reward function {getattr(fn, '__name__', fn)!r} returned {out!r}, not a number") from None
+
+
+def probe(env: Environment, data: Any) -> Any:
+    """vf-validate's reply for a migrated v0 task (`vf.validate.Probe`): the row's answer in the
+    env parser's format. It is scored without a model (a v0 judge answers itself) and must not
+    make a reward function raise; it need not earn full reward (v0 had no gold reply)."""
+    from vf.validate import Probe
+
+    answer = str(getattr(data, "answer", "") or "") or "..."
+    return Probe(env.parser.example_reply(answer))
 
 
 class SingleTurnEnv(Environment):
@@ -410,10 +484,19 @@ class MultiTurnEnv(Environment):
 
     DEFAULT_MAX_TURNS = -1
 
-    def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> _Verdict:
-        """v0: done once `max_turns` (> 0) model turns ran. Usable as v0 0.1.x code calls it from an
-        override: `super().is_completed(...)` plain (sync) or awaited (async)."""
-        return _Verdict(self.max_turns > 0 and state.get("turn", 0) >= self.max_turns)
+    def is_completed(self, messages: Messages | dict | None = None, state: dict | None = None, **kwargs: Any):
+        """v0: done once `max_turns` (> 0) model turns ran, or (0.1.8+) once one of the env's
+        `@stop` methods fires. Usable as v0 code calls it: `super().is_completed(messages, state)`
+        plain (0.1.0-0.1.2) or awaited, or `is_completed(state)` (0.1.8+)."""
+        if state is None and isinstance(messages, dict):  # 0.1.8+: is_completed(state)
+            messages, state = None, messages
+        state = state if state is not None else {}
+        if self.max_turns > 0 and state.get("turn", 0) >= self.max_turns:
+            state["is_completed"] = True
+            return _Verdict(True)
+        if not stop_methods(self):
+            return _Verdict(False)
+        return run_stops(self, state)  # @stop methods may be async: an awaitable verdict
 
     def env_response(self, messages: Messages, state: dict, **kwargs: Any):
         raise NotImplementedError
@@ -511,7 +594,10 @@ def _attrs(value: Any) -> Any:
 
 
 def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
-    """The v0 `state` dict for this episode: kept on the v1 State so env_response's writes persist."""
+    """The v0 `state` dict for this episode, kept on the v1 State so env_response's writes persist:
+    the keys of every 0.1.x release (`prompt`, `completion`, `answer`, `info`, `turn`, `responses`;
+    0.1.8+: `trajectory`, `input`, `is_completed`, `final_env_response`, ...). Messages read as
+    dicts and as attributes (0.1.11+ code writes `message.content`)."""
     saved = getattr(state, "v0_state", None) if state is not None else None
     if saved is None:
         saved = {}
@@ -521,11 +607,19 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
             except (AttributeError, ValueError):
                 pass
     prompt, completion = split_messages(trace)
-    completion = [{**m, "tool_calls": _attrs(m["tool_calls"])} if m.get("tool_calls") else m for m in completion]
-    saved.update(prompt=prompt, completion=completion, answer=getattr(task, "answer", ""),
-                 info=getattr(task, "info", {}) or {}, example_id=getattr(task, "idx", 0),
-                 task=getattr(task, "name", None) or "default", turn=trace.num_turns)
+    prompt, completion = _attrs(prompt), _attrs(completion)
+    answer, info = getattr(task, "answer", ""), getattr(task, "info", {}) or {}
+    example_id, name = getattr(task, "idx", 0), getattr(task, "name", None) or "default"
+    saved.update(prompt=prompt, completion=completion, answer=answer, info=info, example_id=example_id,
+                 task=name, turn=trace.num_turns)
     saved["responses"] = [m for m in completion if m.get("role") == "assistant"]  # one per model reply
+    trace_id = str(getattr(trace, "id", "") or "")
+    saved["trajectory"] = trajectory(prompt, completion, trace_id)
+    saved["input"] = {"prompt": prompt, "answer": answer, "info": info, "example_id": example_id, "task": name}
+    saved.setdefault("trajectory_id", trace_id)
+    for key, value in (("is_completed", False), ("is_truncated", False), ("error", None), ("final_env_response", None),
+                       ("reward", None), ("metrics", None), ("timing", {})):
+        saved.setdefault(key, value)
     return saved
 
 
@@ -591,15 +685,18 @@ class MultiTurnAdapter(Env):
     async def run(self, task, agent) -> None:
         await agent.turn()
         while not agent.done:
-            messages = await self.next_messages(task.data, agent.trace, agent.state)
+            messages, final = await self._step(task.data, agent.trace, agent.state)
             if not messages:
                 agent.finish("env_done")
                 break
             for m in messages[:-1]:
                 agent.add(m)
-            # v0 checked is_completed before every model call: an env_response that ends the
-            # game (e.g. "correct") is added, and no further reply is asked for.
-            if await self._completed(agent.trace.messages + [messages[-1]], task.data, agent.trace, agent.state):
+            # v0 0.1.0-0.1.7 checked is_completed(messages, state) before every model call, so an
+            # env_response that ends the game (e.g. "correct") is added and no reply is asked for;
+            # 0.1.8+ ends there only through state["final_env_response"] (its @stop methods run
+            # before env_response, next round)
+            if final or (not stop_methods(type(self).v0_env()) and await self._completed(
+                    agent.trace.messages + [messages[-1]], task.data, agent.trace, agent.state)):
                 agent.add(messages[-1])
                 agent.finish("env_done")
                 break
@@ -617,10 +714,15 @@ class MultiTurnAdapter(Env):
         return bool(done)
 
     async def next_messages(self, task, trace, state) -> Messages | None:
+        return (await self._step(task, trace, state))[0]
+
+    async def _step(self, task, trace, state) -> tuple[Messages | None, bool]:
+        """(the env's next messages, whether they end the rollout): None once it is completed;
+        0.1.8+'s `state["final_env_response"]` replaces what env_response returned and ends it."""
         env = type(self).v0_env()
         messages = trace.messages
         if await self._completed(messages, task, trace, state):
-            return None
+            return None, False
         st = v0_state(task, trace, state)
         out = env.env_response(messages, st)
         if inspect.isawaitable(out):
@@ -629,9 +731,12 @@ class MultiTurnAdapter(Env):
             out, new_state = out
             if isinstance(new_state, dict) and new_state is not st:
                 st.update(new_state)
+        final = st.get("final_env_response") is not None
+        if final:
+            out = st["final_env_response"]
         if isinstance(out, (dict, str)):
             out = [out]
-        return [({"role": "user", "content": m} if isinstance(m, str) else dict(m)) for m in out or []]
+        return [({"role": "user", "content": m} if isinstance(m, str) else dict(m)) for m in out or []], final
 
 
 # ---- EnvGroup, TextArenaEnv: run load_environment() itself ------------------------------------
@@ -702,7 +807,11 @@ class V0Task(Task[V0Data, State, TaskConfig]):
         env = type(self).v0_env()
         return env.member(self.data) if isinstance(env, EnvGroup) else env
 
-    @stop
+    def validate(self):
+        """v0 had no gold reply: vf-validate scores a probe reply (`probe`)."""
+        return probe(self._owner(), self.data)
+
+    @v1_stop
     def v0_max_turns(self, trace) -> bool:
         limit = self._owner().max_turns
         return limit > 0 and trace.num_turns >= limit
@@ -712,11 +821,17 @@ class V0Task(Task[V0Data, State, TaskConfig]):
         """Every v0 function of the owner's rubric, under its own name and weight; the hook
         itself reports nothing (an empty mapping drops its name)."""
         env = self._owner()
+        failed = []
         for i, (fn, weight, _) in enumerate(env.rubric.entries()):
-            score = env.score(i, task, trace, state)
-            if inspect.isawaitable(score):
-                score = await score
-            trace.record_reward(getattr(fn, "__name__", f"reward_{i}"), float(score), weight=weight)
+            name = getattr(fn, "__name__", f"reward_{i}")
+            try:
+                score = await env.score(i, task, trace, state)
+            except Exception as e:  # noqa: BLE001 - the others are still scored; the trace errors below
+                failed.append(f"{name}: {type(e).__name__}: {e}")
+                continue
+            trace.record_reward(name, score, weight=weight)
+        if failed:  # an error on the trace (not a 0 that looks like a wrong answer)
+            raise RuntimeError("v0 reward function(s) raised: " + "; ".join(failed))
         return {}
 
 
@@ -753,10 +868,20 @@ State = dict[str, Any]
 Info = dict[str, Any]
 SamplingArgs = dict[str, Any]
 RewardFunc = Callable[..., Any]
+IndividualRewardFunc = GroupRewardFunc = RewardFunc
+Message = ChatMessage
+ChatMessages = list[ChatMessage]
+MessageType = str
+ModelResponse = Any
+RolloutInput = TrajectoryStep = dict[str, Any]
 
 SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric", "JudgeRubric", "MathRubric",
              "ToolRubric", "RubricGroup", "Environment", "SingleTurnEnv", "MultiTurnEnv", "ToolEnv",
              "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
-             "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv"}
+             "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv",
+             "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
+             "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType",
+             "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",
+             *v0_api.ERRORS, *v0_api.HELPERS}
 """The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

@@ -53,6 +53,8 @@ def _env_name(call: cst.Call) -> str:
     func = call.func
     return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
 DATA_ARGS = ("dataset", "eval_dataset", "system_prompt", "few_shot")
+V0_PACKAGES = ("verifiers", "verifiers.legacy")
+"""`import verifiers as vf`, and verifiers 0.3.x's home of the same v0 API: `import verifiers.legacy as vf`."""
 TASK_ATTRS = {"setup", "finalize", "validate", "messages", "hooks", "data", "config", "toolsets"}
 PLURAL = {"completions", "prompts", "answers", "infos", "states", "tasks"}
 TODO = "TODO(vf-migrate)"
@@ -238,7 +240,7 @@ def migrate_environment(path: Path, source: str) -> Report:
         reason = f"the generated code would not compile ({e.msg}, line {e.lineno})"
     except Exception as e:  # noqa: BLE001 - any codemod failure: keep the module, flag it
         reason = f"the codemod failed ({type(e).__name__}: {e})"
-    return _unmigrated(path, source, reason)
+    return unmigrated(path, source, reason)
 
 
 def _migrate_reparsed(path: Path, source: str) -> Report:
@@ -257,7 +259,8 @@ def _migrate_reparsed(path: Path, source: str) -> Report:
     return report
 
 
-def _unmigrated(path: Path, source: str, reason: str) -> Report:
+def unmigrated(path: Path, source: str, reason: str) -> Report:
+    """`source` kept as it is under a TODO(vf-migrate) header that says why (rule ENV900)."""
     lines = source.splitlines(keepends=True)
     head = 1 if lines and lines[0].startswith("#!") else 0
     if len(lines) > head and re.match(r"^#.*coding[:=]", lines[head]):
@@ -352,7 +355,7 @@ class _Migration:
                         self.v0_imported |= {(a.asname.name if a.asname else a.name).value for a in small.names}
                     if isinstance(small, cst.Import):
                         for a in small.names:
-                            if _code(a.name) == "verifiers":
+                            if _code(a.name) in V0_PACKAGES and (a.asname or _code(a.name) == "verifiers"):
                                 self.aliases.add(a.asname.name.value if a.asname else "verifiers")
         assert self.load_env is not None
 
@@ -435,19 +438,43 @@ class _Migration:
         kind, self.v0_class = ENV_KINDS.get(env_name), None
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
-            for b in self.classes[env_name].bases:
-                bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
-                kind = ENV_KINDS.get(bname, kind)
+            kind = self._class_kind(env_name, set())
         if kind is None:
             kind = "multi"
             plan.manual.append((self.line(env_call), f"unknown environment class {env_name!r}: migrated as a "
                                 "multi-turn env; check it"))
         self.kind = kind
         plan.stateful = env_name == "StatefulToolEnv" or (self.v0_class is not None and any(
-            _code(b.value).split(".")[-1] == "StatefulToolEnv" for b in self.classes[self.v0_class].bases))
+            _code(b.value).split(".")[-1] == "StatefulToolEnv" for c in self._class_chain(self.v0_class)
+            for b in self.classes[c].bases))
         self.tool_names: list[str] = []
         if self.v0_class is not None:
-            self._class_tools(self.classes[self.v0_class])
+            for name in self._class_chain(self.v0_class):
+                self._class_tools(self.classes[name])
+
+    def _class_chain(self, name: str) -> list[str]:
+        """`name` and the module classes it derives from (nearest first)."""
+        chain, todo = [], [name]
+        while todo:
+            cur = todo.pop(0)
+            if cur in chain or cur not in self.classes:
+                continue
+            chain.append(cur)
+            todo += [getattr(b.value, "value", "") for b in self.classes[cur].bases if isinstance(b.value, cst.Name)]
+        return chain
+
+    def _class_kind(self, name: str, seen: set[str]) -> str | None:
+        """single / multi / tool of a module class, through its bases (a class of this module that
+        derives from vf.MultiTurnEnv is itself a v0 env class)."""
+        seen.add(name)
+        kind = None
+        for b in self.classes[name].bases:
+            bname = b.value.attr.value if isinstance(b.value, cst.Attribute) else getattr(b.value, "value", "")
+            if bname in ENV_KINDS:
+                kind = ENV_KINDS[bname]
+            elif bname in self.classes and bname not in seen:
+                kind = self._class_kind(bname, seen) or kind
+        return kind
 
     def _class_tools(self, cls: cst.ClassDef) -> None:
         plan = self.plan
@@ -491,7 +518,8 @@ class _Migration:
                 self.env_rubric = (rubric_call, rubric_var)
                 rubric_call, rubric_var = s.body[0].value, None
         if rubric_call is None and rubric_arg is None and self.v0_class is not None:
-            rubric_call = self._class_rubric(self.classes[self.v0_class])
+            rubric_call = next((r for c in self._class_chain(self.v0_class)
+                                if (r := self._class_rubric(self.classes[c])) is not None), None)
         if rubric_call is None:
             self.plan.manual.append((self.line(self.load_env), "no Rubric(...) found for rubric=: the migrated task has no rewards"))
             return
@@ -499,8 +527,10 @@ class _Migration:
         for i, (fn, w, metric) in enumerate(self._rubric_items(rubric_call, rubric_var)):
             self._plan_func(i, fn, w, metric, used)
         if not self.plan.funcs:
+            judge = " (verifiers 0.1.0-0.1.1's JudgeRubric scored its own judge_reward_func, yes → 1.0: if this env " \
+                "was written for them, add rubric.add_reward_func(rubric.judge_reward_func))" if self.plan.judge else ""
             self.plan.manual.append((self.line(rubric_call), "the rubric has no reward functions: the migrated task "
-                                     "has no rewards"))
+                                     "has no rewards" + judge))
 
     @staticmethod
     def _class_rubric(node: cst.ClassDef):
@@ -744,20 +774,34 @@ class _Migration:
         if self.plan.judge is None:
             return []
         self.judge_cls, self.task_config = self.fresh(self.base + "Judge"), self.fresh(self.base + "TaskConfig")
-        settings = "".join(f", {k}={self.plan.judge[k]}" for k in ("base_url", "api_key_var") if k in self.plan.judge)
+        judge_config = self.fresh(self.base + "JudgeConfig")
+        fields = [f"    model: str = {self.plan.judge['model']}"]
+        if "base_url" in self.plan.judge:
+            fields.append(f"    base_url: str | None = {self.plan.judge['base_url']}")
+        if "api_key_var" in self.plan.judge:
+            fields.append(f"    api_key_var: str = {self.plan.judge['api_key_var']}")
         return [f"class {self.judge_cls}(vf.Judge):",
                 '    """The v0 JudgeRubric\'s judge: its reply text is what v0\'s `judge(...)` returned."""', "",
                 f"    prompt = {self.plan.judge['prompt']}", "", "",
+                f"class {judge_config}(vf.JudgeConfig):",
+                '    """The v0 judge client\'s settings (`--taskset.task.judge.*` sets one, keeping the others)."""', "",
+                *fields, "", "",
                 f"class {self.task_config}(vf.TaskConfig):",
-                f"    judge: vf.JudgeConfig = vf.JudgeConfig(model={self.plan.judge['model']}{settings})", "", ""]
+                f"    judge: {judge_config} = {judge_config}()", "", ""]
 
     def gen_config(self) -> list[str]:
         """The TasksetConfig: load_environment's keyword parameters as typed fields."""
         params, kwargs, load_env = self.params, self.kwargs, self.load_env
         L = [f"class {self.N['Config']}(vf.TasksetConfig):", '    """The keyword arguments of the v0 load_environment()."""', ""]
         fields = []
+        self.object_params = {p.name.value for p in params if _object_param(p)}
         for p in params:
-            default = f" = {_inline(p.default)}" if p.default is not None else ""
+            if p.name.value in self.object_params:
+                self.add(load_env, "ENV001", INFO, f"parameter {p.name.value} ({_code(p.annotation.annotation) if p.annotation else 'an object'}) "
+                         f"is no config field (a config is set from the command line; an object cannot be): it keeps "
+                         f"its default {_inline(p.default)}")
+                continue
+            default = f" = {_inline(self.ren(p.default))}" if p.default is not None else ""
             fields.append(f"    {_field(p.name.value)}: {_field_type(p)}{default}")
             if _field(p.name.value) != p.name.value:
                 self.add(load_env, "ENV001", INFO, f"parameter {p.name.value} is config field {_field(p.name.value)} "
@@ -769,6 +813,11 @@ class _Migration:
             fields.append('    """Which v0 dataset load() yields: "eval" (eval_dataset) or "train" (dataset)."""')
         if self.plan.judge is not None:
             fields.append(f"    task: {self.task_config} = {self.task_config}()")
+            bound = {k: a for k, a in self.plan.judge["args"].items() if a not in self.object_params}
+            if bound:
+                fields += ["", "    # load_environment's judge arguments given for a run reach the judge (task.judge.* wins)",
+                           f"    _v0_judge_arguments = compat.judge_arguments("
+                           f"{', '.join(f'{k}={a!r}' for k, a in bound.items())})"]
         L += (fields or ["    pass"]) + ["", ""]
         self.add(load_env, "ENV001", MIGRATED, f"load_environment() → {self.N['Taskset']} (config {self.N['Config']}: "
                  f"{', '.join(p.name.value for p in params) or 'no fields'})")
@@ -783,8 +832,10 @@ class _Migration:
              '    and stop conditions use, rebuilt from load_environment() with its arguments at their defaults."""']
         for name in self.bound:
             p = next(p for p in self.params if p.name.value == name)
-            default = _inline(p.default) if p.default is not None else "None"
+            default = _inline(self.ren(p.default)) if p.default is not None else "None"
             L.append(f"    {name} = {default}  # default of load_environment({name}=...)")
+            if name in self.object_params:
+                continue
             self.add(self.load_env, "ENV001", INFO, f"the parser/rubric are rebuilt with load_environment's default "
                      f"{name}={default}; a different --taskset.{name} does not reach them")
         return L + ["    __VF_PARTS_BODY__()", "    __VF_ENV_EXPR__()", "", ""]
@@ -844,6 +895,10 @@ class _Migration:
         if plan.setup_state:
             L += ["    async def setup(self, trace, state):", f'        """The v0 {self.v0_class}.setup_state."""',
                   "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]
+        L += ["    def validate(self):",
+              '        """v0 had no gold reply: vf-validate scores a probe reply (the row\'s answer in the parser\'s',
+              '        format, a judge answering itself) and fails when a reward function raises."""',
+              "        return compat.probe(_v0_env(), self.data)", ""]
         if self.kind == "single":
             L += ["    @vf.stop", "    def single_turn(self, trace) -> bool:", "        return trace.num_turns >= 1", ""]
             self.add(self.load_env, "ENV005", MIGRATED, "SingleTurnEnv → @vf.stop single_turn")
@@ -870,7 +925,8 @@ class _Migration:
         if self.env_cls:
             L += [f"    ENV = {self.env_cls}", ""]
         L += ["    def load(self):"]
-        L += [f"        {p.name.value} = self.config.{_field(p.name.value)}" for p in self.params]
+        L += [f"        {p.name.value} = {_inline(self.ren(p.default))}" if p.name.value in self.object_params else
+              f"        {p.name.value} = self.config.{_field(p.name.value)}" for p in self.params]
         L.append("        __VF_LOAD_BODY__()")
         ds = self.code(kwargs["dataset"].value) if "dataset" in kwargs else None
         eds = self.code(kwargs["eval_dataset"].value) if "eval_dataset" in kwargs else None
@@ -906,8 +962,8 @@ def _to_compat(node: cst.ImportFrom) -> cst.ImportFrom:
 def _rewrite_imports(stmt, add, line, imported_vf):
     out = []
     for small in stmt.body:
-        if isinstance(small, cst.Import) and any(_code(a.name) == "verifiers" for a in small.names):
-            rest = [a for a in small.names if _code(a.name) != "verifiers"]
+        if isinstance(small, cst.Import) and any(_code(a.name) in V0_PACKAGES for a in small.names):
+            rest = [a for a in small.names if _code(a.name) not in V0_PACKAGES]
             if rest:
                 out.append(cst.SimpleStatementLine([small.with_changes(names=[*rest[:-1], rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])]))
             if not imported_vf[0]:
@@ -1021,7 +1077,7 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
     """The judge model and prompt as class-level expressions: literals and module names stay,
     a load_environment parameter becomes its default."""
     defaults = {p.name.value: p.default for p in [*load_env.params.params, *load_env.params.kwonly_params]}
-    out = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT"}
+    out: dict = {"model": '"gpt-4.1-nano"', "prompt": "compat.JUDGE_PROMPT", "args": {}}
     client = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("judge_client", "client")
                    and isinstance(a.value, cst.Call)), None)
     if client is None:  # judge_client=NAME: NAME = OpenAI(...) in load_environment
@@ -1031,24 +1087,32 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
                        and isinstance(s.body[0], cst.Assign) and _code(s.body[0].targets[0].target) == name
                        and isinstance(s.body[0].value, cst.Call)), None)
     for a in client.args if client is not None else []:  # OpenAI(base_url=..., api_key=os.getenv(VAR, ...))
-        value = a.value
+        value, arg = a.value, None
         if isinstance(value, cst.Name) and value.value in defaults:
-            value = defaults[value.value]
+            value, arg = defaults[value.value], value.value
         if a.keyword is None or value is None:
             continue
         if a.keyword.value == "base_url" and isinstance(value, cst.SimpleString):
             out["base_url"] = _code(value)
+            if arg:
+                out["args"]["base_url"] = arg
         elif a.keyword.value == "api_key" and isinstance(value, cst.Call) and _code(value.func) in ("os.getenv",
                                                                                                  "os.environ.get"):
             var = value.args[0].value if value.args else None
-            var = defaults.get(var.value, var) if isinstance(var, cst.Name) else var
+            if isinstance(var, cst.Name) and var.value in defaults:
+                out["args"]["api_key_var"] = var.value
+                var = defaults[var.value]
             if isinstance(var, cst.SimpleString):
                 out["api_key_var"] = _code(var)
+            else:
+                out["args"].pop("api_key_var", None)
     for a in call.args:
         if a.keyword is None or a.keyword.value not in ("judge_model", "model", "judge_prompt"):
             continue
         value = a.value
         if isinstance(value, cst.Name) and value.value in defaults:
+            if a.keyword.value != "judge_prompt":
+                out["args"]["model"] = value.value
             value = defaults[value.value]
         elif isinstance(value, cst.Name):  # a local of load_environment: its literal value, if it has one
             value = next((s.body[0].value for s in load_env.body.body if isinstance(s, cst.SimpleStatementLine)
@@ -1059,6 +1123,27 @@ def _judge_settings(call: cst.Call, load_env: cst.FunctionDef) -> dict[str, str]
         if isinstance(value, (cst.SimpleString, cst.ConcatenatedString, cst.Name, cst.Attribute)):
             out["prompt" if a.keyword.value == "judge_prompt" else "model"] = _code(value)
     return out
+
+
+SAFE_TYPES = {"int", "float", "str", "bool", "bytes", "list", "dict", "tuple", "set", "frozenset", "None", "Any",
+              "Optional", "Union", "Literal", "List", "Dict", "Tuple", "Set", "FrozenSet", "Sequence", "Mapping",
+              "Iterable", "typing", "Callable"}
+"""Names an annotation may use and still be a config field pydantic can build from the command line."""
+
+
+def _object_param(p: cst.Param) -> bool:
+    """A load_environment parameter that holds an object (`parser: XMLParser = XMLParser(...)`,
+    `client: AsyncOpenAI | None = None`): no config field can carry it (pydantic has no schema
+    for the type, and no command line could set it), so it keeps its default."""
+    if p.default is None:
+        return False  # required: stays a field (typed as written), the caller must pass it
+    if p.annotation is not None:
+        ann = p.annotation.annotation
+        if isinstance(ann, (cst.SimpleString, cst.ConcatenatedString)):  # "XMLParser": a forward reference
+            return not set(re.findall(r"[A-Za-z_]\w*", _code(ann))) <= SAFE_TYPES
+        return not used_names(ann) <= SAFE_TYPES
+    d = p.default
+    return isinstance(d, cst.Call) and not (isinstance(d.func, cst.Name) and d.func.value in SAFE_TYPES)
 
 
 def _field_type(p: cst.Param) -> str:

@@ -1,7 +1,9 @@
 """What a migration did: file changes (old → new text) and report entries (file, line, rule, status).
 
 An entry is `migrated` when the rewrite is complete, `manual` when a person must finish it (the
-code is kept and marked `TODO(vf-migrate)`), or `info` for a note that needs no action.
+code is kept and marked `TODO(vf-migrate)`), `info` for a note that needs no action, or
+`refused` for a file vf-migrate would not read or parse (over a limit, vf.migrate.limits): it is
+left as it is and the command exits 2 once every other file is done.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MIGRATED, MANUAL, INFO = "migrated", "manual", "info"
+MIGRATED, MANUAL, INFO, REFUSED = "migrated", "manual", "info", "refused"
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Report:
     def summary(self) -> dict[str, int]:
         count = lambda s: sum(1 for e in self.entries if e.status == s)
         return {"files_changed": len(self.changes), "migrated": count(MIGRATED), "manual": count(MANUAL),
-                "info": count(INFO)}
+                "info": count(INFO), "refused": count(REFUSED)}
 
     def to_dict(self) -> dict:
         return {"changes": [{"path": str(c.path), "action": c.action} for c in self.changes],
@@ -73,5 +75,6 @@ class Report:
         lines = [f"{e.file}:{e.line}: [{e.rule}] {e.status}: {e.message}" for e in self.entries]
         s = self.summary()
         lines.append(f"{s['files_changed']} file(s) to change; {s['migrated']} migrated, "
-                     f"{s['manual']} need a manual step, {s['info']} note(s)")
+                     f"{s['manual']} need a manual step, {s['info']} note(s)"
+                     + (f"; {s['refused']} file(s) refused (not read or parsed)" if s["refused"] else ""))
         return "\n".join(lines)

@@ -25,7 +25,10 @@ RULES: list[Rule] = [
     R("ENV001", "environment", "load_environment() → Taskset",
       "`load_environment(**kwargs)` becomes a TaskData subclass, a TasksetConfig whose fields are the "
       "function's keyword parameters (with their defaults), a Task and a Taskset whose `load()` keeps "
-      "the original dataset-building code. `**kwargs` is dropped (it fed env constructor options).",
+      "the original dataset-building code. `**kwargs` is dropped (it fed env constructor options). A "
+      "parameter that holds an object (`parser: XMLParser = XMLParser(...)`, `client: AsyncOpenAI | None = "
+      "None`) is no config field (no command line could set it, and pydantic has no schema for it): it keeps "
+      "its default, and the report says so.",
       "def load_environment(num_examples: int = 3, **kwargs):\n    dataset = build(num_examples)\n"
       "    return vf.SingleTurnEnv(dataset=dataset, rubric=rubric)",
       "class MyEnvConfig(vf.TasksetConfig):\n    num_examples: int = 3\n\n"
@@ -44,7 +47,10 @@ RULES: list[Rule] = [
       "`@vf.metric`) that calls the original function unchanged with the v0 arguments it names "
       "(`completion`, `prompt`, `answer`, `info`, `state`, `parser`), built from the v1 trace by "
       "`vf.migrate.compat`. The parser and rubric are rebuilt once by `_v0_env()`. A function that raises "
-      "scores 0, as in v0. `MathRubric` adds `correct_answer` (weight 1.0); a `RubricGroup` contributes its "
+      "(or returns no number) is an error on its trace, as a v1 reward is: the episode counts as errored "
+      "(v0 logged it and scored 0, so a broken reward looked like a wrong answer). The Task's `validate()` "
+      "returns a probe reply (the row's answer in the parser's format), so `vf-validate` runs every reward "
+      "function once without a model and names the one that raises. `MathRubric` adds `correct_answer` (weight 1.0); a `RubricGroup` contributes its "
       "members' functions in order (each with its own parser); `ToolRubric`'s tool-call counts (weight-0 "
       "metrics) are left to the trace, which records every tool call.",
       "rubric = vf.Rubric(funcs=[correct, parser.get_format_reward_func()], weights=[1.0, 0.2])",
@@ -62,7 +68,13 @@ RULES: list[Rule] = [
     R("ENV006", "environment", "MultiTurnEnv.env_response → Env adapter",
       "A `vf.MultiTurnEnv` subclass keeps its `env_response`/`is_completed` (now on "
       "`compat.MultiTurnEnv`) and is run by a generated `compat.MultiTurnAdapter` (a `vf.Env`) set as "
-      "the taskset's `ENV`; `max_turns` becomes a `@vf.stop`.",
+      "the taskset's `ENV`; `max_turns` becomes a `@vf.stop`. The class may derive from vf's through "
+      "classes of the module. verifiers 0.1.8+ hooks keep their meaning: `@vf.stop` methods "
+      "(`(self, state) -> bool`, by priority) end the rollout before the next env_response, "
+      "`state[\"final_env_response\"]` ends it with those messages, `@vf.cleanup` methods run once it "
+      "stopped; the v0 state has `trajectory` (one step per model reply), `input`, `is_completed`; "
+      "`vf.UserMessage`/`SystemMessage`/`AssistantMessage`/`ToolMessage` are messages (dicts that read as "
+      "attributes), `vf.Error`/`vf.ToolError`/... are exceptions recorded on the trace.",
       "class Guess(vf.MultiTurnEnv):\n    def env_response(self, messages, state): ...",
       "class Guess(compat.MultiTurnEnv):\n    def env_response(self, messages, state): ...\n\n"
       "class GuessEnv(compat.MultiTurnAdapter):\n    v0_env = staticmethod(_v0_env)"),
@@ -87,16 +99,22 @@ RULES: list[Rule] = [
       "async def setup(self, trace, state):\n    await compat.setup_state(_v0_env(), self.data, trace, state)"),
     R("ENV010", "environment", "JudgeRubric → vf.Judge",
       "A `JudgeRubric` becomes a generated `vf.Judge` (the v0 `judge_prompt`, default v0's prompt) "
-      "and a TaskConfig field `judge: vf.JudgeConfig(model=...)`; reward functions that name `judge` get "
+      "and a TaskConfig field `judge` (a JudgeConfig with the v0 client's settings as defaults); reward functions that name `judge` get "
       "a v0-style `judge(prompt, completion, answer, state)` that calls it (recorded in "
       "`trace.info[\"judge_calls\"]`). As in v0 it fills `{question}`, `{answer}`, `{response}` with the "
       "last prompt message, the answer and the judge rubric's own parser's answer (a plain Parser unless one "
-      "was given). The v0 client's `base_url` and `os.getenv(VAR)` API key become the JudgeConfig's "
-      "`base_url` and `api_key_var` (`--env.taskset.task.judge.base-url` points it elsewhere).",
+      "was given). The v0 client's `base_url` and `os.getenv(VAR)` API key become the defaults of a "
+      "generated JudgeConfig (`--taskset.task.judge.base-url` sets one, keeping the others); when they came "
+      "from load_environment arguments (`judge_base_url`, `judge_model`, ...), a run's "
+      "`--taskset.judge-base-url` reaches the judge too. Every release's call reaches the same judge: "
+      "`rubric.judge(...)` plain (0.1.2) or awaited (0.1.3+), `judge` as an argument, `judge_sampling_args` "
+      "(sent with each call); replies are cached per prompt in the v0 state, as 0.1.3+ did; "
+      "`judge_reward_func` is 0.1.0-0.1.1's built-in reward.",
       "rubric = vf.JudgeRubric(judge_client=OpenAI(base_url=url), judge_model='gpt-4.1-mini')",
       "class MyEnvJudge(vf.Judge):\n    prompt = compat.JUDGE_PROMPT\n\n"
-      "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: vf.JudgeConfig = vf.JudgeConfig(model='gpt-4.1-mini', "
-      "base_url='https://api.openai.com/v1')"),
+      "class MyEnvJudgeConfig(vf.JudgeConfig):\n    model: str = 'gpt-4.1-mini'\n"
+      "    base_url: str | None = 'https://api.openai.com/v1'\n\n"
+      "class MyEnvTaskConfig(vf.TaskConfig):\n    judge: MyEnvJudgeConfig = MyEnvJudgeConfig()"),
     R("ENV011", "environment", "StatefulToolEnv → Toolset with typed state",
       "The tools of a `StatefulToolEnv` (from `tools=` and `self.add_tool(fn, args_to_skip=[...])`) become "
       "`@vf.tool` methods of a `vf.Toolset[vf.ToolsetConfig, MyEnvState]`; the skipped arguments leave the "
@@ -137,7 +155,10 @@ RULES: list[Rule] = [
       "`-t` → `--sampling.max-tokens`; `-T` → `--sampling.temperature`; `-S JSON` → `--sampling.KEY V`; "
       "`-x '{\"max_turns\": N}'` → `--max-turns N`; `--timeout` → `--episode-timeout`; "
       "`--shuffle`/`--shuffle-seed` → `--select.shuffle true`/`--select.seed`; `-s`/`-f` dropped "
-      "(always saved); `-R PATH` → `--resume PATH`; display flags dropped; `-p`/`-e`/`-C`/`-H` flagged.",
+      "(always saved); `-R PATH` → `--resume PATH`; display flags dropped; `-p`/`-e`/`-C`/`-H` flagged. "
+      "The prime CLI's `prime env eval ENV ...` / `prime eval [run] ENV ...` (verifiers' vf-eval with the "
+      "same flags) become `vf-eval ENV ...`; `--skip-upload`/`--follow` are dropped, `--hosted` and a call "
+      "without `-b` (Prime Inference) are flagged.",
       "vf-eval my-env -a '{\"difficulty\": \"hard\"}' -n 10 -r 3 -b http://x/v1 -k KEY -T 0.7 -s",
       "vf-eval my-env --taskset.difficulty hard -n 10 -r 3 --base-url http://x/v1 --api-key-var KEY "
       "--sampling.temperature 0.7"),
@@ -194,9 +215,15 @@ RULES: list[Rule] = [
       "meaning. `[trainer.loss]`: `type = \"ipo\"` / `ipo_threshold` → `ipo` with that `eps`; `type = "
       "\"icepop\"` → `icepop` with the same ratio band; DPPO (`dppo_mask_*`) and `custom` have no vf loss and "
       "are flagged. A config that relied on the old default loss states `loss` explicitly (`ipo`, `eps: 0.3`, "
-      "vf's default) and the report says so. A second training env, a second eval env, and every key "
-      "vf-train does not use (wandb, deployment, inference, ...) are listed in the report, never dropped "
-      "silently.",
+      "vf's default) and the report says so. `[trainer.model]`: `cp`/`ep` → `parallel.cp`/`parallel.ep`, `ac` → "
+      "`trainer.activation_checkpointing`, `compile` → `model.compile`, `impl` → `model.impl`, `seq_len` → "
+      "`trainer.seq_len`; `max_async_level` (how far inference may run ahead) → `async.max_off_policy_steps`, "
+      "the staleness bound; an env's `harness`/`runtime` → `env.agent.*`; `[trainer.model.lora]` → `lora` "
+      "when vf-train has LoRA, else the config is refused (not converted: it would fine-tune every weight). "
+      "Several training envs become a `tasksets` mixture when vf-train takes one, else the first is kept and "
+      "the others are named (manual). Every other key is listed one by one, never dropped silently: `info` "
+      "when it only says how the run is deployed (wandb, deployment, inference, log, attn, tp, ...), "
+      "`manual` otherwise.",
       "model = \"Qwen/Qwen3-0.6B\"\n[env]\nid = \"my-env\"\n[trainer.args]\nlearning_rate = 1e-6\nmax_steps = 100",
       "model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: 0.3\n"
       "optim:\n  lr: 1.0e-06\nsteps: 100"),
@@ -221,6 +248,16 @@ RULES: list[Rule] = [
       "dropped).",
       "traces.jsonl: {\"nodes\": [...], \"rewards\": {\"lcs\": 0.5}}",
       "traces.jsonl: {\"traces\": [{\"nodes\": [...], \"rewards\": {\"lcs\": {\"score\": 0.5, \"weight\": 1.0}}}]}"),
+    # ---- every input ---------------------------------------------------------------------------
+    R("SRC900", "input", "files past a limit: refused, the rest migrated",
+      "A Python module vf-migrate would parse is refused when it is larger than 256 KB, nests deeper than 200 "
+      "syntax levels, or is past what Python's own parser takes (e.g. 2000 nested parentheses); a file larger "
+      "than 64 MB is not read. It is checked with Python's parser before libcst sees it, so no input crashes "
+      "the run. A refused file is listed (status `refused`, naming the limit) and left unchanged; every other "
+      "file is still migrated (and written with --write), then the command exits 2.",
+      "vf-migrate . --check   # envs/generated.py: 5.5 MB",
+      "envs/generated.py:1: [SRC900] refused: not migrated: the module is 5.2 MB (vf-migrate parses Python "
+      "modules up to 256 KB) ...  (exit 2)"),
 ]
 
 BY_ID = {r.id: r for r in RULES}
@@ -235,10 +272,10 @@ def markdown() -> str:
            "`--json` prints the report (file, line, rule, status). It never imports or runs the code it "
            "migrates (Python is rewritten with libcst). A second run changes nothing.", "",
            "Status `migrated`: done. `manual`: kept and marked `TODO(vf-migrate)`; a person must finish "
-           "it. `info`: a note.", ""]
+           "it. `info`: a note. `refused`: a file past a limit, left unchanged (exit 2).", ""]
     kind = None
     titles = {"environment": "v0 environment modules", "script": "Scripts and CI files",
-              "config": "Config files", "rundir": "Run dirs"}
+              "config": "Config files", "rundir": "Run dirs", "input": "Every input"}
     for r in RULES:
         if r.kind != kind:
             kind = r.kind

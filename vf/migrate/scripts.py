@@ -76,7 +76,15 @@ V1_DROP = {"--no-push": False, "--push": False, "--no-rich": False, "-v": False,
 OURS = {"-m", "--model", "--base-url", "--api-key-var", "-n", "--num-tasks", "-r", "--rollouts", "-c", "--concurrency",
         "--max-turns", "-o", "--output", "--config", "--resume", "--score", "--json", "--min-reward", "-h", "--help"}
 SEPARATORS = {";", "&&", "||", "|", "&"}
-CMD_RE = re.compile(r"(?:(?<=^)|(?<=[\s;&|(`'\"]))(uv run eval|uv run rl|vf-eval|vf-vllm|vf-rl|vf-train|prime-rl|vf-replay|eval|"
+PRIME_EVAL = ("prime env eval", "prime eval run", "prime eval")
+"""The prime CLI's evaluation commands: they run verifiers' vf-eval, with its flags."""
+PRIME_EVAL_OTHER = {"tui", "list", "ls", "view", "get", "logs", "push", "pull", "stop", "delete", "samples"}
+"""`prime eval SUBCOMMAND`s that are not a run (left alone)."""
+PRIME_ONLY = {"--skip-upload": (INFO, False, "vf-eval uploads nothing; the run dir is local"),
+              "--hosted": (MANUAL, False, "a hosted evaluation ran on Prime's platform; vf-eval runs here"),
+              "--follow": (INFO, False, "vf-eval runs in the foreground")}
+CMD_RE = re.compile(r"(?:(?<=^)|(?<=[\s;&|(`'\"]))(prime\s+env\s+eval|prime\s+eval\s+run|prime\s+eval|"
+                    r"uv run eval|uv run rl|vf-eval|vf-vllm|vf-rl|vf-train|prime-rl|vf-replay|eval|"
                     + "|".join(re.escape(k) for k in REMOVED) + r")(?=\s|$|['\"])")
 
 
@@ -93,6 +101,8 @@ def rewrite_argv(argv: list[str], notes: list[tuple[str, str, str]]) -> list[str
     """New argv for one command (argv[0] is the command), or None when nothing changes.
     `notes` collects (rule, status, message)."""
     cmd = argv[0]
+    if cmd in PRIME_EVAL:
+        return _rewrite_prime(argv, notes)
     if cmd in REMOVED or (cmd in ("validate", "debug", "gepa") and len(argv) > 1):
         notes.append(("SCR900", MANUAL, REMOVED.get(cmd, f"`{cmd}` (verifiers v1 v0.2-0.3) has no vf equivalent")))
         return None
@@ -133,6 +143,27 @@ def rewrite_argv(argv: list[str], notes: list[tuple[str, str, str]]) -> list[str
             return _rewrite_v0(argv, notes)
         return None
     return None
+
+
+def _rewrite_prime(argv, notes):
+    """`prime env eval ENV ...` / `prime eval [run] ENV ...`: verifiers' vf-eval behind the prime CLI,
+    with its flags → `vf-eval ENV` with ours (the flags as a verifiers vf-eval call of them)."""
+    rest = []
+    for a in argv[1:]:
+        flag = a.split("=", 1)[0]
+        if flag in PRIME_ONLY:
+            status, _, why = PRIME_ONLY[flag]
+            notes.append(("SCR001", status, f"{flag} dropped: {why}"))
+        else:
+            rest.append(a)
+    inner: list = []
+    new = rewrite_argv(["vf-eval", *rest], inner)
+    notes.extend(inner)
+    notes.append(("SCR001", MIGRATED, f"`{argv[0]}` (prime CLI: verifiers' vf-eval) → vf-eval"))
+    if not any(a.split("=", 1)[0] in ("-b", "--api-base-url", "--base-url", "--client.base-url") for a in rest):
+        notes.append(("SCR001", MANUAL, f"`{argv[0]}` without -b called Prime Inference; vf-eval without --base-url "
+                      "runs the embedded engine: pass --base-url URL --api-key-var VAR for that endpoint"))
+    return new if new is not None else ["vf-eval", *rest]
 
 
 def _rewrite_v0(argv, notes):
@@ -318,7 +349,9 @@ def rewrite_command_text(text: str, notes: list) -> str | None:
                 end = m.end()
         except ValueError:
             continue
-        name = m.group(1)
+        name = " ".join(m.group(1).split())
+        if name == "prime eval" and (not tokens or tokens[0] in PRIME_EVAL_OTHER):
+            continue
         if name == "eval" and not (tokens and re.fullmatch(r"[a-z0-9][a-z0-9_.:-]*", tokens[0])
                                    and any(t.startswith("-") for t in tokens)):
             continue

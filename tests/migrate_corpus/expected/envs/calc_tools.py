@@ -64,6 +64,11 @@ class CalcToolsTask(vf.Task[CalcToolsData, vf.State, vf.TaskConfig]):
 
     toolsets = [CalcToolsTools]
 
+    def validate(self):
+        """v0 had no gold reply: vf-validate scores a probe reply (the row's answer in the parser's
+        format, a judge answering itself) and fails when a reward function raises."""
+        return compat.probe(_v0_env(), self.data)
+
     @vf.stop
     def max_turns(self, trace) -> bool:
         limit = _v0_env().max_turns

@@ -22,8 +22,14 @@ class JudgedJudge(vf.Judge):
     prompt = compat.JUDGE_PROMPT
 
 
+class JudgedJudgeConfig(vf.JudgeConfig):
+    """The v0 judge client's settings (`--taskset.task.judge.*` sets one, keeping the others)."""
+
+    model: str = "gpt-4.1-mini"
+
+
 class JudgedTaskConfig(vf.TaskConfig):
-    judge: vf.JudgeConfig = vf.JudgeConfig(model="gpt-4.1-mini")
+    judge: JudgedJudgeConfig = JudgedJudgeConfig()
 
 
 class JudgedConfig(vf.TasksetConfig):
@@ -31,6 +37,9 @@ class JudgedConfig(vf.TasksetConfig):
 
     judge_model: str = "gpt-4.1-mini"
     task: JudgedTaskConfig = JudgedTaskConfig()
+
+    # load_environment's judge arguments given for a run reach the judge (task.judge.* wins)
+    _v0_judge_arguments = compat.judge_arguments(model='judge_model')
 
 
 @compat.cache
@@ -44,6 +53,11 @@ def _v0_env():
 
 
 class JudgedTask(vf.Task[JudgedData, vf.State, JudgedTaskConfig]):
+
+    def validate(self):
+        """v0 had no gold reply: vf-validate scores a probe reply (the row's answer in the parser's
+        format, a judge answering itself) and fails when a reward function raises."""
+        return compat.probe(_v0_env(), self.data)
 
     @vf.stop
     def single_turn(self, trace) -> bool:

@@ -43,6 +43,11 @@ def _v0_env():
 
 class ThinkInfoTask(vf.Task[ThinkInfoData, vf.State, vf.TaskConfig]):
 
+    def validate(self):
+        """v0 had no gold reply: vf-validate scores a probe reply (the row's answer in the parser's
+        format, a judge answering itself) and fails when a reward function raises."""
+        return compat.probe(_v0_env(), self.data)
+
     @vf.stop
     def single_turn(self, trace) -> bool:
         return trace.num_turns >= 1
