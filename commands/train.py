@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from vf import options
-from vf.cli import console, dotted_args, fancy, guarded, overrides, entry
+from vf.cli import console, dotted_args, entry, fancy, guarded, overrides
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,7 +24,13 @@ EPILOG = options.epilog(
         "vf-train --loss icepop -o runs/ice",
         "vf-train --resume runs/demo",
         "vf-train --loss ipo --eps 0.3 -m tiny-random --taskset arithmetic --steps 200 -o runs/arith",
+        "vf-train --taskset reverse-text:3 --taskset arithmetic:1 --group-size 4 -o runs/mix",
+        "vf-train --orchestrator.refill --orchestrator.max-oversample 4 -o runs/full",
         "vf-train --loss sft --data runs/rollouts -o runs/sft",
+        "vf-train --loss sft --data chats.jsonl -o runs/chat-sft",
+        "vf-train --model.device cuda --model.dtype bfloat16 -o runs/gpu",
+        "vf-train --lora.rank 16 --lora.alpha 32 -m tiny -o runs/lora",
+        "vf-train --wandb.project my-proj --wandb.mode offline -o runs/demo",
         "vf-train --base-url http://127.0.0.1:8000/v1 -o runs/served",
         "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m vf.commands.train -o runs/dp",
         "vf-train --role orchestrator -o runs/split",
@@ -80,7 +86,9 @@ def command(
     model: options.Model = None,
     base_url: options.BaseUrl = None,
     api_key_var: options.ApiKeyVar = None,
-    taskset: str | None = typer.Option(None, "--taskset", help="Training taskset id."),
+    taskset: list[str] | None = typer.Option(
+        None, "--taskset", help="Training taskset id; repeat it for a mixture, each ID:WEIGHT (its share of the "
+        "batch; default 1): --taskset reverse-text:3 --taskset arithmetic:1. Per-taskset keys: --tasksets.N.KEY."),
     steps: int | None = typer.Option(None, "--steps", help="RL (or --data SFT) steps after the warm-up."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="Rollouts per step (multiple of --group-size)."),
     group_size: int | None = typer.Option(None, "--group-size", help="Rollouts per task (the advantage baseline group)."),
@@ -97,7 +105,9 @@ def command(
     from_scratch: bool = typer.Option(False, "--from-scratch", help="With --resume, on a run with results but no "
                                       "checkpoint yet: start again from step 0, setting the old metrics and "
                                       "traces aside (not deleting them)."),
-    data: str | None = typer.Option(None, "--data", help="Train on saved traces (a run dir) instead of rollouts; needs --loss sft."),
+    data: str | None = typer.Option(None, "--data", help="Train with SFT on saved traces (a run dir) or a chat / "
+                                    "prompt-completion dataset (.jsonl/.json/.parquet, a datasets dir, a Hub id) "
+                                    "instead of rollouts; needs --loss sft."),
     num_eval: int | None = typer.Option(None, "-n", "--num-tasks", "--eval-tasks",
                                         help="Number of tasks per evaluation (eval.select.limit)."),
     convert_checkpoint: str | None = typer.Option(None, "--convert-checkpoint", metavar="RUN_DIR",
@@ -134,12 +144,15 @@ def command(
     # `--eval.taskset ID` names the held-out taskset; its fields follow as --eval.taskset.FIELD
     extra = ["--eval.taskset.id" if a == "--eval.taskset" else
              a.replace("--eval.taskset=", "--eval.taskset.id=", 1) for a in extra]
+    one, mixture = taskset_flags(taskset)
     over = overrides(extra, {
         "loss.name": loss, "loss.params.eps": eps, "model.path": model, "engine.base_url": base_url,
-        "engine.api_key_var": api_key_var, "taskset.id": taskset, "steps": steps,
+        "engine.api_key_var": api_key_var, "taskset.id": one, "tasksets": mixture, "steps": steps,
         "orchestrator.batch_size": batch_size, "orchestrator.group_size": group_size, "optim.lr": lr,
         "async.max_inflight": max_inflight, "async.max_off_policy_steps": max_off_policy_steps, "ckpt.every": ckpt_every, "seed": seed,
         "data.path": data, "eval.select.limit": num_eval}, config_file)
+    if mixture and not any(a.startswith("--taskset.") for a in extra):
+        over.pop("taskset", None)  # the mixture on the command line replaces the config file's taskset
     if role == "orchestrator":
         serve(over, output, resume)
         return
@@ -188,6 +201,18 @@ def command(
 ROLES = ("both", "trainer", "orchestrator")
 
 
+def taskset_flags(values: list[str] | None) -> tuple[str | None, list[dict] | None]:
+    """`--taskset` given once: that taskset's id (a weight alone means nothing); several times: a
+    mixture, one {id, weight} entry each (vf.config.TasksetEntry)."""
+    from vf.config import parse_taskset_spec
+
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return parse_taskset_spec(values[0])["id"], None
+    return None, [parse_taskset_spec(v) for v in values]
+
+
 def serve(over: dict, output: str | None, resume: str | None) -> None:
     """`--role orchestrator`: the trainer (`--role trainer`, same flags) owns the run dir and its
     config.yaml; this process resolves the same config, checks it against the trainer's, and
@@ -217,7 +242,10 @@ def default_run_dir(config):
     import secrets
     from pathlib import Path
 
-    ts = str(config.taskset.get("id", "taskset")).replace("/", "_").replace(":", "-")
+    from vf.mixture import label
+
+    ts = label(config.tasksets) if config.tasksets else str(config.taskset.get("id", "taskset"))
+    ts = ts.replace("/", "_").replace(":", "-")
     return Path("outputs") / f"train--{ts}--{secrets.token_hex(4)}"
 
 

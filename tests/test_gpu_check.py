@@ -97,7 +97,7 @@ def test_unknown_step_exits_2(tmp_path):
 
 
 def _load(name: str):
-    """benchmarks/NAME.py as a module (benchmarks/ is no package)."""
+    """A script of benchmarks/ imported as a module by its name (benchmarks/ is no package)."""
     import importlib.util
     import sys
 

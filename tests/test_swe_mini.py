@@ -244,8 +244,8 @@ def test_vf_train_loads_swe_mini_with_its_env_and_refuses_the_gold_warmup():
     from vf.trainer.evaluation import eval_config
 
     config = resolve({"taskset": "swe-mini", "env": {"agent": {"harness": {"id": "null"}}}})
-    loaded, tasks = load_tasks(config)
-    assert loaded.env.config.agent.harness.id == "null" and len(tasks) == len(all_repos())
+    (member,), tasks = load_tasks(config)  # a mixture of one taskset
+    assert member.loaded.env.config.agent.harness.id == "null" and len(tasks) == len(all_repos())
     assert eval_config(config, "m").env == {"agent": {"harness": {"id": "null"}}}
     from vf.trainer.batches import gold_samples
 

@@ -1,7 +1,8 @@
 """Where each training step's batch comes from: one `BatchSource` interface, three sources.
 
     GoldWarmup   SFT samples from the taskset's gold replies (`Task.validate()`), steps 0 .. W−1
-    SavedData    SFT samples from saved traces (`--data RUN_DIR`), every step
+    SavedData    SFT samples from saved traces (`--data RUN_DIR`) or a chat dataset (`--data FILE|DIR|HUB_ID`,
+                 trainer/datasets.py), every step
     Rollouts     RL batches from the orchestrator (rank 0), broadcast to every torchrun rank
 
 A source says what kind of step its batches make (`phase`, `rl`: the RL loss at the sampling
@@ -15,13 +16,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from vf.trainer import distributed
 from vf.trainer.config import DataSection, OrchestratorSection, TrainConfig
 from vf.trainer.orchestrator import Batch, Orchestrator, TaskSource, derive_seed, make
 from vf.trainer.samples import Sample, trace_samples
 
+from vf.config import TasksetEntry
 from vf.errors import UsageError
 
 
@@ -56,8 +58,21 @@ def gold_warmup(tasks, tokenizer, config: TrainConfig, model=None) -> Picked:
     return Picked("warmup", gold_samples(tasks, tokenizer, model), size, config.seed, "gold")
 
 
-def saved_data(data: DataSection, orchestrator: OrchestratorSection, seed: int) -> Picked:
-    samples = load_data(data.path, data.min_reward)
+def saved_data(data: DataSection, orchestrator: OrchestratorSection, seed: int, tokenizer=None,
+               seq_len: int | None = None, say=lambda _msg: None) -> Picked:
+    """`--data PATH`: a vf run dir / traces file (the traces' own token ids), or a chat or
+    prompt/completion dataset rendered with `tokenizer`'s chat template (`trainer.datasets`)."""
+    from vf.trainer import datasets
+
+    if datasets.is_dataset(data.path):
+        if data.min_reward is not None:
+            raise UsageError(f"--data.min-reward filters traces by reward; the dataset {data.path} has none",
+                             hint="drop --data.min-reward, or filter the dataset")
+        loaded = datasets.load_samples(data.path, tokenizer, seq_len or 10**9, data.split, data.subset)
+        say(loaded.describe(data.path))
+        samples = loaded.samples
+    else:
+        samples = load_data(data.path, data.min_reward)
     return Picked("sft", samples, data.batch_size or orchestrator.batch_size, seed, "data")
 
 
@@ -90,12 +105,15 @@ class Rollouts:
 
     @classmethod
     def start(cls, config: TrainConfig, run_dir: Path, learner, loaded, tasks, push, start: int,
-              weights, snapshots: dict[int, dict], remote: bool = False) -> Rollouts:
+              weights, snapshots: dict[int, dict], remote: bool = False,
+              positions: dict[str, int] | None = None) -> Rollouts:
         """On rank 0, the orchestrator generating batches max(start, W) .. total−1 on the embedded
         engine (its own copy of the model) or the server (`push`: the server's weight pusher),
         seeded with the versions a resumed run still needs and the starting policy `weights` (the
         learner's stream, read here on rank 0); other ranks only receive batches.
-        `remote` (`--role trainer`): the orchestrator is another process (`exchange.Remote`)."""
+        `remote` (`--role trainer`): the orchestrator is another process (`exchange.Remote`).
+        `loaded`: the run's tasksets (`load_tasks`); `positions`: where each one's task order
+        stands after the batches already trained (the run state's progress; None: from `start`)."""
         d = learner.d
         if not d.is_main:
             return cls(None, d)
@@ -107,7 +125,7 @@ class Rollouts:
         else:
             engine, push = rollout_engine(config, push, learner.path, learner.tokenizer,
                                           "cpu" if d.device == "cpu" else d.device)
-            orch = build_orchestrator(config, run_dir, engine, push, loaded, tasks, first)
+            orch = build_orchestrator(config, run_dir, engine, push, loaded, tasks, first, positions)
         for v, snap in snapshots.items():
             orch.publish(v, snap)
         orch.publish(start, weights)
@@ -128,40 +146,68 @@ def rollout_engine(config: TrainConfig, push, model_path: Path, tokenizer, devic
     return engine, EmbeddedPush(engine, config.drift.weight_noise, config.seed)
 
 
-def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, loaded, tasks, first: int) -> Orchestrator:
+def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, members: list[Member], tasks, first: int,
+                       positions: dict[str, int] | None = None) -> Orchestrator:
     """The orchestrator of batches first .. total−1 (not started) over `engine`, pushing weights
-    with `push`."""
+    with `push`: one stream per taskset (`members`), each with its episode spec, group size and
+    groups per step (the batch split by weight). A stream starts at its `positions` entry, else
+    where a run without refill would be at batch `first` (its groups per step since the warm-up)."""
+    from vf.trainer.config import entry_sampling, mixture_groups
+    from vf.trainer.orchestrator import Stream
+
     from vf.runner import EpisodeSpec, taskset_toolsets
 
-    o = config.orchestrator
-    spec = EpisodeSpec(engine=engine, model=str(config.model.path), sampling=sampling(config),
-                       max_turns=o.max_turns, env=loaded.env, env_id=loaded.id,
-                       run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
-                       shared_toolsets=taskset_toolsets(loaded))
-    return make(config, source=TaskSource(tasks, config.seed), spec=spec, pusher=push,
-                group_size=o.group_size, groups_per_step=o.batch_size // o.group_size,
-                seed=config.seed, first=first, last=config.total_steps, first_rl_step=config.warmup.steps,
-                std_norm=o.std_norm, max_concurrent=o.max_concurrent)
+    o, W, mixed = config.orchestrator, config.warmup.steps, len(members) > 1
+    streams = []
+    for m, groups in zip(members, mixture_groups(config)):
+        name = m.entry.label
+        spec = EpisodeSpec(engine=engine, model=str(config.model.path),
+                           sampling=sampling(config, entry_sampling(config, m.entry) if mixed else None),
+                           max_turns=o.max_turns, env=m.loaded.env, env_id=m.loaded.id,
+                           run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
+                           shared_toolsets=taskset_toolsets(m.loaded))
+        # a mixture's tasksets each get their own task order (one taskset: the order of before mixtures)
+        seed = derive_seed(config.seed, "taskset", name) if mixed else config.seed
+        position = (positions or {}).get(name, (first - W) * groups)
+        streams.append(Stream(name, TaskSource(m.tasks, seed), spec, m.entry.group_size or o.group_size, groups,
+                              position, tag=name if mixed else ""))
+    return make(config, streams=streams, pusher=push, seed=config.seed, first=first, last=config.total_steps,
+                first_rl_step=W, std_norm=o.std_norm, max_concurrent=o.max_concurrent, refill=o.refill,
+                max_oversample=o.max_oversample)
 
 
-def sampling(config: TrainConfig):
-    """The rollouts' sampling: the full distribution, with the engine's log-probs."""
+def sampling(config: TrainConfig, s=None):
+    """The rollouts' sampling (`s`, default `config.sampling`): the full distribution, with the
+    engine's log-probs."""
     from vf.engines.base import Sampling
 
-    s = config.sampling
+    s = s or config.sampling
     return Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                     max_tokens=s.max_tokens, seed=s.seed, stop=list(s.stop), logprobs=True)
 
 
-def load_tasks(config: TrainConfig):
-    """The training taskset (loaded) and its tasks (at most 10 000 of an endless one)."""
+@dataclass
+class Member:
+    """One taskset of the run (`config.mixture`): its entry, the loaded taskset, its tasks."""
+
+    entry: TasksetEntry
+    loaded: Any
+    tasks: list
+
+
+def load_tasks(config: TrainConfig) -> tuple[list[Member], list]:
+    """The training tasksets (loaded, each with its tasks: at most 10 000 of an endless one) and
+    all their tasks together (the gold warm-up's)."""
     from vf.config import SelectConfig
     from vf.loading import load_taskset
     from vf.selection import select_tasks
 
-    loaded = load_taskset(config.taskset.get("id", ""), config.taskset, config.env)
-    limit = 10_000 if loaded.taskset.INFINITE else None
-    return loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))
+    members = []
+    for entry in config.mixture:
+        loaded = load_taskset(entry.id, entry.fields, config.env)
+        limit = 10_000 if loaded.taskset.INFINITE else None
+        members.append(Member(entry, loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))))
+    return members, [t for m in members for t in m.tasks]
 
 
 def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:

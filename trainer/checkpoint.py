@@ -15,6 +15,10 @@
                                     from the very same weights; empty in continuous mode
       rng.json + .safetensors       python / torch RNG states
       progress.json                 step, cumulative counters, before-training eval reward
+    RUN/adapter/                    LoRA (`--lora.rank`): the latest checkpoint's adapters in PEFT's format;
+                                    trainer.* (or dcp/) then hold the adapters and their optimizer
+                                    state only, the frozen base is read from --model.path again
+    RUN/merged/                     LoRA with `--lora.merge`: the merged model, written at the end
 
 Nothing here is a pickle: each part is a JSON tree whose tensors live in the safetensors file next
 to it (`{"$tensor": key}`; tuples and non-string-keyed dicts are tagged too), so loading a run dir
@@ -152,13 +156,14 @@ def save_run(run_dir: Path, version: int, learner, state, rollouts, keep_last: i
     snapshots = rollouts.snapshots(version) if rollouts and d.is_main else {}
     if d.enabled:
         save_sharded(run_dir, version, learner, snapshots, state.progress(), keep_last)
-        return
-    opt_state = distributed.optimizer_state(learner.policy, learner.optimizer, d)
-    model_state = learner.full_state()  # one process: a copy of its own parameters, nothing gathered
-    if not d.is_main:
-        return
-    save(run_dir, version, model_state=model_state, optimizer_state=opt_state,
-         scheduler_state=learner.scheduler.state_dict(), snapshots=snapshots, progress=state.progress(), keep_last=keep_last)
+    else:
+        opt_state = distributed.optimizer_state(learner.policy, learner.optimizer, d)
+        model_state = learner.full_state()  # one process: a copy of its own parameters (LoRA: the adapters)
+        save(run_dir, version, model_state=model_state, optimizer_state=opt_state,
+             scheduler_state=learner.scheduler.state_dict(), snapshots=snapshots, progress=state.progress(),
+             keep_last=keep_last)
+    if learner.config.lora.rank:
+        learner.save_adapter(run_dir, version)
 
 
 def save_sharded(run_dir: Path, step: int, learner, snapshots: dict[int, dict], progress: dict[str, Any],
@@ -177,7 +182,7 @@ def save_sharded(run_dir: Path, step: int, learner, snapshots: dict[int, dict], 
     if d.is_main:
         tmp = _begin(run_dir, step)
     distributed.barrier(d)
-    model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)
+    model_state, optim_state = get_state_dict(learner.policy, learner.optimizer, options=_options(learner))
     view = learner.mesh.checkpoint_view  # expert blocks as DTensors over ep: a later run may use another ep
     dcp.save({"model": view(model_state), "optimizer": {"state": view(optim_state["state"])}},
              checkpoint_id=str(tmp / SHARDED))
@@ -200,7 +205,8 @@ def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optim_state = get_state_dict(learner.policy, learner.optimizer)  # also creates AdamW's state
+    options = _options(learner)
+    model_state, optim_state = get_state_dict(learner.policy, learner.optimizer, options=options)  # creates AdamW's state
     view = learner.mesh.checkpoint_view  # DTensor views of the expert blocks: DCP reshards them in place
     saved_world, d = restore["sharded"]["world_size"], learner.d
     reader = safe_reader(Path(path) / SHARDED)
@@ -221,7 +227,18 @@ def load_sharded(path: Path, learner, restore: dict[str, Any]) -> None:
                          + (f"; else resume with the number of processes that saved it (torchrun --nproc_per_node "
                             f"{saved_world})" if saved_world != d.world_size else "")) from None
     set_state_dict(learner.policy, learner.optimizer, model_state_dict=model_state,
-                   optim_state_dict={"state": optim_state["state"], "param_groups": restore["param_groups"]})
+                   optim_state_dict={"state": optim_state["state"], "param_groups": restore["param_groups"]},
+                   options=options)
+
+
+def _options(learner):
+    """DCP state-dict options: with LoRA the frozen base is left out (the adapters are the model
+    state; loading does not ask for the base, which the model path provides)."""
+    if not learner.config.lora.rank:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 @contextlib.contextmanager

@@ -13,11 +13,13 @@
       orchestrator  batch_size, group_size, std_norm, max_turns
       async         (key `async`) deterministic, max_inflight, max_off_policy_steps, level
       warmup        SFT warm-up steps on the taskset's gold replies (the tiny model is random-init)
-      data          SFT / offline data: a run dir of traces (`--data DIR`), reward filter
+      data          SFT / offline data: a run dir of traces (`--data DIR`), reward filter, or a chat dataset
       ckpt          every, keep_last
       eval          every, taskset, select (-n/shuffle/seed/include/exclude), rollouts, sampling
       drift         stale_steps, weight_noise: inference that differs from the trainer on purpose
       exchange      timeout: trainer and orchestrator as two processes (`--role`, trainer/exchange.py)
+      lora          rank (0: off), alpha, dropout, target_modules, merge: low-rank adapters (trainer/lora.py)
+      wandb         project, name, entity, mode, dir, samples: the W&B monitor (off unless project is set)
       steps, seed
 
 YAML file ← flags ← dotted overrides, validated here (unknown keys: every problem listed, exit 2).
@@ -29,9 +31,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
-from vf.config import EngineConfig, SamplingConfig, SelectConfig, deep_merge, validate
+from vf.config import (
+    EngineConfig,
+    SamplingConfig,
+    SelectConfig,
+    TasksetEntry,
+    check_entry_names,
+    deep_merge,
+    taskset_entries,
+    validate,
+)
 from vf.errors import ConfigError
 
 DEFAULT_TASKSET = {"id": "reverse-text", "size": 40, "min_words": 1, "max_words": 1, "seed": 0}
@@ -150,6 +161,16 @@ class OrchestratorSection(_Section):
     max_concurrent: int = Field(256, gt=0)
     """Rollouts run at once in deterministic replay (continuous dispatch: async.max_inflight)."""
     max_turns: int = Field(8, gt=0)
+    refill: bool = False
+    """Keep every batch at batch_size rollouts when groups carry no signal (all-equal rewards): such
+    a group trains nothing, so the step samples more until each taskset has its quota of groups with
+    signal, or until max_oversample (off: those groups are skipped and the step trains on fewer,
+    prime-rl's default; on: its online difficulty filtering, which refills). Per step:
+    groups_sampled, zero_variance_groups, groups_refilled, refill_capped."""
+    max_oversample: float = Field(4.0, ge=1)
+    """With refill, the cap: a step samples at most this many times the groups a full batch needs
+    (per taskset). A taskset the policy always solves or always fails stops there, and the step
+    trains on what it has (refill_capped = 1, said in the log) instead of sampling forever."""
 
 
 class AsyncSection(_Section):
@@ -185,11 +206,18 @@ class WarmupSection(_Section):
 
 class DataSection(_Section):
     path: str | None = None
-    """A run dir (or traces.jsonl) to train on with `--loss sft` instead of generating rollouts."""
+    """What to train on with `--loss sft` instead of generating rollouts: a run dir (or
+    traces.jsonl), or a chat / prompt-completion dataset (a .jsonl/.json/.parquet file, a `datasets`
+    dir, a Hub id) rendered with the model's chat template, loss on assistant tokens
+    (trainer/datasets.py)."""
     min_reward: float | None = None
     """Keep only traces whose reward is at least this (e.g. the best rollouts)."""
     batch_size: int | None = Field(None, gt=0)
     """Samples per step (None: orchestrator.batch_size)."""
+    split: str = "train"
+    """The split of a dataset dir or Hub dataset that has several."""
+    subset: str | None = None
+    """A Hub dataset's config name (`datasets.load_dataset(path, subset)`)."""
 
 
 class CkptSection(_Section):
@@ -232,6 +260,33 @@ class DriftSection(_Section):
     engine_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
+class LoraSection(_Section):
+    """`--lora.*`: train low-rank adapters instead of the whole model (trainer/lora.py): every
+    target linear layer computes x·Wᵀ + (alpha/rank)·(x·Aᵀ)·Bᵀ with W frozen; checkpoints hold A and
+    B, `RUN/adapter/` has them in PEFT's format, the engines get the merged W + (alpha/rank)·B·A.
+    Native models only (exit 2 with --model.impl hf)."""
+
+    rank: int = Field(0, ge=0)
+    """Adapter rank r (0: LoRA off, the whole model trains)."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: the update is (alpha / rank)·B·A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during training (the engines' merged weights have none)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"], min_length=1)
+    """Native module names (`qkv_proj,o_proj,gate_up_proj,down_proj` on Qwen3/Llama: q/k/v and
+    gate/up are fused, one adapter each) or dotted suffixes (`attn.qkv_proj`); `all-linear`: every
+    linear layer of the decoder layers an adapter can go on. An unknown name exits 2 with the valid ones."""
+    merge: bool = False
+    """At the end of training also write `RUN/merged/`: an HF model directory with the merged weights."""
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _comma_list(cls, v):
+        if isinstance(v, str):
+            return [s.strip() for s in v.split(",") if s.strip()]
+        return v
+
+
 class ExchangeSection(_Section):
     """`vf-train --role trainer` / `--role orchestrator`: the two halves as two processes that
     exchange weights and batches through the run dir (trainer/exchange.py)."""
@@ -241,11 +296,33 @@ class ExchangeSection(_Section):
     stops (exit 1; its checkpoints stay)."""
 
 
+class WandbSection(_Section):
+    """`--wandb.*`: log the run to Weights & Biases as well (trainer/wandb_monitor.py; needs
+    `pip install 'vf[wandb]'`). Off unless `project` is set; wandb is not imported otherwise."""
+
+    project: str | None = None
+    """W&B project: setting it turns the monitor on."""
+    name: str | None = None
+    """Run name (None: the run dir's name)."""
+    entity: str | None = None
+    """W&B team or user (None: your default entity)."""
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """offline: write the W&B run locally with no network (`wandb sync` it later)."""
+    dir: str | None = None
+    """Where W&B writes its files (a `wandb/` folder in it; None: the run dir)."""
+    samples: int = Field(8, ge=0)
+    """Rollouts (or SFT samples) per step in the `samples` table (0: no table)."""
+
+
 class TrainConfig(_Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
                               serialize_by_alias=True)  # `async` is a Python keyword: field async_
     model: ModelSection = Field(default_factory=ModelSection)
     taskset: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_TASKSET))
+    tasksets: list[TasksetEntry] = Field(default_factory=list)
+    """A mixture (vf.config.TasksetEntry: id + fields, name, weight, group_size, sampling, eval):
+    each batch is split by weight in whole groups (vf.mixture.split), metrics and evaluations are
+    per taskset too. Empty: the one `taskset` (which then mirrors the first entry)."""
     env: dict[str, Any] = Field(default_factory=dict)
     """`--env.*` as vf-eval takes it: the env and its seats (`--env.agent.harness.id`,
     `--env.agent.runtime.type`, ...), for training rollouts and evaluations alike."""
@@ -263,9 +340,31 @@ class TrainConfig(_Section):
     drift: DriftSection = Field(default_factory=DriftSection)
     exchange: ExchangeSection = Field(default_factory=ExchangeSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    wandb: WandbSection = Field(default_factory=WandbSection)
     steps: int = Field(30, ge=0)
     """RL (or SFT-on-data) optimizer steps, after the warm-up; a resumed run trains up to it."""
     seed: int = 0
+
+    @field_validator("tasksets", mode="before")
+    @classmethod
+    def _entries(cls, value: Any) -> Any:
+        return taskset_entries(value)
+
+    @model_serializer(mode="wrap")
+    def _drop_no_mixture(self, handler):
+        # a run of one taskset saves (and resumes) exactly as before mixtures existed
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("tasksets"):
+            out.pop("tasksets", None)
+        return out
+
+    @property
+    def mixture(self) -> list[TasksetEntry]:
+        """The tasksets trained on: `tasksets`, else the one `taskset` (vf.mixture.entries)."""
+        from vf.mixture import entries
+
+        return entries(self.taskset, self.tasksets)
 
     @property
     def total_steps(self) -> int:
@@ -291,10 +390,14 @@ def resolve(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> Tr
     """base (saved or embedded default) ← overrides → a validated TrainConfig; raises ConfigError.
 
     A different taskset id replaces the base taskset's fields (they belong to the old taskset);
-    `eval.taskset` may be given as a bare id."""
+    `eval.taskset` may be given as a bare id. A mixture given (`tasksets`) replaces the base's
+    taskset; `taskset` then mirrors its first entry."""
     base = _migrate_saved(dict(base if base is not None else EMBEDDED_DEFAULT))
     overrides = dict(overrides)
     _refuse_moved(overrides)
+    if not base.get("tasksets"):  # `--taskset.FIELD` alone sets a field of the default taskset
+        base.setdefault("taskset", dict(DEFAULT_TASKSET))
+    _one_or_mixture(base, overrides)
     ts = overrides.get("taskset")
     if isinstance(ts, str):
         overrides["taskset"] = ts = {"id": ts}
@@ -306,8 +409,24 @@ def resolve(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> Tr
     if isinstance(ev, dict) and isinstance(ev.get("taskset"), str):
         overrides["eval"] = {**ev, "taskset": {"id": ev["taskset"]}}
     config = validate(TrainConfig, deep_merge(base, overrides))
+    if config.tasksets:  # type: ignore[attr-defined]
+        config.taskset = config.tasksets[0].fields  # type: ignore[attr-defined]
     check(config)  # type: ignore[arg-type]
     return config  # type: ignore[return-value]
+
+
+def _one_or_mixture(base: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """One taskset (`taskset`) or a mixture (`tasksets`), never both from the same layer: a mixture
+    given here replaces the base's taskset; a taskset given for a mixture run is refused."""
+    if "tasksets" in overrides and "taskset" in overrides:
+        raise ConfigError(["taskset and tasksets are both set: a run trains one taskset (`taskset`, --taskset ID) "
+                           "or a mixture (`tasksets`, --taskset ID:WEIGHT once per taskset)"],
+                          hint="keep one of them; a mixture of one is a single taskset")
+    if "tasksets" in overrides:
+        base.pop("taskset", None)
+    elif "taskset" in overrides and base.get("tasksets"):
+        raise ConfigError(["this run trains a mixture (`tasksets`); `taskset` cannot replace it"],
+                          hint="change an entry with --tasksets.N.KEY VALUE (N from 0), or start a new run")
 
 
 MOVED = {"async_level": "async.level", "max_off_policy_steps": "async.max_off_policy_steps"}
@@ -340,6 +459,52 @@ def _refuse_moved(overrides: dict[str, Any]) -> None:
                  "with --async.deterministic; --max-off-policy-steps K bounds staleness in both modes")
 
 
+def mixture_groups(config: TrainConfig) -> list[int]:
+    """Groups per step of each taskset of `config.mixture` (vf.mixture.split; ValueError: none fits)."""
+    from vf.mixture import split
+
+    entries = config.mixture
+    return split(config.orchestrator.batch_size, [e.weight for e in entries],
+                 [e.group_size or config.orchestrator.group_size for e in entries], [e.label for e in entries])
+
+
+def entry_sampling(config: TrainConfig, entry: TasksetEntry) -> TrainSampling:
+    """A mixture entry's training sampling: `sampling` with the entry's overrides."""
+    return TrainSampling.model_validate({**config.sampling.model_dump(), **entry.sampling})
+
+
+def _mixture_problems(config: TrainConfig) -> list[str]:
+    """What `tasksets` must satisfy: distinct labels, a batch that splits into whole groups, valid
+    sampling overrides at the trainer's one temperature, and eval selections that validate."""
+    from vf.mixture import check_sampling
+
+    problems = check_entry_names(config.tasksets)
+    if config.data.path is None:
+        try:
+            mixture_groups(config)
+        except ValueError as e:
+            problems.append(f"tasksets: {e}")
+    base = config.sampling.model_dump()
+    for e in config.tasksets:
+        found = check_sampling(e, base)
+        problems += found
+        if found:
+            continue
+        s = entry_sampling(config, e)
+        if s.temperature != config.sampling.temperature:
+            problems.append(f"tasksets[{e.label}].sampling.temperature {s.temperature}: the trainer computes log-probs "
+                            f"at one temperature, sampling.temperature ({config.sampling.temperature}); set it "
+                            "there, or give this taskset's evaluations their own (tasksets.N.eval.sampling)")
+        if config.trainer.seq_len < s.max_tokens + 2:
+            problems.append(f"trainer.seq_len ({config.trainer.seq_len}) is shorter than one completion of "
+                            f"{e.label} (max_tokens {s.max_tokens})")
+        try:
+            SelectConfig.model_validate(deep_merge(config.eval.select.model_dump(), e.eval.select))
+        except Exception as err:  # pydantic.ValidationError
+            problems.append(f"tasksets[{e.label}].eval.select: {str(err).splitlines()[-1].strip()}")
+    return problems
+
+
 def check(config: TrainConfig) -> None:
     """Cross-field checks; every problem at once (ConfigError, exit 2)."""
     from vf.trainer import losses
@@ -358,7 +523,9 @@ def check(config: TrainConfig) -> None:
     if s.temperature <= 0:
         problems.append("sampling.temperature must be > 0 for training (log-probs at temperature 0 are undefined)")
     o = config.orchestrator
-    if o.batch_size % o.group_size and config.data.path is None:
+    if config.tasksets:
+        problems += _mixture_problems(config)
+    elif o.batch_size % o.group_size and config.data.path is None:
         problems.append(f"orchestrator.batch_size ({o.batch_size}) must be a multiple of "
                         f"orchestrator.group_size ({o.group_size})")
     a = config.async_
@@ -373,12 +540,16 @@ def check(config: TrainConfig) -> None:
             problems.append("drift.stale_steps replays an older policy, which needs --async.deterministic "
                             "(continuous dispatch has real staleness: bound it with --max-off-policy-steps)")
         rl = config.data.path is None  # SFT on saved data generates nothing
-        if rl and (config.max_inflight < o.batch_size or config.max_inflight % o.group_size):
+        if rl and config.tasksets and config.max_inflight < o.batch_size:
+            problems.append(f"async.max_inflight ({config.max_inflight}) must be at least orchestrator.batch_size "
+                            f"({o.batch_size}), or no batch could fill")
+        elif rl and not config.tasksets and (config.max_inflight < o.batch_size or config.max_inflight % o.group_size):
             problems.append(f"async.max_inflight ({config.max_inflight}) must be a multiple of "
                             f"orchestrator.group_size ({o.group_size}) and at least orchestrator.batch_size "
                             f"({o.batch_size}), or no batch could fill")
     if config.data.path is not None and config.loss.name != "sft":
-        problems.append(f"data.path (--data) trains on saved traces, which needs --loss sft (got {config.loss.name!r})")
+        problems.append(f"data.path (--data) trains on saved traces or a dataset, which needs --loss sft "
+                        f"(got {config.loss.name!r})")
     if config.engine.resolved_type != "local" and (config.drift.weight_noise or config.drift.stale_steps
                                                     or config.drift.engine_dtype):
         problems.append("drift.* needs the embedded engine (it changes the engine's copy of the weights)")

@@ -126,7 +126,9 @@ def stream_state(policy, d: Dist, full=None, dtype=None) -> Iterator[tuple[str, 
     parameters: consume them before the next optimizer step (copy what must outlive it). `full(name,
     p)` gathers a parameter FSDP does not own (an expert block, `parallel.Mesh.full_param`).
     `dtype`: the compute dtype the consumers (engine, weight push) get; fp32 master shards under
-    FSDP2's mixed-precision policy are cast to it after the gather."""
+    FSDP2's mixed-precision policy are cast to it after the gather. With LoRA (trainer/lora.py)
+    the adapters are not streamed: each adapted weight comes merged, W + (alpha/r)·B·A, under its
+    own name, so every consumer gets a plain model."""
     import torch
 
     def cast(t):
@@ -144,17 +146,19 @@ def stream_state(policy, d: Dist, full=None, dtype=None) -> Iterator[tuple[str, 
         METER.track(t)
         return t
 
+    from vf.trainer.lora import stream_items
+
     group: dict[str, Any] = {}
     current = None
     with torch.no_grad():
-        for name, p in policy.model.named_parameters():
+        for name, p, merge in stream_items(policy.model):  # LoRA: adapters merged into their base weights
             key = param_group(name)
             if group and key != current:
                 yield current, group
                 group.clear()  # the consumer's reference too: the tensors go before the next gather
                 group = {}
             current = key
-            group[name] = gather(name, p)
+            group[name] = gather(name, p) if merge is None else merge(gather(name, p), gather)
         if group:
             yield current, group
             group.clear()

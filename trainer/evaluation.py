@@ -4,7 +4,12 @@
                            summary.json, model/ (the HF weights evaluated, with the tokenizer)
 
 so `vf-eval --score RUN/evals/step_N` re-scores it and `vf-eval --resume RUN/evals/step_N` can
-finish an interrupted one without the trainer. Task selection uses vf-eval's rules (`select`:
+finish an interrupted one without the trainer. A mixture (`tasksets`, no held-out `eval.taskset`)
+is evaluated per taskset, each with its entry's `eval` settings, as vf-eval lays out a mixture:
+
+    RUN/evals/step_N/      model/, summary.json (overall, each taskset's under `tasksets`),
+                           tasksets/NAME/ (a run dir as above, evaluating the model/ beside it)
+ Task selection uses vf-eval's rules (`select`:
 -n, shuffle, seed, include/exclude, via `vf.runner.make_plan`); episodes run through the harness.
 Rollout r of task i samples with seed f(seed, i, r) at every evaluation, so evaluations at
 different steps are paired (common random numbers) and their difference is less noisy.
@@ -21,28 +26,53 @@ from typing import Any
 from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import derive_seed
 
-from vf.config import EvalConfig, SamplingConfig
+from vf.config import EvalConfig, SamplingConfig, SelectConfig, TasksetEntry, deep_merge
 from vf.loading import load_taskset
+from vf.mixture import TASKSETS_DIR, combine
+from vf.mixture import label as mixture_label
 from vf.rundir import RunDir, move_dir_aside
 from vf.runner import make_plan, make_spec, run_plan
 from vf.summary import summarize
 
 
-def eval_config(config: TrainConfig, model_dir: str) -> EvalConfig:
+def eval_config(config: TrainConfig, model_dir: str, entry: TasksetEntry | None = None) -> EvalConfig:
+    """The evaluation of the held-out `eval.taskset` or the training taskset; with a mixture's
+    `entry`, of that taskset: its `eval` settings over the run's (sampling: `eval.sampling`, else
+    the entry's training sampling; then the entry's `eval.sampling`)."""
     e = config.eval
-    sampling = e.sampling or SamplingConfig(**config.sampling.model_dump(exclude={"replay_mask"}))
-    return EvalConfig(taskset=dict(e.taskset or config.taskset), model=model_dir, sampling=sampling,
-                      select=e.select, num_rollouts=e.num_rollouts, max_turns=config.orchestrator.max_turns,
+    train = {**config.sampling.model_dump(exclude={"replay_mask"}), **(entry.sampling if entry else {})}
+    train.pop("replay_mask", None)
+    sampling = e.sampling.model_dump() if e.sampling else train
+    if entry is None:
+        return EvalConfig(taskset=dict(e.taskset or config.taskset), model=model_dir,
+                          sampling=SamplingConfig(**sampling),
+                          select=e.select, num_rollouts=e.num_rollouts, max_turns=config.orchestrator.max_turns,
+                          env=dict(config.env), command="eval")
+    return EvalConfig(taskset=dict(entry.eval.taskset or entry.fields), model=model_dir,
+                      sampling=SamplingConfig(**{**sampling, **entry.eval.sampling}),
+                      select=SelectConfig.model_validate(deep_merge(e.select.model_dump(), entry.eval.select)),
+                      num_rollouts=entry.eval.num_rollouts or e.num_rollouts, max_turns=config.orchestrator.max_turns,
                       env=dict(config.env), command="eval")
+
+
+def eval_entries(config: TrainConfig) -> list[TasksetEntry] | None:
+    """The mixture's entries when each is evaluated on its own; None: one evaluation (a single
+    taskset, or the held-out `eval.taskset` given for the whole run)."""
+    return config.mixture if len(config.tasksets) > 1 and config.eval.taskset is None else None
 
 
 def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, tokenizer=None,
              label: str | None = None) -> dict[str, Any]:
-    """Evaluate with `engine` (already holding the weights to evaluate); returns the summary."""
+    """Evaluate with `engine` (already holding the weights to evaluate); returns the summary (a
+    mixture's: the overall one, each taskset's under `tasksets`)."""
     out = RunDir(Path(run_dir) / "evals" / (label or f"step_{step}"))
     if out.path.exists():  # a re-run of the same step after resume: the earlier one is set aside, not deleted
         move_dir_aside(out.path)
-    out.create()
+    entries = eval_entries(config)
+    if entries is None:
+        out.create()
+    else:
+        out.path.mkdir(parents=True)
     model_dir = out.path / "model"
     if model is not None:
         from vf.models import save_hf
@@ -50,7 +80,23 @@ def evaluate(step: int, run_dir: Path, config: TrainConfig, engine, model=None, 
         save_hf(model, model_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(model_dir))
-    cfg = eval_config(config, str(model_dir.resolve()))
+    if entries is None:  # a mixture of one keeps its entry's eval settings
+        entry = config.mixture[0] if config.tasksets and config.eval.taskset is None else None
+        return _evaluate(step, out, config, eval_config(config, str(model_dir.resolve()), entry), engine)
+    t0 = time.time()
+    parts = {}
+    for entry in entries:
+        sub = RunDir(out.path / TASKSETS_DIR / entry.label)
+        sub.create()
+        parts[entry.label] = _evaluate(step, sub, config, eval_config(config, str(model_dir.resolve()), entry), engine)
+    summary = combine(parts, wall_time=time.time() - t0, taskset=mixture_label(entries), model=str(model_dir.resolve()),
+                      command="eval", run_dir=str(out.path), train_step=step)
+    out.write_summary(summary)
+    return summary
+
+
+def _evaluate(step: int, out: RunDir, config: TrainConfig, cfg: EvalConfig, engine) -> dict[str, Any]:
+    """One taskset's evaluation (`cfg`) into the run dir `out`; its summary."""
     out.save_config(cfg.model_dump(mode="json"))
     loaded = load_taskset(cfg.taskset.get("id", ""), cfg.taskset, cfg.env)
     plan = make_plan(loaded, cfg)

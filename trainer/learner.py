@@ -4,7 +4,8 @@ schedule and losses, with the two things the loop asks of it: one optimizer step
 collective under torchrun).
 
 Built from the config's `model`, `trainer`, `optim`, `warmup` (its LR phase), `loss` and
-`parallel` (the torchrun layout: expert and context parallelism, trainer/parallel.py) sections.
+`parallel` (the torchrun layout: expert and context parallelism, trainer/parallel.py) sections,
+and `lora` (trainer/lora.py: the base frozen, the optimizer and checkpoints over the adapters only).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vf.trainer import distributed, parallel, precision
+from vf.trainer import distributed, lora, parallel, precision
 from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import count_loss_tokens, micro_batches
@@ -72,7 +73,12 @@ class Learner:
         # loaded as the masters: their first values are the checkpoint's, not a rounding of them
         model = load_model(path, dtype=master, device=d.device, moe_impl=m.moe.impl, impl=m.impl)
         model.activation_checkpointing = config.trainer.activation_checkpointing
-        if restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
+        lo = config.lora
+        if lo.rank:  # only the adapters train (trainer/lora.py)
+            lora.apply(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, say)
+        if restore is not None and "model" in restore and lo.rank:  # a LoRA checkpoint holds the adapters only
+            lora.load_adapter_state(model, restore["model"])
+        elif restore is not None and "model" in restore:  # a full state dict (else sharded, loaded below)
             model.load_state_dict(restore["model"])
         if m.router_replay:
             from vf.models.moe import moe_layers
@@ -104,7 +110,8 @@ class Learner:
             say(f"compiling {compile_blocks(model)} decoder blocks (the first steps are slower)")
         policy = distributed.shard(PolicyLogprobs(model, config.trainer.logprob_chunk, router_replay=m.router_replay),
                                    d, ignored=own_blocks, mp_policy=precision.fsdp_policy(compute, master))
-        optimizer = make_optimizer(masters.parameters() if masters else policy, o.lr, o.betas, o.weight_decay)
+        trainable = [p for p in policy.parameters() if p.requires_grad] if lo.rank else policy
+        optimizer = make_optimizer(masters.parameters() if masters else trainable, o.lr, o.betas, o.weight_decay)
         w = config.warmup
         phases = [(0, w.lr or o.lr), (w.steps, o.lr)] if w.steps else None
         scheduler = make_scheduler(optimizer, o.scheduler, o.warmup_steps, config.total_steps, phases)
@@ -115,7 +122,7 @@ class Learner:
             if "sharded" in restore:
                 checkpoint.load_sharded(restore["path"], learner, restore)
             else:
-                names = [name for name, _ in policy.named_parameters()]
+                names = [name for name, p in policy.named_parameters() if p.requires_grad or not lo.rank]
                 distributed.load_optimizer_state(policy, optimizer, mesh.cut_optimizer_state(restore["optimizer"], names), d)
             scheduler.load_state_dict(restore["scheduler"])
             checkpoint.set_rng_state(restore["rng"])
@@ -161,11 +168,28 @@ class Learner:
     def full_state(self) -> dict[str, Any]:
         """Full CPU state dict of the policy (collective under torchrun; ranks > 0 get {}): the
         single-process checkpoint only; weights for inference are streamed (`stream_state`). Under
-        mixed precision the fp32 masters, which a resumed run continues from."""
+        mixed precision the fp32 masters, which a resumed run continues from. With LoRA the adapters
+        only (the base is read from the model path again)."""
+        if self.config.lora.rank:
+            return lora.adapter_state(self.model, self.masters)
         if self.masters is not None:
             state = distributed.full_state_dict(self.policy, self.d)  # buffers and frozen weights
             return state | {k: v.clone().cpu() for k, v in self.masters.state_dict().items()}
         return distributed.full_state_dict(self.policy, self.d)
+
+    def save_adapter(self, run_dir: Path, version: int) -> None:
+        """LoRA, at each checkpoint: `RUN/adapter/` in PEFT's format and, at the end of training
+        with `--lora.merge`, `RUN/merged/` (an HF model of the merged weights). A collective under
+        torchrun (the adapters and the merged weights are gathered); rank 0 writes."""
+        lo = self.config.lora
+        state = self.full_state()
+        if self.d.is_main:
+            lora.save_peft(self.model, state, Path(run_dir) / lora.ADAPTER_DIR, rank=lo.rank, alpha=lo.alpha,
+                           dropout=lo.dropout, base_model=str(self.path))
+        if lo.merge and version == self.config.total_steps:
+            out = Path(run_dir) / lora.MERGED_DIR
+            self.with_weights((lambda w: lora.export_merged(w, out, self.model.config, self.path))
+                              if self.d.is_main else None)
 
     @property
     def lr(self) -> float:

@@ -7,7 +7,8 @@
         train step  forward/backward over this rank's packed micro-batches, optimizer step
         publish     the new policy version to the orchestrator (which pushes it into the engine),
                     streamed from the (sharded) model a layer at a time
-        log         one metrics.jsonl row, the rollouts trained on (traces.jsonl)
+        log         one metrics.jsonl row, the rollouts trained on (traces.jsonl); the same row and a
+                    few samples to the monitor (W&B with --wandb.project, else a no-op: `monitor`)
         evaluate    when due (RUN/evals/LABEL)
         checkpoint  when due, and at the end
     end       evaluation after training; plot; summary.json
@@ -41,6 +42,7 @@ from vf.trainer.config import TrainConfig
 from vf.trainer.evaluation import Evaluations
 from vf.trainer.learner import Learner
 from vf.trainer.metrics import plot
+from vf.trainer.monitor import Monitor, open_monitor
 from vf.trainer.orchestrator import off_policy_histogram
 from vf.trainer.run_state import RunFiles, RunState
 
@@ -68,20 +70,22 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
     learner = Learner.build(config, d, saved, say)
     state = RunState.resumed(saved["progress"]) if saved else RunState()
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
-    data = saved_data(config.data, config.orchestrator, config.seed) if sft_data else None
+    data = saved_data(config.data, config.orchestrator, config.seed, learner.tokenizer, config.trainer.seq_len,
+                      say if d.is_main else (lambda _msg: None)) if sft_data else None
     gold = gold_warmup(tasks, learner.tokenizer, config, learner.model) if W and not sft_data else None
     push = server_push(config, run_dir, learner, say) if d.is_main and role == "both" else None
     evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
     # set up: only now does a resumed run touch its files (a failed setup leaves them as they were)
     files = RunFiles(run_dir, state.start, say) if d.is_main else None
     state.rows = files.log.read() if files else []
+    monitor = open_monitor(config, run_dir, say) if d.is_main else Monitor()  # W&B (--wandb.project) or no-op
     if resume and d.is_main:
         RunDir(run_dir).save_config(config.model_dump(mode="json"))
     if state.start == 0 and config.eval.at_start:
-        state.reward_before = reward(evaluate(evals, learner, 0, "before"))
+        state.reward_before = reward(evaluate(evals, learner, 0, "before", monitor))
     rollouts = (learner.with_weights(lambda w: Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start,
                                                               w, saved["snapshots"] if saved else {},
-                                                              remote=role == "trainer"))
+                                                              remote=role == "trainer", positions=state.task_positions))
                 if rl else None)
 
     def source(step: int) -> BatchSource:
@@ -99,6 +103,8 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
             if result.skipped:
                 say(f"step {step}: non-finite logits ({int(result.metrics.get('nonfinite_logits', 0))} loss tokens) or "
                     f"gradient norm ({result.grad_norm}): update skipped, training continues")
+            if batch.metrics.get("refill_capped"):
+                say(refill_capped_message(step, batch, config))
             if rollouts:  # the weights stream from the (sharded) model into the engine, a layer at a time
                 learner.with_weights(lambda w, v=version: rollouts.publish(v, w))
             step_time = time.perf_counter() - t0
@@ -106,15 +112,17 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
             if d.is_main:
                 row = state.record(step, src.phase, result, batch, wait, step_time, n_tokens, learner.lr, d.world_size)
                 row.update(push.metrics() if push is not None else {})
-            evaluate_due(evals, learner, state, config, version, row, rl)
+            evaluate_due(evals, learner, state, config, version, row, rl, monitor)
             if d.is_main:
                 files.write(row, batch)
+                monitor.record(row, batch, learner.tokenizer)
                 state.rows.append(row)
                 if on_step:
                     on_step(row)
             if (config.ckpt.every and version % config.ckpt.every == 0 and version < total) or version == total:
                 checkpoint.save_run(run_dir, version, learner, state, rollouts, config.ckpt.keep_last)
     except BaseException:
+        monitor.close(ok=False)
         if push is not None:
             push.close()  # stop the vLLM servers this run started
         raise
@@ -126,13 +134,14 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
     if config.engine.resolved_type != "local":  # the server serves the trained policy (no-op after the final eval)
         learner.with_weights(push and (lambda w: push.push(w, total)))
     if config.eval.at_end and state.start >= total:  # nothing left to train
-        state.reward_after = evaluate(evals, learner, total, "after")
+        state.reward_after = evaluate(evals, learner, total, "after", monitor)
     summary: dict[str, Any] = {}
     if d.is_main:
         plot(run_dir)
         summary = summarize(config, state, run_dir, d, resume, time.time() - wall0, push)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         evals.close()
+        monitor.close()
     if push is not None:
         push.close()
     distributed.barrier(d)
@@ -170,33 +179,48 @@ def reward(summary: dict[str, Any] | None) -> float | None:
     return summary["mean_reward"] if summary else None
 
 
-def evaluate(evals: Evaluations | None, learner: Learner, version: int, label: str) -> dict[str, Any] | None:
+def evaluate(evals: Evaluations | None, learner: Learner, version: int, label: str,
+             monitor: Monitor | None = None) -> dict[str, Any] | None:
     """Evaluation `label` of policy `version` on rank 0 (`evals`; None on the other ranks, which
-    only take part in streaming the weights); its summary on rank 0."""
-    return learner.with_weights(evals and (lambda w: evals.run(version, label, w)))
+    only take part in streaming the weights); its summary on rank 0, also handed to `monitor`."""
+    s = learner.with_weights(evals and (lambda w: evals.run(version, label, w)))
+    if s and monitor is not None:
+        monitor.eval(label, s)
+    return s
 
 
 def evaluate_due(evals: Evaluations | None, learner: Learner, state: RunState, config: TrainConfig, version: int,
-                 row: dict | None, rl: bool) -> None:
+                 row: dict | None, rl: bool, monitor: Monitor | None = None) -> None:
     """The evaluations due after policy `version`: after the warm-up (when RL follows and an
     evaluation ran before training), at the end, and every `eval.every` steps; their rewards go
     into the step's row (rank 0). Every rank calls it (the weights are streamed from all)."""
     e, W, total = config.eval, config.warmup.steps, config.total_steps
     after_warmup = bool(W and version == W and e.at_start and rl)
     if after_warmup:
-        s = evaluate(evals, learner, version, "after_warmup")
+        s = evaluate(evals, learner, version, "after_warmup", monitor)
         state.reward_after_warmup = reward(s)
         if s:
             row["eval_reward"] = s["mean_reward"]
     if version == total and e.at_end:
-        s = state.reward_after = evaluate(evals, learner, total, "after")
+        s = state.reward_after = evaluate(evals, learner, total, "after", monitor)
     elif e.every and version % e.every == 0 and not after_warmup:
-        s = evaluate(evals, learner, version, f"step_{version}")
+        s = evaluate(evals, learner, version, f"step_{version}", monitor)
     else:
         return
     if s:
         row["eval_reward"] = s["mean_reward"]
         row.update({f"eval_pass@{k}": v for k, v in s["pass_at_k"].items()})
+        row.update({f"eval_reward/{name}": p["mean_reward"] for name, p in s.get("tasksets", {}).items()})
+
+
+def refill_capped_message(step: int, batch, config: TrainConfig) -> str:
+    """What a step that refill could not fill trained on, and what to do about it."""
+    m, o = batch.metrics, config.orchestrator
+    which = ", ".join(m.get("refill_capped_tasksets", [])) or "the taskset"
+    return (f"step {step}: refill stopped at the cap (--orchestrator.max-oversample {o.max_oversample:g}) after "
+            f"{m.get('groups_sampled', 0)} groups, {m.get('zero_variance_groups', 0)} of them with all-equal rewards: "
+            f"the step trains on {m.get('num_samples', 0)} samples, not {o.batch_size}. {which}: too few groups with "
+            "signal (the policy solves, or fails, nearly every rollout); raise the cap, or use harder (easier) tasks")
 
 
 def summarize(config: TrainConfig, state: RunState, run_dir: Path, d, resume: bool, wall_time: float,
@@ -223,4 +247,20 @@ def summarize(config: TrainConfig, state: RunState, run_dir: Path, d, resume: bo
     }
     if push is not None:
         summary["weight_pushes"] = push.pushes
+    if config.tasksets and not sft_data:
+        summary["tasksets"] = mixture_summary(config, rl_rows, after)
     return summary
+
+
+def mixture_summary(config: TrainConfig, rl_rows: list[dict], after: dict | None) -> dict[str, Any]:
+    """summary.json's `tasksets`: each taskset's weight, rollouts per step and rewards."""
+    from vf.trainer.config import mixture_groups
+
+    out = {}
+    for e, groups in zip(config.mixture, mixture_groups(config)):
+        rewards = [r.get(f"reward/{e.label}") for r in rl_rows]
+        out[e.label] = {"weight": e.weight, "rollouts_per_step": groups * (e.group_size or config.orchestrator.group_size),
+                        "train_reward_first": rewards[0] if rewards else None,
+                        "train_reward_last": rewards[-1] if rewards else None,
+                        "reward_after": ((after or {}).get("tasksets", {}).get(e.label) or {}).get("mean_reward")}
+    return out

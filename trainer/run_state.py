@@ -17,7 +17,7 @@ from vf.trainer.orchestrator import Batch
 
 from vf.bounded import BoundsError, load_json
 
-COUNTED = ("dropped", "zero_variance_groups", "errored_rollouts")
+COUNTED = ("dropped", "zero_variance_groups", "errored_rollouts", "groups_sampled", "groups_refilled", "refill_capped")
 """Batch metrics summed over the run (summary.json)."""
 
 
@@ -32,15 +32,22 @@ class RunState:
     counters: dict[str, float] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     """metrics.jsonl rows of the whole run (rank 0)."""
+    task_positions: dict[str, int] | None = None
+    """{taskset: tasks taken} after the last batch trained on (the orchestrator's `task_position`):
+    a resumed run continues each taskset's task order there (None: a run from before refill and
+    mixtures, whose order is a function of the step)."""
 
     @classmethod
     def resumed(cls, progress: dict[str, Any]) -> RunState:
         return cls(progress["step"], progress.get("reward_before"), progress.get("reward_after_warmup"),
-                   counters=progress.get("counters", {}))
+                   counters=progress.get("counters", {}), task_positions=progress.get("task_positions"))
 
     def progress(self) -> dict[str, Any]:
-        return {"reward_before": self.reward_before, "reward_after_warmup": self.reward_after_warmup,
-                "counters": self.counters}
+        out = {"reward_before": self.reward_before, "reward_after_warmup": self.reward_after_warmup,
+               "counters": self.counters}
+        if self.task_positions is not None:
+            out["task_positions"] = self.task_positions
+        return out
 
     def record(self, step: int, phase: str, result, batch: Batch, wait: float, step_time: float, n_tokens: int,
                lr: float, world_size: int) -> dict[str, Any]:
@@ -59,6 +66,8 @@ class RunState:
         }
         for k in COUNTED:
             self.counters[k] = self.counters.get(k, 0) + batch.metrics.get(k, 0)
+        if isinstance(batch.metrics.get("task_position"), dict):
+            self.task_positions = dict(batch.metrics["task_position"])
         self.counters["skipped_steps"] = self.counters.get("skipped_steps", 0) + int(result.skipped)
         if step == 0 and self.reward_before is not None:
             row["eval_reward_before"] = self.reward_before

@@ -16,10 +16,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from vf import bounded
 from vf.errors import ConfigError, UsageError
+from vf.interception.server import InterceptionConfig
 
 
 class _Config(BaseModel):
@@ -202,9 +211,127 @@ class SelectConfig(_Config):
     """Drop the tasks this names."""
 
 
+TASKSET_ENTRY_KEYS = ("id", "name", "weight", "group_size", "sampling", "eval")
+"""The keys of a mixture entry that are not the taskset's own fields."""
+
+
+class TasksetEval(_Config):
+    """A mixture entry's evaluation settings; each unset one is the command's (`eval.*` of vf-train,
+    the top level of vf-eval)."""
+
+    taskset: dict[str, Any] | None = None
+    """vf-train: a held-out taskset (`id` + fields) evaluated in this entry's place."""
+    select: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the command's `select` (`limit` = -n for this taskset)."""
+    num_rollouts: int | None = Field(None, gt=0)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the entry's sampling for its evaluations."""
+
+
+class TasksetEntry(BaseModel):
+    """One taskset of a mixture: `tasksets:` in vf-train's and vf-eval's configs (the same shape
+    for both; a single `taskset:` is a mixture of one). Keys other than these are the taskset's
+    own fields, as under `taskset:` (`size`, `seed`, ...):
+
+        id          the taskset (built-in name, installed package, or path)
+        name        its label in metrics (`reward/NAME`) and run dirs; default: the id
+        weight      vf-train: its share of each batch (relative: 3 and 1 = 3/4 and 1/4)
+        group_size  vf-train: rollouts per task (default orchestrator.group_size)
+        sampling    overrides of the command's sampling for this taskset
+        eval        its evaluation settings (`TasksetEval`: select, num_rollouts, sampling, taskset)
+
+    Written by hand or from flags (`--taskset reverse-text:3 --taskset arithmetic:1`, or by index:
+    `--tasksets.1.weight 2`, which merges into the entry of the config file)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    id: str = Field(min_length=1)
+    name: str | None = Field(None, min_length=1)
+    weight: float = Field(1.0, gt=0)
+    group_size: int | None = Field(None, gt=1)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    eval: TasksetEval = Field(default_factory=TasksetEval)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spelled(cls, data: Any) -> Any:
+        # a bare "id" or "id:weight" (the flag's spelling) stands for {id, weight}
+        return parse_taskset_spec(data) if isinstance(data, str) else data
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(SamplingConfig.model_fields) - {"replay_mask"})
+        if unknown:
+            raise ValueError(f"unknown sampling key(s) {', '.join(unknown)}; sampling keys are "
+                             + ", ".join(SamplingConfig.model_fields))
+        return value
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        # saved configs show what was set: defaults (no name, weight 1, no overrides) are left out
+        out = handler(self)
+        if isinstance(out, dict):
+            for key, default in (("name", None), ("weight", 1.0), ("group_size", None), ("sampling", {})):
+                if out.get(key) == default:
+                    out.pop(key, None)
+            if not any(v not in (None, {}) for v in (out.get("eval") or {}).values()):
+                out.pop("eval", None)
+        return out
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """What `taskset:` would hold for this taskset alone: its id and its own fields."""
+        return {"id": self.id, **(self.model_extra or {})}
+
+    @property
+    def label(self) -> str:
+        """The name, else the id made safe for metric keys and dir names."""
+        return self.name or re.sub(r"[^A-Za-z0-9_.-]+", "_", self.id).strip("_.") or "taskset"
+
+
+def parse_taskset_spec(text: str) -> dict[str, Any]:
+    """`reverse-text` → {id}; `reverse-text:3` → {id, weight: 3.0} (the suffix is a weight only when
+    it reads as a positive number, so ids with a colon stay whole)."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head:
+        try:
+            weight = float(tail)
+        except ValueError:
+            weight = None
+        if weight is not None and weight > 0 and weight != float("inf"):
+            return {"id": head, "weight": weight}
+    return {"id": text}
+
+
+def taskset_entries(value: Any) -> Any:
+    """`tasksets` as given → a list: a mapping of indices (dotted flags without a config file,
+    `--tasksets.0.id a --tasksets.1.id b`) in index order; other shapes are left to validation."""
+    if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        return [value[k] for k in sorted(value, key=lambda k: int(k))]
+    return value
+
+
+def check_entry_names(entries: list[TasksetEntry]) -> list[str]:
+    """Problems with a mixture's labels: each must be unique (metric keys and dirs)."""
+    seen: dict[str, int] = {}
+    for e in entries:
+        seen[e.label] = seen.get(e.label, 0) + 1
+    return [f"tasksets: {n} entries are labelled {label!r}; give them distinct `name`s" for label, n in seen.items()
+            if n > 1]
+
+
 class EvalConfig(_Config):
     taskset: dict[str, Any] = Field(default_factory=dict)
     """`id` plus the taskset's own config fields."""
+    tasksets: list[TasksetEntry] = Field(default_factory=list)
+    """Several tasksets (`TasksetEntry`): each is evaluated into RUN/tasksets/NAME, a run dir of
+    its own, and summary.json holds the overall numbers and each taskset's (`tasksets`). Empty:
+    the one `taskset`."""
+
+    @field_validator("tasksets", mode="before")
+    @classmethod
+    def _entries(cls, value: Any) -> Any:
+        return taskset_entries(value)
     env: dict[str, Any] = Field(default_factory=dict)
     """The env's config (`--env.*`): `--env.agent.harness.id bash`, `--env.agent.runtime.type
     subprocess`, one section per seat of a multi-agent env; validated against the env that the
@@ -217,6 +344,10 @@ class EvalConfig(_Config):
     max_concurrent: int = Field(32, gt=0)
     max_turns: int = Field(8, gt=0)
     episode_timeout: float | None = Field(None, gt=0)
+    interception: InterceptionConfig = Field(default_factory=InterceptionConfig)
+    """What agent programs' calls may make the host hold (`--interception.max-body-mb`,
+    `--interception.max-recorded-mb`, `--interception.max-run-recorded-mb`, ...): budgets per call,
+    per rollout and per run; past one the call is refused and the rollout stops as `limit`."""
     command: Literal["eval", "rollout"] = "eval"
 
     @model_serializer(mode="wrap")
@@ -225,6 +356,8 @@ class EvalConfig(_Config):
         out = handler(self)
         if isinstance(out, dict) and not out.get("env"):
             out.pop("env", None)
+        if isinstance(out, dict) and not out.get("tasksets"):  # likewise for one taskset
+            out.pop("tasksets", None)
         return out
 
     @model_validator(mode="before")
@@ -295,9 +428,32 @@ def parse_dotted_args(args: list[str]) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base`, mappings recursively. A mapping of indices over a list
+    (`--tasksets.1.weight 2` over a config file's `tasksets:` list) merges into those items."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        if isinstance(v, dict) and isinstance(out.get(k), list) and v and all(str(i).isdigit() for i in v):
+            out[k] = _merge_items(out[k], v)
+        else:
+            out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _merge_items(items: list[Any], over: dict[str, Any]) -> list[Any]:
+    """`over` {index: value} into `items`; an index one past the end appends, a gap is refused. An
+    item spelled as a string (`tasksets: [reverse-text:3, arithmetic]`) merges as the mapping it
+    stands for ({id, weight})."""
+    out = list(items)
+    for i in sorted(over, key=int):
+        n, v = int(i), over[i]
+        if n < len(out):
+            item = parse_taskset_spec(out[n]) if isinstance(out[n], str) and isinstance(v, dict) else out[n]
+            out[n] = deep_merge(item, v) if isinstance(v, dict) and isinstance(item, dict) else v
+        elif n == len(out):
+            out.append(v)
+        else:
+            raise UsageError(f"list index {n} skips item(s) {len(out)}..{n - 1} (the list has {len(out)})",
+                             hint="number the items from 0 without gaps")
     return out
 
 

@@ -47,7 +47,10 @@ def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def default_run_dir(config: EvalConfig) -> Path:
-    ts = str(config.taskset.get("id", "taskset")).replace("/", "_").replace(":", "-")
+    from vf.mixture import label
+
+    ts = label(config.tasksets) if config.tasksets else str(config.taskset.get("id", "taskset"))
+    ts = ts.replace("/", "_").replace(":", "-")
     model = Path(config.model).name if "/" in config.model else config.model
     return Path("outputs") / f"{ts}--{model}--{secrets.token_hex(4)}"
 
@@ -87,8 +90,13 @@ def save_config(run: RunDir, config: EvalConfig) -> None:
 def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream: TextIO | None = None,
             label: str = "eval") -> dict[str, Any]:
     """Run the owed episodes; return the summary over kept + new episodes. A run dir this command
-    created and that holds no result when it fails is removed (`RunDir.discard`)."""
+    created and that holds no result when it fails is removed (`RunDir.discard`). Several
+    tasksets (`config.tasksets`): each into RUN/tasksets/NAME, then the overall summary (vf.mixture)."""
     try:
+        if config.tasksets:
+            from vf.mixture import run_eval
+
+            return run_eval(config, run, execute, stream, label)
         return _execute(config, run, kept, stream, label)
     except BaseException:
         if run is not None:
@@ -191,6 +199,8 @@ def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any])
             lines = list(enumerate(f, 1))
         if taskset_id is None and p.is_dir():
             saved = RunDir(p).load_config()
+            if saved.get("tasksets"):  # a mixture: its traces are in one run dir per taskset
+                raise UsageError(f"{p} evaluated several tasksets", hint=f"--score {p}/tasksets/NAME scores one of them")
             env_fields = saved.get("env", {})
             saved = saved.get("taskset", {})
             taskset_id, taskset_fields = saved.get("id"), {**saved, **taskset_fields}
