@@ -102,6 +102,7 @@ def command(
     as_json: options.Json = False,
     seed: int | None = typer.Option(None, "--seed", help="Seed (a CPU run with the same seed repeats exactly)."),
     resume: options.Resume = None,
+    trust_run_dir: options.TrustRunDir = False,
     from_scratch: bool = typer.Option(False, "--from-scratch", help="With --resume, on a run with results but no "
                                       "checkpoint yet: start again from step 0, setting the old metrics and "
                                       "traces aside (not deleting them)."),
@@ -176,12 +177,16 @@ def command(
             run.create()
             run.save_config(config.model_dump(mode="json"))
 
+    from vf.loading import untrusted_config
     from vf.trainer.loop import run as train
 
     printer = StepPrinter(config.total_steps)
+    # a run dir's config.yaml is data: the taskset code it names is imported only on the user's word
+    source = f"run dir {resume} (config.yaml)" if resume is not None and not trust_run_dir else None
     try:
-        summary = train(config, run_dir, resume=resume is not None, from_scratch=from_scratch, on_step=printer.step,
-                        on_event=printer.event, role=role)
+        with untrusted_config(source):
+            summary = train(config, run_dir, resume=resume is not None, from_scratch=from_scratch,
+                            on_step=printer.step, on_event=printer.event, role=role)
     except BaseException:
         if main_rank and run.discard():  # failed before any result: leave no run dir behind
             printer.event(f"removed {run_dir}: the run failed before writing any result")

@@ -263,3 +263,28 @@ def test_vf_eval_resume_imports_a_file_taskset_only_with_the_trust_flag(tmp_path
                              capture_output=True, text=True, timeout=300, check=False)
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert '"num_episodes": 3' in trusted.stdout
+
+
+def test_vf_train_resume_imports_a_file_taskset_only_with_the_trust_flag(tmp_path):
+    """The same for vf-train: `--resume` of a run whose config names a taskset by path exits 2 and
+    keeps the run dir; `--trust-run-dir` continues it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    train = [str(Path(sys.executable).parent / "vf-train")]
+    env_dir = Path(__file__).resolve().parents[1] / "environments" / "reverse_text"
+    out = tmp_path / "run"
+    quick = ["--eval.at-start", "false", "--eval.at-end", "false", "--warmup.batch-size", "4"]
+    first = subprocess.run([*train, "--taskset", str(env_dir), "--warmup.steps", "1", "--steps", "0", *quick,
+                            "-o", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert first.returncode == 0, first.stderr[-2000:]
+    refused = subprocess.run([*train, "--resume", str(out), "--steps", "1"],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "--trust-run-dir" in refused.stderr and "Traceback" not in refused.stderr
+    assert (out / "metrics.jsonl").exists()  # the run dir is kept
+    trusted = subprocess.run([*train, "--resume", str(out), "--steps", "1", "--trust-run-dir", "--json"],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    assert json.loads(trusted.stdout.strip().splitlines()[-1])["steps"] == 2
