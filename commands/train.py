@@ -124,10 +124,7 @@ def command(
     import os
     from pathlib import Path
 
-    from vf.trainer.config import resolve
-
     from vf.errors import UsageError
-    from vf.rundir import RunDir
 
     if config_file and config_opt:
         raise UsageError("two config files: CONFIG.yaml and --config", hint="pass one of them")
@@ -160,25 +157,11 @@ def command(
     if from_scratch and resume is None:
         raise UsageError("--from-scratch restarts a run given with --resume RUN", hint="a new run: -o DIR")
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes the run dir
-    if resume is not None:
-        if output is not None:
-            raise UsageError("--resume continues in its own dir; drop -o")
-        from vf.trainer.checkpoint import resume_point
+    config, run, run_dir = open_run_dir(over, output, resume, from_scratch, main_rank)
 
-        run = RunDir(resume)
-        config = resolve(over, base=run.load_config())  # saved by the loop once the resumed run is set up
-        run_dir = Path(resume)
-        resume_point(run_dir, from_scratch)  # refused before anything loads
-    else:
-        config = resolve(over)
-        run_dir = Path(output) if output else default_run_dir(config)
-        run = RunDir(run_dir)
-        if main_rank:
-            run.create()
-            run.save_config(config.model_dump(mode="json"))
+    from vf.trainer.loop import run as train
 
     from vf.loading import untrusted_config
-    from vf.trainer.loop import run as train
 
     printer = StepPrinter(config.total_steps)
     # a run dir's config.yaml is data: the taskset code it names is imported only on the user's word
@@ -204,6 +187,34 @@ def command(
 
 
 ROLES = ("both", "trainer", "orchestrator")
+
+
+def open_run_dir(over: dict, output: str | None, resume: str | None, from_scratch: bool, main_rank: bool):
+    """(config, RunDir, path) of the run: a resumed one's saved config under `over` (refused
+    before anything loads when it cannot resume), or a new run dir with its config written."""
+    from pathlib import Path
+
+    from vf.trainer.config import resolve
+
+    from vf.errors import UsageError
+    from vf.rundir import RunDir
+
+    if resume is not None:
+        if output is not None:
+            raise UsageError("--resume continues in its own dir; drop -o")
+        from vf.trainer.checkpoint import resume_point
+
+        run = RunDir(resume)
+        config = resolve(over, base=run.load_config())  # saved by the loop once the resumed run is set up
+        resume_point(Path(resume), from_scratch)  # refused before anything loads
+        return config, run, Path(resume)
+    config = resolve(over)
+    run_dir = Path(output) if output else default_run_dir(config)
+    run = RunDir(run_dir)
+    if main_rank:
+        run.create()
+        run.save_config(config.model_dump(mode="json"))
+    return config, run, run_dir
 
 
 def taskset_flags(values: list[str] | None) -> tuple[str | None, list[dict] | None]:
