@@ -208,6 +208,30 @@ def figures(B: int, P: int, T: int, total_s: float, prefill_s: float, w: dict[st
             "decode_bw_util": round(dec_bw / bandwidth, 3), "decode_limit_frac": round(roof / decode_s, 3)}
 
 
+def best_limits(B: int, prompt_len: int, costs: dict, n_threads: int, best: dict[str, float], device: str = "cpu",
+                dtype: str = "float32") -> dict[str, float]:
+    """The limits at batch B measured now, or as measured before where that was higher (a shared
+    machine: the best moment is the closest to the machine's real limit); also the decode-shape
+    GEMM peak on one thread (what an engine pinned to one core can reach). On CUDA: that device's
+    GEMM peaks and copy bandwidth (one device: no thread count to match)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        dev = {"device": device, "dtype": dtype}
+        now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"], **dev),
+               "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"], **dev),
+               "bandwidth": measure_bandwidth(device=device)}
+        now["gemm_decode_1t"] = now["gemm_decode"]
+        return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
+    torch.set_num_threads(1)
+    now = {"gemm_decode_1t": measure_limits(B, costs["gemm_k"], costs["gemm_n"])}
+    torch.set_num_threads(n_threads)
+    now.update({"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
+                "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
+                "bandwidth": measure_bandwidth()})
+    return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
+
+
 def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeats: int, device: str = "cpu",
             dtype: str = "float32") -> dict[str, Any]:
     """(child) {batch: {"local": {...}, "hf": {...}, "limits": {...}}} for every batch size; both
@@ -266,25 +290,6 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
         _sync(device)
         return out
 
-    def limits_now(B: int, n_threads: int, best: dict[str, float]) -> dict[str, float]:
-        """The limits at batch B measured now, or as measured before where that was higher (a
-        shared machine: the best moment is the closest to the machine's real limit); also the
-        decode-shape GEMM peak on one thread (what an engine pinned to one core can reach)."""
-        if cuda:  # one device: no thread count to match
-            dev = {"device": device, "dtype": dtype}
-            now = {"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"], **dev),
-                   "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"], **dev),
-                   "bandwidth": measure_bandwidth(device=device)}
-            now["gemm_decode_1t"] = now["gemm_decode"]
-            return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
-        torch.set_num_threads(1)
-        now = {"gemm_decode_1t": measure_limits(B, costs["gemm_k"], costs["gemm_n"])}
-        torch.set_num_threads(n_threads)
-        now.update({"gemm_prefill": measure_limits(B * prompt_len, costs["gemm_k"], costs["gemm_n"]),
-                    "gemm_decode": measure_limits(B, costs["gemm_k"], costs["gemm_n"]),
-                    "bandwidth": measure_bandwidth()})
-        return {k: max(v, best.get(k, 0.0)) for k, v in now.items()}
-
     loop = asyncio.new_event_loop()
     try:
         for B in batches:
@@ -294,7 +299,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
             threads = [same_threads()]
             run_hf(prompts, 2)
 
-            limits = limits_now(B, threads[-1], {})
+            limits = best_limits(B, prompt_len, costs, threads[-1], {}, device, dtype)
             lt, lp, ht, hp = [], [], [], []
             for _ in range(repeats):
                 sched.prefill_s = 0.0
@@ -308,7 +313,7 @@ def measure(model: str, batches: list[int], tokens: int, prompt_len: int, repeat
                 gen_out = run_hf(prompts, streamer=st)
                 ht.append(time.perf_counter() - t)  # run_hf waited for the device
                 hp.append(st.calls[1] - t)  # the prompt's put, then the first token's after the prefill
-            limits = limits_now(B, threads[-1], limits)  # before and after the timed runs: the better of the two
+            limits = best_limits(B, prompt_len, costs, threads[-1], limits, device, dtype)  # before and after the timed runs: the better of the two
             assert all(len(s.token_ids) == tokens for s in seqs)
             assert gen_out.shape[1] == prompt_len + tokens
             same = sum(s.token_ids == gen_out[i, prompt_len:].tolist() for i, s in enumerate(seqs))
