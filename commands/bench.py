@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})

@@ -83,10 +83,10 @@ def command(
     trust_run_dir: options.TrustRunDir = False,
 ):
     """Evaluate TASKSET against a model and write a run dir (config.yaml, traces.jsonl, summary.json)."""
-    from vf.cli_compat import command_overrides, place_run
+    from vf.cli import command_overrides, place_run
     from vf.errors import GateFailed, UsageError, VfError
     from vf.evaluate import execute, open_run, print_summary_json, rescore, resolve_config
-    from vf.loading import untrusted_config
+    from vf.imports import untrusted_config
     from vf.summary import allowed_errors, error_gate, summarize
 
     try:

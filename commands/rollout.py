@@ -41,10 +41,10 @@ def command(
     trust_run_dir: options.TrustRunDir = False,
 ):
     """Generate rollouts of TASKSET (groups of -r per task) with tokens and log-probs."""
-    from vf.cli_compat import command_overrides, place_run
+    from vf.cli import command_overrides, place_run
     from vf.errors import UsageError
     from vf.evaluate import execute, open_run, resolve_config
-    from vf.loading import untrusted_config
+    from vf.imports import untrusted_config
 
     over, output, output_dir = command_overrides({
         "taskset.id": taskset, "model": model, "engine.base_url": base_url, "engine.api_key_var": api_key_var,

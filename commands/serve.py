@@ -4,7 +4,7 @@
 import typer
 
 from vf import options
-from vf.cli import console, guarded, entry
+from vf.cli import console, entry, guarded
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,9 +79,10 @@ def command(
         import torch
 
         torch.set_num_threads(threads)
+    from vf.trainer.precision import configure_matmul
+
     from vf.engines.local import LocalEngine
     from vf.serve import run_server
-    from vf.trainer.precision import configure_matmul
 
     configure_matmul(device, tf32)
 

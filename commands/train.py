@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from vf.trainer.defaults import CKPT_EVERY, IPO_EPS, MAX_OFF_POLICY_STEPS
 
 from vf import options
 from vf.cli import console, dotted_args, entry, fancy, guarded, overrides
@@ -56,7 +57,7 @@ class StepPrinter:
     def stats(row: dict) -> str:
         def f(key, fmt):
             v = row.get(key)
-            return "—" if v is None else format(v, fmt)
+            return "—" if v is None or v != v else format(v, fmt)  # NaN: undefined (no loss tokens)
 
         return (f"{row['phase']:<6} loss {f('loss', '.4f')}  reward {f('reward', '.3f')}  "
                 f"masked {f('masked_fraction', '.3f')}  kl {f('mismatch_kl', '.2e')}  "
@@ -82,7 +83,7 @@ class StepPrinter:
 def command(
     config_file: str | None = typer.Argument(None, metavar="[CONFIG.yaml]", help="YAML config; flags override it."),
     loss: str | None = typer.Option(None, "--loss", help="ipo (default), icepop, ppo, cispo, sft, or pkg.mod:fn."),
-    eps: float | None = typer.Option(None, "--eps", help="IPO trust region |p − q| ≤ eps (default 0.3)."),
+    eps: float | None = typer.Option(None, "--eps", help=f"IPO trust region |p − q| ≤ eps (default {IPO_EPS:g})."),
     model: options.Model = None,
     base_url: options.BaseUrl = None,
     api_key_var: options.ApiKeyVar = None,
@@ -95,8 +96,10 @@ def command(
     lr: float | None = typer.Option(None, "--lr", help="Learning rate (RL phase)."),
     max_inflight: int | None = typer.Option(None, "--max-inflight", help="Rollouts in flight, not yet trained on (default --batch-size)."),
     max_off_policy_steps: int | None = typer.Option(
-        None, "--max-off-policy-steps", help="Cancel or drop groups started more than K policy versions back (default 8)."),
-    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps (default 10; always at the end)."),
+        None, "--max-off-policy-steps", help="Cancel or drop groups started more than K policy versions back "
+        f"(default {MAX_OFF_POLICY_STEPS})."),
+    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help="Checkpoint every N steps "
+        f"(default {CKPT_EVERY}; always at the end)."),
     output: options.Output = None,
     config_opt: options.ConfigFile = None,
     as_json: options.Json = False,
@@ -161,7 +164,7 @@ def command(
 
     from vf.trainer.loop import run as train
 
-    from vf.loading import untrusted_config
+    from vf.imports import untrusted_config
 
     printer = StepPrinter(config.total_steps)
     # a run dir's config.yaml is data: the taskset code it names is imported only on the user's word
@@ -197,7 +200,8 @@ def open_run_dir(over: dict, output: str | None, resume: str | None, from_scratc
     from vf.trainer.config import resolve
 
     from vf.errors import UsageError
-    from vf.rundir import RunDir
+    from vf.mixture import run_label
+    from vf.rundir import RunDir, default_run_dir
 
     if resume is not None:
         if output is not None:
@@ -209,7 +213,7 @@ def open_run_dir(over: dict, output: str | None, resume: str | None, from_scratc
         resume_point(Path(resume), from_scratch)  # refused before anything loads
         return config, run, Path(resume)
     config = resolve(over)
-    run_dir = Path(output) if output else default_run_dir(config)
+    run_dir = Path(output) if output else default_run_dir(run_label(config))
     run = RunDir(run_dir)
     if main_rank:
         run.create()
@@ -252,17 +256,6 @@ def serve(over: dict, output: str | None, resume: str | None) -> None:
 
 def fmt(v) -> str:
     return "—" if v is None else f"{v:.3f}"
-
-
-def default_run_dir(config):
-    import secrets
-    from pathlib import Path
-
-    from vf.mixture import label
-
-    ts = label(config.tasksets) if config.tasksets else str(config.taskset.get("id", "taskset"))
-    ts = ts.replace("/", "_").replace(":", "-")
-    return Path("outputs") / f"train--{ts}--{secrets.token_hex(4)}"
 
 
 main = entry(app)

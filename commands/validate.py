@@ -34,9 +34,9 @@ def command(
     import asyncio
     import json
 
-    from vf.cli_compat import command_overrides
+    from vf.cli import command_overrides
+    from vf.episode.loading import load_taskset
     from vf.errors import GateFailed, UsageError
-    from vf.loading import load_taskset
     from vf.validate import validate_taskset
 
     over, _, _ = command_overrides({"taskset.id": taskset}, config_file, None, None)

@@ -1,9 +1,12 @@
 """The built-in tiny Qwen3 models + byte-level BPE tokenizer, offline and deterministic.
 
-Two built-in model names (`builtin_model_path(name)`; every command that takes a model accepts them):
+Built-in model names (`builtin_model_path(name)`; every command that takes a model accepts them):
     tiny          the trained model shipped in the package (models/tiny_trained/, ~2 MB): the
                   random one after vf-train's SFT warm-up + IPO on reverse-text; rebuilt by
                   `python -m vf.models.build_tiny` (see that module for the recipe)
+    tiny-agent    the trained agent model (models/tiny_agent_trained/): an 8192-token context and
+                  a code tokenizer, SFT on gold bash-harness trajectories then IPO on swe-gen;
+                  rebuilt by `python -m vf.models.build_agent` (its shapes and recipe live there)
     tiny-random   the random-init model, built on first use:
     ensure_tiny_model(path=None) -> Path   # an HF directory: config.json, model.safetensors,
                                            # tokenizer.json, tokenizer_config.json, generation_config.json
@@ -336,7 +339,8 @@ def default_path() -> Path:
 
 TRAINED_PATH = Path(__file__).parent / "tiny_trained"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vl")
+AGENT_TRAINED_PATH = Path(__file__).parent / "tiny_agent_trained"
+BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vl", "tiny-agent")
 
 
 def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
@@ -351,6 +355,13 @@ def builtin_model_path(name: str | os.PathLike | None) -> Path | None:
         return TRAINED_PATH
     if str(name) == "tiny-random":
         return ensure_tiny_model()
+    if str(name) == "tiny-agent":
+        if not _complete(AGENT_TRAINED_PATH):
+            from vf.errors import UsageError
+
+            raise UsageError(f"the built-in agent model is missing from {AGENT_TRAINED_PATH}",
+                             hint="rebuild it with `python -m vf.models.build_agent`")
+        return AGENT_TRAINED_PATH
     if str(name) == "tiny-vl":  # the random-init vision-language model (vf.models.tiny_vl)
         from vf.models.tiny_vl import ensure_tiny_vl_model
 
@@ -392,29 +403,33 @@ def build_once(path: Path, build, complete) -> Path:
     return path
 
 
-def build_tokenizer():
+def build_tokenizer(lines: list[str] | None = None, vocab_size: int = VOCAB_SIZE):
+    """The byte-level BPE tokenizer, trained on `lines` (default: `corpus()`)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(ADDED),
+        vocab_size=vocab_size - len(ADDED),
         special_tokens=SPECIAL,
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus() if lines is None else lines, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
     return tok
 
 
-def build_into(out: Path) -> None:
-    """Write the tokenizer and model files into `out` (deterministic bytes)."""
+def build_into(out: Path, model: dict | None = None, lines: list[str] | None = None,
+               vocab_size: int = VOCAB_SIZE) -> None:
+    """Write the tokenizer and model files into `out` (deterministic bytes). The defaults build
+    `tiny-random`; other shapes / tokenizer corpora build other random-init bases (build_agent)."""
     from vf.models.config import ModelConfig
 
-    tok = build_tokenizer()
+    model = MODEL if model is None else model
+    tok = build_tokenizer(lines, vocab_size)
     ids = {t: tok.token_to_id(t) for t in SPECIAL + ADDED}
     tok.save(str(out / "tokenizer.json"))
     added = {
@@ -437,7 +452,7 @@ def build_into(out: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
-        "model_max_length": MODEL["max_position_embeddings"],
+        "model_max_length": model["max_position_embeddings"],
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -457,7 +472,7 @@ def build_into(out: Path) -> None:
         eos_token_id=eos,
         pad_token_id=pad,
         bos_token_id=None,
-        **MODEL,
+        **model,
     )
     model = build_model(config, seed=SEED)
     save_hf(model, out)

@@ -169,7 +169,7 @@ def test_rollout_streams_jsonl_with_tokens(stub, cli):
     for ep in lines:
         node = ep["traces"][0]["nodes"][-1]
         assert node["sampled"] and len(node["token_ids"]) == len(node["logprobs"]) == len(node["mask"]) > 0
-        assert ep["run"]["type"] == "rollout"
+        assert ep["run"]["type"] == "eval" and ep["run"]["command"] == "rollout"  # verifiers has no "rollout" run
 
 
 def test_rollout_refuses_engine_without_tokens(tmp_path, stub, cli):

@@ -11,8 +11,8 @@ from conftest import json_out
 
 from vf.engines.base import GenerateRequest, GenerateResult, Usage
 from vf.errors import UsageError
-from vf.harness import EpisodeSpec, run_episode
 from vf.loading import builtin_ids, load_taskset
+from vf.runner import EpisodeSpec, run_episode
 from vf.validate import score_reply, validate_task, validate_taskset
 
 IDS = builtin_ids() + ["reasoning-gym:countdown", "reasoning-gym:basic_arithmetic"]

@@ -198,7 +198,7 @@ def scored(task_config, reply: str, answer="Paris"):
     import asyncio
 
     import vf
-    from vf.taskset import score
+    from vf.episode.scoring import score
 
     class Data(vf.TaskData):
         answer: str | list[str]

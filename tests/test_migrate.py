@@ -96,7 +96,7 @@ def _load(tmp_path, name):
 
 
 def _score(loaded, idx, replies):
-    from vf.harness import score
+    from vf.episode.scoring import score
 
     task = list(loaded.taskset.take(idx + 1))[idx]
     trace = Trace()
@@ -142,7 +142,7 @@ def test_think_info_rewards_match_v0(tmp_path):
 
 
 def test_calc_tools_toolset_and_rewards(tmp_path):
-    from vf.toolset import ToolRunner
+    from vf.episode.tools import ToolRunner
 
     loaded = _load(tmp_path, "calc_tools")
     task = list(loaded.taskset.take(1))[0]
@@ -185,7 +185,7 @@ class ScriptedEngine:
 
 
 def test_guess_game_multiturn_runs_env_response(tmp_path):
-    from vf.harness import EpisodeSpec, run_episode
+    from vf.runner import EpisodeSpec, run_episode
 
     loaded = _load(tmp_path, "guess_game")
     assert loaded.env is not None
@@ -205,7 +205,7 @@ def test_guess_game_multiturn_runs_env_response(tmp_path):
 def test_stateful_tools_get_state_from_setup_state(tmp_path):
     """v0 StatefulToolEnv: setup_state fills the state, update_tool_args passes it to the tool;
     the model sees only `key`."""
-    from vf.harness import EpisodeSpec, run_episode
+    from vf.runner import EpisodeSpec, run_episode
 
     loaded = _load(tmp_path, "stateful_tools")
     call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "gold"}'}}

@@ -142,7 +142,7 @@ def _completion(task, case):
 
 
 def _score(loaded, case):
-    from vf.harness import score
+    from vf.episode.scoring import score
 
     task = list(loaded.taskset.take(case["row"] + 1))[case["row"]]
     if "answer" in case:  # a generated row (wordle's secret word): the case fixes it, as in v0_reference.py

@@ -158,7 +158,7 @@ class Scripted:
 
 
 def _score(loaded, reply: str) -> Trace:
-    from vf.harness import score
+    from vf.episode.scoring import score
 
     task = list(loaded.taskset.take(1))[0]
     trace = Trace()
@@ -174,7 +174,7 @@ def _score(loaded, reply: str) -> Trace:
 def test_stop_methods_trajectory_and_typed_messages_of_0_1_9(tmp_path):
     """@vf.stop ends the rollout before env_response runs past its last follow-up; @vf.cleanup runs;
     state["trajectory"] holds one step per reply; vf.UserMessage/SystemMessage are messages."""
-    from vf.harness import EpisodeSpec, run_episode
+    from vf.runner import EpisodeSpec, run_episode
 
     path, _ = _migrate(tmp_path, "interview", INTERVIEW_019)
     loaded = _load(path)
@@ -278,7 +278,7 @@ GAME_HIERARCHY = textwrap.dedent('''
 def test_env_class_derived_through_a_module_base_and_v0_errors(tmp_path):
     """An env class whose vf base is one class up is a multi-turn env (it was "unknown environment
     class ...: check it"); `vf.ToolError` raised in env_response is an error on the trace."""
-    from vf.harness import EpisodeSpec, run_episode
+    from vf.runner import EpisodeSpec, run_episode
 
     path, _ = _migrate(tmp_path, "rounds", GAME_HIERARCHY)
     loaded = _load(path)

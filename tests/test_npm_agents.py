@@ -38,8 +38,8 @@ from test_agent_harnesses import HI_ENV, needs_bwrap
 
 from vf.clients import ModelContext
 from vf.dialects import DIALECTS, DialectError
+from vf.episode.harnesses import harness_class
 from vf.errors import HarnessError
-from vf.harness import harness_class
 from vf.harnesses import npm
 from vf.harnesses.claude_code import ClaudeCodeConfig, ClaudeCodeHarness
 from vf.harnesses.codex import CodexConfig, CodexHarness

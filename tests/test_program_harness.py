@@ -182,7 +182,7 @@ __all__ = ["HookedTaskset", "ScriptAgent"]
 
 
 def test_harness_ids_resolve_and_a_wrong_one_says_what_exists(tmp_path):
-    from vf.harness import make_harness
+    from vf.episode.harnesses import make_harness
     from vf.program import Harness
 
     sys.path.insert(0, str(ENV.parent))

@@ -35,8 +35,9 @@ from test_runtime_sandbox import needs_bwrap
 
 import vf
 from vf.configs.harness import HarnessConfig
+from vf.episode.rollout import Rollout, SeatSpec
 from vf.errors import HarnessError, UsageError
-from vf.harness import Harness, Rollout, SeatSpec
+from vf.harness import Harness
 from vf.program import RunInterception, harness_class
 from vf.trace import Trace
 

@@ -124,7 +124,8 @@ def test_a_crafted_traces_line_is_set_aside_not_averaged(tmp_path):
 def test_deep_tool_arguments_are_shown_to_the_model_as_bad_arguments():
     import asyncio
 
-    from vf.toolset import ToolError, ToolRunner
+    from vf.episode.tools import ToolRunner
+    from vf.toolset import ToolError
 
     runner = ToolRunner.__new__(ToolRunner)
     runner.functions, runner.timeouts, runner.timeout = {"f": lambda **kw: "ok"}, {}, 5

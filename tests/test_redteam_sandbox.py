@@ -1,7 +1,7 @@
 """Red team: a hostile model with the `bash` harness against the real sandbox runtime.
 
 Each test is one attack from issue 22, run the way a model would run it (the harness's own
-`bash`/`edit` tools, through `Rollout._run_tools` where the harness's timeout matters), and
+`bash`/`edit` tools, through the in-process loop's `run_tools` where the harness's timeout matters), and
 asserts what the host must keep: its files, contents and owners, its memory, its disk, and
 that nothing a command started outlives the call or vf itself.
 """
@@ -26,7 +26,9 @@ import pytest
 from test_runtime_sandbox import needs_bwrap
 
 import vf
-from vf.harness import HarnessConfig, Rollout, SeatSpec, make_harness
+from vf.episode.harnesses import make_harness
+from vf.episode.rollout import Rollout, SeatSpec
+from vf.harness import HarnessConfig
 from vf.runtime import RuntimeConfig, make_runtime
 from vf.trace import Trace
 
@@ -44,7 +46,7 @@ async def open_rollout(tool_timeout: float = 10.0, **runtime) -> Rollout:
 
 async def call(rollout: Rollout, name: str, **arguments) -> str:
     """One tool call as the model makes it; the tool message's content."""
-    await rollout._run_tools([{"id": "c", "function": {"name": name, "arguments": json.dumps(arguments)}}])
+    await rollout.seat.run_tools(rollout, [{"id": "c", "function": {"name": name, "arguments": json.dumps(arguments)}}])
     return rollout.trace.nodes[-1].message["content"]
 
 
@@ -232,7 +234,7 @@ def test_disk_fill_of_the_work_dir_ends_the_rollout_with_a_limit(command):
         rollout = await open_rollout(disk_mb=16)
         try:
             # a second call in the same reply: it must not run once the sandbox is full
-            await rollout._run_tools([
+            await rollout.seat.run_tools(rollout, [
                 {"id": "a", "function": {"name": "bash", "arguments": json.dumps({"command": command})}},
                 {"id": "b", "function": {"name": "bash", "arguments": json.dumps({"command": "touch later"})}}])
             tool_messages = [n.message for n in rollout.trace.nodes if n.message.get("role") == "tool"]

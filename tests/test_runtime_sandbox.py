@@ -226,7 +226,7 @@ def test_docker_runtime_isolates_network_and_workdir(loopback_server):
 
 def test_task_network_allow_reaches_the_runtime_only_when_set():
     import vf
-    from vf.harness import runtime_for_task
+    from vf.episode.rollout import runtime_for_task
 
     assert runtime_for_task(None, vf.TaskData(prompt="x")).network_allow == []  # default ["*"] is not a request
     assert runtime_for_task(None, vf.TaskData(prompt="x", network_allow=["pypi.org"])).network_allow == ["pypi.org"]

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import vf
+from vf.episode.rollout import runtime_for_task
 from vf.errors import TaskError
-from vf.harness import runtime_for_task
 from vf.runtime import RuntimeConfig
 from vf.runtime import resources as resources_mod
 from vf.runtime.resources import with_resources

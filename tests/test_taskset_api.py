@@ -10,10 +10,12 @@ import pytest
 
 import vf
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling
+from vf.episode.scoring import score
+from vf.episode.tools import ToolRunner
 from vf.errors import ConfigError, TasksetNotFound
-from vf.harness import EpisodeSpec, run_episode, score
 from vf.loading import load_taskset
-from vf.toolset import ToolError, ToolRunner, tool_schema
+from vf.runner import EpisodeSpec, run_episode
+from vf.toolset import ToolError, tool_schema
 from vf.trace import Trace
 
 

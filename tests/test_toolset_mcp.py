@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import vf
-from vf.toolset import SharedToolsetConfig, ToolError, ToolsetConfig, open_shared_tools, open_tools
+from vf.episode.tools import open_shared_tools, open_tools
+from vf.toolset import SharedToolsetConfig, ToolError, ToolsetConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mcp_tools import PNG, AsyncSetup, CountState, Probe
@@ -140,7 +141,7 @@ def test_shared_toolset_isolates_state_per_rollout():
 
 def test_harness_episode_shows_tool_errors_and_images_and_goes_on():
     """Through vf.harness, which opens a rollout's toolsets with `open_tools`."""
-    from vf.harness import EpisodeSpec, run_episode
+    from vf.runner import EpisodeSpec, run_episode
 
     class Data(vf.TaskData):
         answer: str = "ok"
@@ -274,7 +275,8 @@ def test_server_dies_when_vf_is_killed(tmp_path):
     script.write_text(
         "import asyncio, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from vf.toolset import ToolsetConfig, open_tools\n"
+        "from vf.toolset import ToolsetConfig\n"
+        "from vf.episode.tools import open_tools\n"
         "from mcp_tools import CountState, Probe\n"
         "async def main():\n"
         "    async with open_tools([Probe(ToolsetConfig(runtime={'type': 'subprocess'}))], CountState()) as t:\n"

@@ -582,7 +582,8 @@ def test_bash_harness_edit_tool_replies_like_verifiers(tmp_path):
     import asyncio
     from types import SimpleNamespace
 
-    from vf.harness import HarnessConfig, make_harness
+    from vf.episode.harnesses import make_harness
+    from vf.harness import HarnessConfig
     from vf.runtime import RuntimeConfig, make_runtime
 
     async def go():

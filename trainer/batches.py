@@ -3,7 +3,9 @@
     GoldWarmup   SFT samples from the taskset's gold replies (`Task.validate()`), steps 0 .. W−1
     SavedData    SFT samples from saved traces (`--data RUN_DIR`) or a chat dataset (`--data FILE|DIR|HUB_ID`,
                  trainer/datasets.py), every step
-    Rollouts     RL batches from the orchestrator (rank 0), broadcast to every torchrun rank
+    Rollouts     RL batches from the orchestrator (rank 0), broadcast to every torchrun rank; which
+                 orchestrator (this process's, or another's: `--role trainer`) the run's deployment
+                 decides (`deployment.Deployment.rollouts`)
 
 A source says what kind of step its batches make (`phase`, `rl`: the RL loss at the sampling
 temperature over the engine's log-probs, or SFT at temperature 1) and hands out batch `step` with
@@ -19,12 +21,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vf.trainer import distributed
-from vf.trainer.config import DataSection, OrchestratorSection, TrainConfig
-from vf.trainer.orchestrator import Batch, Orchestrator, TaskSource, derive_seed, make
+from vf.trainer.config import DataSection, OrchestratorSection, TrainConfig, entry_sampling, mixture_groups
+from vf.trainer.orchestrator import Batch, Orchestrator, Stream, TaskSource, derive_seed, make
 from vf.trainer.samples import Sample, trace_samples
 
-from vf.config import TasksetEntry
+from vf.config import SelectConfig, TasksetEntry
+from vf.episode.loading import load_taskset
+from vf.episode.runner import EpisodeSpec, taskset_toolsets
 from vf.errors import UsageError
+from vf.selection import select_tasks
 
 
 class BatchSource(Protocol):
@@ -77,7 +82,8 @@ def saved_data(data: DataSection, orchestrator: OrchestratorSection, seed: int, 
 
 
 class Rollouts:
-    """RL batches: rank 0 takes them from the orchestrator, every rank gets them by broadcast."""
+    """RL batches: rank 0 takes them from the orchestrator, every rank gets them by broadcast
+    (`orchestrator` None: a rank that only receives)."""
 
     phase, rl = "rl", True
 
@@ -103,48 +109,6 @@ class Rollouts:
         if self.orch is not None:
             self.orch.close()
 
-    @classmethod
-    def start(cls, config: TrainConfig, run_dir: Path, learner, loaded, tasks, push, start: int,
-              weights, snapshots: dict[int, dict], remote: bool = False,
-              positions: dict[str, int] | None = None) -> Rollouts:
-        """On rank 0, the orchestrator generating batches max(start, W) .. total−1 on the embedded
-        engine (its own copy of the model) or the server (`push`: the server's weight pusher),
-        seeded with the versions a resumed run still needs and the starting policy `weights` (the
-        learner's stream, read here on rank 0); other ranks only receive batches.
-        `remote` (`--role trainer`): the orchestrator is another process (`exchange.Remote`).
-        `loaded`: the run's tasksets (`load_tasks`); `positions`: where each one's task order
-        stands after the batches already trained (the run state's progress; None: from `start`)."""
-        d = learner.d
-        if not d.is_main:
-            return cls(None, d)
-        first = max(start, config.warmup.steps)
-        if remote:
-            from vf.trainer.exchange import Remote
-
-            orch = Remote(config, run_dir, learner.model.config, first)
-        else:
-            engine, push = rollout_engine(config, push, learner.path, learner.tokenizer,
-                                          "cpu" if d.device == "cpu" else d.device)
-            orch = build_orchestrator(config, run_dir, engine, push, loaded, tasks, first, positions)
-        for v, snap in snapshots.items():
-            orch.publish(v, snap)
-        orch.publish(start, weights)
-        orch.start()
-        return cls(orch, d)
-
-
-def rollout_engine(config: TrainConfig, push, model_path: Path, tokenizer, device: str):
-    """The rollouts' engine and its weight pusher: the server behind `push` (server modes), or an
-    embedded engine on `device` with its own copy of the model."""
-    from vf.trainer import engine as engines
-    from vf.trainer.weights import EmbeddedPush
-
-    if push is not None:
-        return engines.server(config, push), push
-    engine = engines.embedded(model_path, tokenizer, config.drift.engine_dtype or config.model.dtype, device,
-                              config.engine.max_batch, config.model.impl, router_replay=config.model.router_replay)
-    return engine, EmbeddedPush(engine, config.drift.weight_noise, config.seed)
-
 
 def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, members: list[Member], tasks, first: int,
                        positions: dict[str, int] | None = None) -> Orchestrator:
@@ -152,11 +116,6 @@ def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, members
     with `push`: one stream per taskset (`members`), each with its episode spec, group size and
     groups per step (the batch split by weight). A stream starts at its `positions` entry, else
     where a run without refill would be at batch `first` (its groups per step since the warm-up)."""
-    from vf.trainer.config import entry_sampling, mixture_groups
-    from vf.trainer.orchestrator import Stream
-
-    from vf.runner import EpisodeSpec, taskset_toolsets
-
     o, W, mixed = config.orchestrator, config.warmup.steps, len(members) > 1
     streams = []
     for m, groups in zip(members, mixture_groups(config)):
@@ -164,7 +123,7 @@ def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, members
         spec = EpisodeSpec(engine=engine, model=str(config.model.path),
                            sampling=sampling(config, entry_sampling(config, m.entry) if mixed else None),
                            max_turns=o.max_turns, env=m.loaded.env, env_id=m.loaded.id,
-                           run={"type": "train", "id": Path(run_dir).name}, require_tokens=True,
+                           run=train_run(run_dir), require_tokens=True,
                            shared_toolsets=taskset_toolsets(m.loaded))
         # a mixture's tasksets each get their own task order (one taskset: the order of before mixtures)
         seed = derive_seed(config.seed, "taskset", name) if mixed else config.seed
@@ -174,6 +133,14 @@ def build_orchestrator(config: TrainConfig, run_dir: Path, engine, push, members
     return make(config, streams=streams, pusher=push, seed=config.seed, first=first, last=config.total_steps,
                 first_rl_step=W, std_norm=o.std_norm, max_concurrent=o.max_concurrent, refill=o.refill,
                 max_oversample=o.max_oversample)
+
+
+def train_run(run_dir: Path) -> dict[str, Any]:
+    """The `run` of a training episode, as verifiers 0.4.0's `TrainRunInfo` reads it (type, id,
+    name); the orchestrator adds the step and `work` when the episode joins a batch
+    (`orchestrator.record_work`)."""
+    name = Path(run_dir).name
+    return {"type": "train", "id": name, "name": name}
 
 
 def sampling(config: TrainConfig, s=None):
@@ -198,10 +165,6 @@ class Member:
 def load_tasks(config: TrainConfig) -> tuple[list[Member], list]:
     """The training tasksets (loaded, each with its tasks: at most 10 000 of an endless one) and
     all their tasks together (the gold warm-up's)."""
-    from vf.config import SelectConfig
-    from vf.loading import load_taskset
-    from vf.selection import select_tasks
-
     members = []
     for entry in config.mixture:
         loaded = load_taskset(entry.id, entry.fields, config.env)
@@ -214,7 +177,7 @@ def gold_samples(tasks, tokenizer, model=None) -> list[Sample]:
     """SFT samples from the tasks' gold replies (`Task.validate()` returning a string); with a VL
     `model`, image prompts keep their images (references on the sample, image tokens in the prompt)."""
     from vf.engines.chat import image_refs, render_multimodal, render_prompt
-    from vf.taskset import needs_runtime
+    from vf.episode.hooks import needs_runtime
 
     out = []
     for task in tasks:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from vf.trainer.defaults import CKPT_EVERY, DEFAULT_LOSS, MAX_OFF_POLICY_STEPS
 
 from vf.config import (
     EngineConfig,
@@ -98,7 +99,7 @@ class TrainSampling(SamplingConfig):
 
 
 class LossSection(_Section):
-    name: str = "ipo"
+    name: str = DEFAULT_LOSS
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -188,7 +189,7 @@ class AsyncSection(_Section):
     a multiple of orchestrator.group_size, at least orchestrator.batch_size. None: batch_size
     (rollouts for step s+1 run while step s trains: staleness 1, like a one-step overlap); more
     keeps the engine busy while the trainer is slower, at the price of older rollouts."""
-    max_off_policy_steps: int = Field(8, ge=0)
+    max_off_policy_steps: int = Field(MAX_OFF_POLICY_STEPS, ge=0)
     """A group whose rollouts started more than this many policy versions before the step that
     would train on it is cancelled (in flight) or dropped (finished), and counted in `dropped`."""
     level: int = Field(1, ge=0)
@@ -221,7 +222,7 @@ class DataSection(_Section):
 
 
 class CkptSection(_Section):
-    every: int = Field(10, ge=0)
+    every: int = Field(CKPT_EVERY, ge=0)
     """Save a checkpoint every N steps, and always at the end (0: only at the end), so a `kill -9`
     and `--resume` lose at most N steps. A checkpoint of the demo model (tiny-random with its
     optimizer, 5.5 MB) takes 30-120 ms on 2 CPU cores against 0.3-1.5 s per step: under 1% at 10."""

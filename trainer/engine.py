@@ -12,8 +12,9 @@
   RL routes (`weights.VLLMPush`, or `weights.NcclPush` with `engine.weight_transfer nccl`).
   Rollouts and evaluations share the fleet.
 
-`server_push(...)` builds the server modes' pusher (for vLLM it starts or attaches the fleet);
-`server(config, push)` / `server_for_eval(config, push)` hand out the engine behind it.
+`server_push(...)` builds the server modes' pusher (for vLLM it starts or attaches the fleet; the one
+place a pusher is chosen); `rollout_engine(...)` the rollouts' engine with its pusher;
+`server(config, push)` / `server_for_eval(config, push)` hand out the engine behind a server pusher.
 """
 
 from __future__ import annotations
@@ -48,18 +49,40 @@ def server(config, push=None):
                          router_replay=config.model.router_replay)
 
 
-def server_push(config, run_dir: Path, model_config, say=None):
-    """Server mode's one weight pusher, shared by the rollouts and the evaluations: vLLM servers
-    (started here, or attached) or an OpenAI-compatible server with vf-serve's reload route."""
+def server_push(config, run_dir: Path, model_config, say=None, files=None):
+    """The one builder of server mode's weight pusher, shared by the rollouts and the evaluations:
+    vLLM servers (started here, or attached) or an OpenAI-compatible server with vf-serve's reload
+    route. None with the embedded engine (its pusher comes with it: `rollout_engine`). `files`:
+    where the pusher's checkpoints are (default: its own `weights.CheckpointFiles`; the orchestrator
+    role passes the trainer's broadcasts, `exchange.Broadcasts`)."""
     from vf.trainer.weights import HttpPush, NcclPush, VLLMPush
 
+    if config.engine.resolved_type == "local":
+        return None
     if config.engine.resolved_type == "vllm":
         fleet = vllm(config, run_dir, say)
         fleet.start()
-        if config.engine.weight_transfer == "nccl":
-            return NcclPush(fleet, model_config)
-        return VLLMPush(fleet, run_dir, model_config)
-    return HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
+        push = NcclPush(fleet, model_config) if config.engine.weight_transfer == "nccl" \
+            else VLLMPush(fleet, run_dir, model_config)
+    else:
+        push = HttpPush(config.engine.base_url, run_dir, model_config, api_key_var=config.engine.api_key_var)
+    if files is not None:
+        push.files = files
+    return push
+
+
+def rollout_engine(config, push, model_path: Path, tokenizer, device: str):
+    """The rollouts' engine and its weight pusher: the server behind `push` (server modes), or an
+    embedded engine on `device` with its own copy of the model and its in-process pusher."""
+    from vf.trainer.weights import EmbeddedPush
+
+    if push is not None:
+        return server(config, push), push
+    engine = embedded(model_path, tokenizer, config.drift.engine_dtype or config.model.dtype, device,
+                      config.engine.max_batch, config.model.impl, router_replay=config.model.router_replay)
+    return engine, EmbeddedPush(engine, config.drift.weight_noise, config.seed)
+
+
 class ServerEvalEngine:
     """The openai engine for the trainer's evaluations, which run each evaluation in its own
     `asyncio.run()`: an httpx client's pooled connections belong to the event loop that opened

@@ -27,11 +27,11 @@ from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import derive_seed
 
 from vf.config import EvalConfig, SamplingConfig, SelectConfig, TasksetEntry, deep_merge
-from vf.loading import load_taskset
+from vf.episode.loading import load_taskset
+from vf.episode.runner import make_plan, make_spec, run_plan
 from vf.mixture import TASKSETS_DIR, combine
 from vf.mixture import label as mixture_label
 from vf.rundir import RunDir, move_dir_aside
-from vf.runner import make_plan, make_spec, run_plan
 from vf.summary import summarize
 
 

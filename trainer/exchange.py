@@ -43,10 +43,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Self
 
+from vf.trainer import engine as engines
+from vf.trainer.batches import build_orchestrator, load_tasks
+from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import Sample
 
+from vf.atomic import write_atomic
 from vf.bounded import BoundsError, load_json
+from vf.config import flatten, load_yaml
 from vf.errors import UsageError, VfError
 
 EXCHANGE, BROADCASTS, ROLLOUTS = "exchange", "broadcasts", "rollouts"
@@ -66,9 +71,7 @@ class OrchestratorGone(VfError):
 
 def write_json(path: Path, obj: Any) -> None:
     """`obj` at `path`, atomically (temporary name + rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(obj))
 
 
 def read_json(path: Path) -> dict | None:
@@ -290,8 +293,6 @@ def serve(config, run_dir: Path, say=lambda _msg: None) -> None:
     try:
         session = matching_session(config, p, session, say)
         with Heartbeat(p.heartbeat):
-            from vf.trainer.batches import load_tasks
-
             push = server_pusher(config, run_dir, say)
             loaded, tasks = load_tasks(config)
             while Generation(config, p, session, loaded, tasks, push, say).run():
@@ -334,10 +335,6 @@ def matching_session(config, p: Paths, session: dict, say) -> dict:
 def check_config(config, p: Paths, session: dict) -> None:
     if digest(config) == session["config"]:
         return
-    from vf.trainer.config import TrainConfig
-
-    from vf.config import load_yaml
-
     theirs = shared(TrainConfig.model_validate(load_yaml(p.run / "config.yaml")))
     ours = shared(config)
     diff = [f"{k}: trainer {v!r}, orchestrator {ours.get(k)!r}" for k, v in flatten(theirs).items()
@@ -346,28 +343,17 @@ def check_config(config, p: Paths, session: dict) -> None:
                      hint="give both roles the same flags (or --resume RUN with the same overrides)")
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def server_pusher(config, run_dir: Path, say):
-    """Server modes: the fleet's pusher (started or attached once, kept across trainer sessions),
-    loading the trainer's broadcast files as they are (no second copy). None: embedded engine."""
-    if config.engine.resolved_type == "local":
-        return None
+    """Server modes: the fleet's pusher (`engine.server_push`, started or attached once, kept across
+    trainer sessions), loading the trainer's broadcast files as they are (no second copy). None:
+    embedded engine."""
     from vf.models import read_config
-    from vf.trainer import engine as engines
     from vf.trainer.learner import resolve_model_path
 
-    push = engines.server_push(config, run_dir, read_config(resolve_model_path(config.model.path)), say)
-    push.files = Broadcasts(Paths(run_dir))
-    return push
+    if config.engine.resolved_type == "local":
+        return None  # nothing to read the model's config for
+    model_config = read_config(resolve_model_path(config.model.path))
+    return engines.server_push(config, run_dir, model_config, say, files=Broadcasts(Paths(run_dir)))
 
 
 class Broadcasts:
@@ -404,12 +390,11 @@ class Generation:
 
     def _orchestrator(self, loaded, tasks, first: int):
         from transformers import AutoTokenizer
-        from vf.trainer.batches import build_orchestrator, rollout_engine
         from vf.trainer.learner import resolve_model_path
 
         path = resolve_model_path(self.config.model.path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        engine, push = rollout_engine(self.config, self.push, path, tokenizer, self.config.model.device)
+        engine, push = engines.rollout_engine(self.config, self.push, path, tokenizer, self.config.model.device)
         return build_orchestrator(self.config, self.p.run, engine, push, loaded, tasks, first)
 
     def run(self) -> bool:

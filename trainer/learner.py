@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vf.trainer import distributed, lora, parallel, precision
+from vf.trainer import distributed, lora, parallel, precision, weights
 from vf.trainer.config import TrainConfig
 from vf.trainer.orchestrator import Batch
 from vf.trainer.samples import count_loss_tokens, micro_batches
@@ -188,7 +188,7 @@ class Learner:
                            dropout=lo.dropout, base_model=str(self.path))
         if lo.merge and version == self.config.total_steps:
             out = Path(run_dir) / lora.MERGED_DIR
-            self.with_weights((lambda w: lora.export_merged(w, out, self.model.config, self.path))
+            self.with_weights((lambda w: weights.export_merged(w, out, self.model.config, self.path))
                               if self.d.is_main else None)
 
     @property

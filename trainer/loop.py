@@ -17,15 +17,11 @@ Step indices: step s consumes batch s and produces policy version s + 1 (version
 optimizer steps). Warm-up steps come first (0 .. W−1), RL steps after. Under torchrun rank 0
 runs the orchestrator, evaluations and run-dir files; every rank trains (see `distributed`).
 
-Roles (`--role`): by default one process does both halves. `role="trainer"` leaves the
-orchestrator to another process (`vf-train --role orchestrator`, see `exchange`): the rollouts come
-through the run dir, no engine or server is opened here, and evaluations run on an embedded copy
-of the model in this process (rank 0).
-
-Server mode (`engine.base_url`): rollouts and evaluations share one server, which holds one
-policy at a time; its weight pusher (`HttpPush`, a no-op when the server already holds a version)
-is shared by both (see `evaluation.Evaluations`). The final weights are pushed at the end, so the
-server serves the trained policy afterwards.
+Where this process stands — role (`--role`: both halves here, or the trainer of a two-process run,
+see `exchange`), engine (embedded, or a server that rollouts and evaluations share) and torchrun
+rank — is chosen once, in `deployment.Deployment`: the loop asks it for the rollout source, the
+evaluations, the monitor and the run files, and never tests the flags itself. In server mode the
+final weights are pushed at the end, so the server serves the trained policy afterwards.
 """
 
 from __future__ import annotations
@@ -37,14 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from vf.trainer import checkpoint, distributed
-from vf.trainer.batches import BatchSource, Rollouts, gold_warmup, load_tasks, saved_data
+from vf.trainer.batches import BatchSource, gold_warmup, load_tasks, saved_data
 from vf.trainer.config import TrainConfig
+from vf.trainer.deployment import Deployment
 from vf.trainer.evaluation import Evaluations
 from vf.trainer.learner import Learner
 from vf.trainer.metrics import plot
-from vf.trainer.monitor import Monitor, open_monitor
+from vf.trainer.monitor import Monitor
 from vf.trainer.orchestrator import off_policy_histogram
-from vf.trainer.run_state import RunFiles, RunState
+from vf.trainer.run_state import RunState
 
 from vf.rundir import RunDir
 
@@ -56,7 +53,6 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
         on_event: Callable[[str], None] | None = None, role: str = "both") -> dict[str, Any]:
     import torch
 
-    say = on_event or (lambda _msg: None)
     wall0, run_dir = time.time(), Path(run_dir)
     d = distributed.init(config.model.device)
     if config.trainer.threads:
@@ -66,26 +62,28 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
     rl = not sft_data and config.steps > 0
 
     # -- setup ----------------------------------------------------------------------------------
+    say = on_event or (lambda _msg: None)
+    dep = Deployment(config, run_dir, d, role, say)  # role × engine × rank: asked, never tested here
     saved = resume_from(run_dir, say, from_scratch) if resume else None
     learner = Learner.build(config, d, saved, say)
     state = RunState.resumed(saved["progress"]) if saved else RunState()
     loaded, tasks = load_tasks(config) if not sft_data or config.eval.at_start or config.eval.at_end else (None, [])
     data = saved_data(config.data, config.orchestrator, config.seed, learner.tokenizer, config.trainer.seq_len,
-                      say if d.is_main else (lambda _msg: None)) if sft_data else None
+                      dep.say) if sft_data else None
     gold = gold_warmup(tasks, learner.tokenizer, config, learner.model) if W and not sft_data else None
-    push = server_push(config, run_dir, learner, say) if d.is_main and role == "both" else None
-    evals = Evaluations.open(config, run_dir, learner, push, say) if d.is_main else None
+    dep.connect(learner.model.config)  # server mode: the servers and the one weight pusher
+    evals = dep.evaluations(learner)
     # set up: only now does a resumed run touch its files (a failed setup leaves them as they were)
-    files = RunFiles(run_dir, state.start, say) if d.is_main else None
+    files = dep.files(state.start)
     state.rows = files.log.read() if files else []
-    monitor = open_monitor(config, run_dir, say) if d.is_main else Monitor()  # W&B (--wandb.project) or no-op
-    if resume and d.is_main:
+    monitor = dep.monitor()
+    if resume and dep.main:
         RunDir(run_dir).save_config(config.model_dump(mode="json"))
     if state.start == 0 and config.eval.at_start:
         state.reward_before = reward(evaluate(evals, learner, 0, "before", monitor))
-    rollouts = (learner.with_weights(lambda w: Rollouts.start(config, run_dir, learner, loaded, tasks, push, state.start,
-                                                              w, saved["snapshots"] if saved else {},
-                                                              remote=role == "trainer", positions=state.task_positions))
+    rollouts = (learner.with_weights(lambda w: dep.rollouts(learner, loaded, tasks, state.start, w,
+                                                            saved["snapshots"] if saved else {},
+                                                            positions=state.task_positions))
                 if rl else None)
 
     def source(step: int) -> BatchSource:
@@ -105,15 +103,17 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
                     f"gradient norm ({result.grad_norm}): update skipped, training continues")
             if batch.metrics.get("refill_capped"):
                 say(refill_capped_message(step, batch, config))
+            elif src.rl and not batch.metrics.get("num_samples", 1):
+                say(no_signal_message(step, batch))
             if rollouts:  # the weights stream from the (sharded) model into the engine, a layer at a time
                 learner.with_weights(lambda w, v=version: rollouts.publish(v, w))
             step_time = time.perf_counter() - t0
             row = None
-            if d.is_main:
+            if dep.main:
                 row = state.record(step, src.phase, result, batch, wait, step_time, n_tokens, learner.lr, d.world_size)
-                row.update(push.metrics() if push is not None else {})
+                row.update(dep.push_metrics())
             evaluate_due(evals, learner, state, config, version, row, rl, monitor)
-            if d.is_main:
+            if dep.main:
                 files.write(row, batch)
                 monitor.record(row, batch, learner.tokenizer)
                 state.rows.append(row)
@@ -123,27 +123,24 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
                 checkpoint.save_run(run_dir, version, learner, state, rollouts, config.ckpt.keep_last)
     except BaseException:
         monitor.close(ok=False)
-        if push is not None:
-            push.close()  # stop the vLLM servers this run started
+        dep.close()  # stop the vLLM servers this run started
         raise
     finally:
         if rollouts:
             rollouts.close()
 
     # -- end --------------------------------------------------------------------------------------
-    if config.engine.resolved_type != "local":  # the server serves the trained policy (no-op after the final eval)
-        learner.with_weights(push and (lambda w: push.push(w, total)))
+    dep.serve_final(learner, total)  # server mode: the server serves the trained policy
     if config.eval.at_end and state.start >= total:  # nothing left to train
         state.reward_after = evaluate(evals, learner, total, "after", monitor)
     summary: dict[str, Any] = {}
-    if d.is_main:
+    if dep.main:
         plot(run_dir)
-        summary = summarize(config, state, run_dir, d, resume, time.time() - wall0, push)
+        summary = summarize(config, state, run_dir, d, resume, time.time() - wall0, dep.summary())
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         evals.close()
         monitor.close()
-    if push is not None:
-        push.close()
+    dep.close()
     distributed.barrier(d)
     distributed.shutdown(d)
     return summary
@@ -162,17 +159,6 @@ def resume_from(run_dir: Path, say, from_scratch: bool = False) -> dict[str, Any
     saved = checkpoint.load(ck)
     say(f"resuming from {ck} (step {saved['progress']['step']})")
     return saved
-
-
-def server_push(config: TrainConfig, run_dir: Path, learner: Learner, say):
-    """Server mode: the one weight pusher of the rollouts and the evaluations (it skips re-pushing
-    the version the server holds; for vLLM it starts or attaches the servers). None with the
-    embedded engine."""
-    if config.engine.resolved_type == "local":
-        return None
-    from vf.trainer import engine as engines
-
-    return engines.server_push(config, run_dir, learner.model.config, say)
 
 
 def reward(summary: dict[str, Any] | None) -> float | None:
@@ -223,9 +209,18 @@ def refill_capped_message(step: int, batch, config: TrainConfig) -> str:
             "signal (the policy solves, or fails, nearly every rollout); raise the cap, or use harder (easier) tasks")
 
 
+def no_signal_message(step: int, batch) -> str:
+    """What a step whose groups all had equal rewards trained on (nothing), and what to do."""
+    m = batch.metrics
+    return (f"step {step}: all {m.get('zero_variance_groups', 0)} groups had all-equal rewards (mean reward "
+            f"{m.get('reward', float('nan')):.3f}): no advantage, nothing to learn from this step. Tasks the policy "
+            "sometimes solves, a larger --orchestrator.group-size, or --orchestrator.refill give it signal")
+
+
 def summarize(config: TrainConfig, state: RunState, run_dir: Path, d, resume: bool, wall_time: float,
-              push) -> dict[str, Any]:
-    """summary.json: the run's rewards, masks, speeds and counters."""
+              deployed: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: the run's rewards, masks, speeds and counters (`deployed`: the deployment's,
+    `Deployment.summary`)."""
     rl_rows = [r for r in state.rows if r.get("phase") == "rl"]
     after, sft_data = state.reward_after, config.data.path is not None
     summary = {
@@ -245,8 +240,7 @@ def summarize(config: TrainConfig, state: RunState, run_dir: Path, d, resume: bo
         "wall_time": wall_time, "resumed_from": state.start if resume else None,
         "run_dir": str(run_dir), "world_size": d.world_size,
     }
-    if push is not None:
-        summary["weight_pushes"] = push.pushes
+    summary.update(deployed)
     if config.tasksets and not sft_data:
         summary["tasksets"] = mixture_summary(config, rl_rows, after)
     return summary

@@ -61,8 +61,6 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 """HF names of the parts of a fused native module."""
 ROW_OPS = {"rename", "concat", "regroup_qkvzba"}
 """models/convert.py ops under which an HF tensor is a block of the native weight's rows."""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model", "preprocessor_config.json")
 
 
 def is_adapter(name: str) -> bool:
@@ -402,26 +400,3 @@ def load_peft(model: nn.Module, directory: Path) -> None:
         raise UsageError(f"{directory} has adapters for modules this model does not adapt: {extra[:3]}",
                          hint="apply LoRA to the same target modules")
     load_adapter_state(model, state)
-
-
-# ---- merged export -----------------------------------------------------------------------------------
-
-
-def export_merged(weights, directory: Path, model_config, base_path: Path) -> Path:
-    """An HF model directory of the merged weights (`weights`: the learner's stream, which yields
-    W'), with the base model's tokenizer files: loadable by every vf command and by transformers."""
-    from vf.trainer.weights import CheckpointFiles
-
-    directory = Path(directory)
-    files = CheckpointFiles(directory.parent, model_config)
-    files.dir = directory.parent / f".{directory.name}.tmp"
-    shutil.rmtree(files.dir, ignore_errors=True)
-    written = files.write(weights, 0)
-    for name in TOKENIZER_FILES:
-        if (Path(base_path) / name).is_file():
-            shutil.copy2(Path(base_path) / name, written / name)
-    shutil.rmtree(directory, ignore_errors=True)
-    written.rename(directory)
-    shutil.rmtree(files.dir, ignore_errors=True)
-    return directory
-

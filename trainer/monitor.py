@@ -8,15 +8,14 @@
 The loop calls `record(row, batch, tokenizer)` once per step (log, then samples, decoded only
 when the monitor wants them), `eval` after each evaluation and `close` at the end.
 
-`Monitor` does nothing: the default, and what ranks other than 0 get. `open_monitor` builds the one
-the config asks for: W&B (trainer/wandb_monitor.py, imported only when `--wandb.project` is set, so
-a run without it never imports wandb). Another backend is one more class with these four methods
-and one more branch here. The run dir stays the record; a monitor is a copy of it.
+`Monitor` does nothing: the default, and what ranks other than 0 get. The run's deployment
+(`deployment.Deployment.monitor`) opens the one the config asks for: W&B (trainer/wandb_monitor.py,
+which imports wandb only when `--wandb.project` is set, so a run without it never imports wandb).
+Another backend is one more subclass with these four methods and one more branch there. The run dir stays the record; a monitor is a copy of it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -43,15 +42,6 @@ class Monitor:
 
     def close(self, ok: bool = True) -> None:
         pass
-
-
-def open_monitor(config, run_dir: Path, say=lambda _msg: None) -> Monitor:
-    """The monitor `config` asks for (rank 0 only; other ranks keep the no-op `Monitor`)."""
-    if config.wandb.project:
-        from vf.trainer.wandb_monitor import WandbMonitor
-
-        return WandbMonitor.open(config, Path(run_dir), say)
-    return Monitor()
 
 
 def sample_rows(step: int, batch, tokenizer, limit: int) -> list[dict[str, Any]]:

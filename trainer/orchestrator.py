@@ -62,7 +62,7 @@ from vf.trainer import advantages as adv_mod
 from vf.trainer.samples import Sample, trace_samples
 from vf.trainer.weights import collect
 
-from vf.runner import EpisodeSpec, run_plan, with_shared_tools
+from vf.episode.runner import EpisodeSpec, run_plan, with_shared_tools
 from vf.taskset import Task
 from vf.trace import Episode
 
@@ -190,7 +190,22 @@ async def generate_groups(step: int, tasks: list[Task], spec: EpisodeSpec, group
         return dataclasses.replace(spec, sampling=sampling, run={**spec.run, "step": step, "group": g})
 
     flat = await run_plan(owed, spec, max_concurrent, spec_for=seeded)
+    for ep in flat:
+        record_work(ep, step)
     return [list(flat[g * group_size:(g + 1) * group_size]) for g in range(len(tasks))]
+
+
+def record_work(ep: Episode, step: int) -> None:
+    """Stamp the training step an episode's batch is `step` onto its `run`: `run.step` (what vf's
+    tools read) and `run.work`, verifiers 0.4.0's `TrainRunInfo.work` (a train run's episode must
+    say what work it did: {type: train, step, policy: the policy versions its traces spanned})."""
+    ep.run["step"] = step
+    spans = [t.policy for t in ep.traces if isinstance(t.policy, dict)
+             and isinstance(t.policy.get("start"), int) and isinstance(t.policy.get("end"), int)]
+    work: dict[str, Any] = {"type": "train", "step": step}
+    if spans:
+        work["policy"] = {"start": min(p["start"] for p in spans), "end": max(p["end"] for p in spans)}
+    ep.run["work"] = work
 
 
 def group_start(group: list[Episode], fallback: int | None = None) -> int | None:
@@ -541,7 +556,7 @@ class ContinuousOrchestrator(_Generator):
         self._wake()  # room to dispatch more
         for g in groups:
             for ep in g.episodes:
-                ep.run["step"] = step
+                record_work(ep, step)
         batch = build_batch(step, [g.episodes for g in groups], self.std_norm, self.max_off,
                             names=self._names([g.stream for g in groups]))
         self._fill_metrics(batch, fill, positions)

@@ -87,7 +87,7 @@ def _branch_samples(trace: Trace, branch: list[int], trained: set[int], advantag
         pending += refs
         if not node.token_ids:
             continue
-        if cur is None or getattr(node, "token_reset", False):
+        if cur is None or node.token_reset:
             cur = Sample([], [], [], advantage, dict(info or {}), images=list(seen))  # a re-render shows them all
             samples.append(cur)
         else:

@@ -124,6 +124,7 @@ def forward_backward(policy: PolicyLogprobs, micro_batches: list[MicroBatch], lo
     total = torch.zeros((), dtype=torch.float64, device=_device(policy))  # summed where the losses are
     stats = []
     fused = getattr(policy, "fused_loss", False) and loss_fn.per_token
+    loss_params = loss_fn.resolve(loss_params)  # validated once here; each micro-batch `apply`s them
     replay = getattr(policy, "router_replay", False)
     for mb in micro_batches:
         with replay_routing(policy.model, mb.routed_experts if replay else None), context_parallel(mb.context):
@@ -140,7 +141,8 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
         mu, adv = mu.index_select(0, rows), adv.index_select(0, rows)
 
         def token_loss(lp, a, b):
-            out = loss_fn(lp, mu[a:b], adv[a:b], torch.ones(b - a, dtype=torch.bool, device=lp.device), **loss_params)
+            every = torch.ones(b - a, dtype=torch.bool, device=lp.device)
+            out = loss_fn.apply(lp, mu[a:b], adv[a:b], every, loss_params)
             out.stats.update(_nonfinite(lp, torch.ones_like(lp, dtype=torch.bool)))
             return out
 
@@ -152,7 +154,7 @@ def _forward_backward_one(policy, mb: MicroBatch, loss_fn: Loss, loss_params: di
         stats.extend(o.stats for o in outs)
         return sum(o.loss.double() for o in outs)
     logp = policy(mb.input_ids, mb.position_ids, mb.targets, temperature, images=mb.images)
-    out = loss_fn(logp, mu, adv, mask, **loss_params)
+    out = loss_fn.apply(logp, mu, adv, mask, loss_params)
     (out.loss * scale).backward()
     stats.append({**out.stats, **_nonfinite(logp, mask.bool())})
     return out.loss.detach().double()

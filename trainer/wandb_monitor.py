@@ -1,5 +1,5 @@
 """The W&B monitor (`--wandb.project NAME`; `pip install 'vf[wandb]'`): a copy of the run dir's
-record in a W&B run. Imported only when asked for (trainer/monitor.py).
+record in a W&B run. wandb is imported only when it is asked for (`WandbMonitor.open`).
 
     config          the resolved TrainConfig (what config.yaml holds)
     history         every metric of every metrics.jsonl row at its step (nested dicts such as
@@ -26,6 +26,7 @@ from typing import Any
 
 from vf.trainer.monitor import Monitor
 
+from vf.config import flatten as flatten_sections
 from vf.errors import UsageError
 
 ID_FILE = "wandb.json"
@@ -85,12 +86,6 @@ class WandbMonitor(Monitor):
 
 def flatten(d: dict[str, Any], prefix: str = "", numbers_only: bool = False) -> dict[str, Any]:
     """{"a": {"b": 1}} → {"a/b": 1}; None and non-finite numbers left out (W&B plots no nulls)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "/", numbers_only))
-        elif isinstance(v, bool) or (isinstance(v, (int, float)) and math.isfinite(v)) \
-                or (isinstance(v, str) and not numbers_only):
-            out[key] = v
-    return out
+    return {k: v for k, v in flatten_sections(d, prefix, "/").items()
+            if isinstance(v, bool) or (isinstance(v, (int, float)) and math.isfinite(v))
+            or (isinstance(v, str) and not numbers_only)}

@@ -191,6 +191,28 @@ class CheckpointFiles:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model", "preprocessor_config.json")
+"""The tokenizer files an exported model directory copies from its base model."""
+
+
+def export_merged(weights, directory: Path, model_config, base_path: Path) -> Path:
+    """An HF model directory of merged LoRA weights (`lora.MERGED_DIR`) (`weights`: the learner's stream, which yields
+    W'), with the base model's tokenizer files: loadable by every vf command and by transformers."""
+    directory = Path(directory)
+    files = CheckpointFiles(directory.parent, model_config)
+    files.dir = directory.parent / f".{directory.name}.tmp"
+    shutil.rmtree(files.dir, ignore_errors=True)
+    written = files.write(weights, 0)
+    for name in TOKENIZER_FILES:
+        if (Path(base_path) / name).is_file():
+            shutil.copy2(Path(base_path) / name, written / name)
+    shutil.rmtree(directory, ignore_errors=True)
+    written.rename(directory)
+    shutil.rmtree(files.dir, ignore_errors=True)
+    return directory
+
+
 class HttpPush(Pusher):
     def __init__(self, base_url: str, run_dir: Path, model_config, keep: int = 2, timeout: float = 300.0,
                  api_key_var: str | None = "OPENAI_API_KEY"):

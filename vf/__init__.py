@@ -3,23 +3,27 @@
 The v1 environment API lives at the top level with verifiers v1's names, so an environment
 written for verifiers (`import verifiers.v1 as vf`) runs here after its import says `import vf`.
 Importing vf never imports torch: models, engines and the trainer load it only when used.
+
+This file is the facade over both floors of the episode core: the authoring API's modules
+(vf.types, vf.rows, vf.trace, vf.taskset, vf.toolset, vf.judge, vf.env, vf.harness, ...) and the
+few names of the machinery verifiers exports beside them (`Agent`, `Agents`, `Interaction`,
+`Segment`, `load_taskset`: vf.episode). The API modules never import vf.episode
+(tests/test_layering.py).
 """
 
 from vf import types
 from vf.artifacts import Artifact, collect
 from vf.configs.harness import HarnessConfig
 from vf.env import (
-    Agent,
     AgentConfig,
-    Agents,
     Env,
     EnvConfig,
-    Interaction,
-    Segment,
     SingleAgentEnv,
     SingleAgentEnvConfig,
     SubprocessConfig,
 )
+from vf.episode.agents import Agent, Agents, Interaction, Segment
+from vf.episode.loading import load_taskset
 from vf.errors import (
     EnvError,
     HarnessError,
@@ -100,9 +104,3 @@ __all__ = [
     "TaskError", "InterceptionError", "TunnelError",
 ]
 
-
-def load_taskset(taskset_id: str, fields: dict | None = None):
-    """Build a taskset by id (see vf.loading)."""
-    from vf.loading import load_taskset as _load
-
-    return _load(taskset_id, fields)

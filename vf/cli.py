@@ -14,12 +14,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from vf.cli_compat import NO_OP_FLAGS, layers_from, run_dir
 from vf.errors import VfError
+from vf.mixture import run_label
+from vf.rundir import default_run_dir
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -149,8 +153,6 @@ def prepare(args: list[str], *, dotted: bool = True, compat: bool = False) -> li
     head = args[: args.index("--")] if "--" in args else args
     files: list[str] = []
     if compat:
-        from vf.cli_compat import NO_OP_FLAGS
-
         for flag in [a for a in head if a in NO_OP_FLAGS]:
             console.print(f"note: {flag} is a verifiers option with no effect in vf (nothing is uploaded; "
                           "progress goes to stderr)", markup=False)
@@ -244,3 +246,22 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def command_overrides(flags: dict[str, Any], config_file: str | None, output: str | None,
+                      output_dir: str | None) -> tuple[dict[str, Any], str | None, str | None]:
+    """vf-eval / vf-rollout: @ files ← --config ← flags ← dotted flags (either spelling), as one
+    override tree; plus the run dir (-o, or what --run.* asks for) and the parent of an automatic
+    run dir (--output-dir). Notes about ignored verifiers settings go to stderr."""
+    files, dotted, run, notes = layers_from(Invocation.dotted, Invocation.at_files)
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    output_dir = output_dir or run.get("output_dir")
+    return overrides(dotted, flags, config_file, layers=files), run_dir(run, output, output_dir), output_dir
+
+
+def place_run(config: Any, output: str | None, output_dir: str | None) -> str | None:
+    """-o wins; else `--output-dir DIR` holds an automatically named run dir; else our default."""
+    if output is not None or output_dir is None or config is None:
+        return output
+    return str(Path(output_dir) / default_run_dir(run_label(config), config.model).name)

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vf.atomic import write_atomic
+from vf.config import MAX_CONFIG_BYTES, flatten, parse_dotted_args, set_dotted
 from vf.errors import UsageError
 
 KEYS: dict[str, str | None] = {
@@ -55,11 +57,10 @@ def translate_key(key: str) -> str | None:
 
 def translate_tree(tree: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A verifiers config (nested, as in eval.toml) → (our override tree, run identity keys)."""
-    from vf.config import set_dotted
-
     out: dict[str, Any] = {}
     run: dict[str, Any] = {}
-    for key, value in flatten_tree(tree).items():
+    for dotted, value in flatten(tree).items():
+        key = dotted.replace("-", "_")  # verifiers' TOML spells keys with dashes too
         if key.split(".", 1)[0] in RUN_KEYS:
             run[key] = value
             continue
@@ -74,23 +75,11 @@ def translate_tree(tree: dict[str, Any], notes: list[str]) -> tuple[dict[str, An
     return out, run
 
 
-def flatten_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}".replace("-", "_")
-        if isinstance(v, dict) and v:
-            out.update(flatten_tree(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def load_toml(path: str) -> dict[str, Any]:
     """An `@` file: TOML (verifiers' eval.toml), or JSON (a run dir's configs/resolved/eval.json)."""
     import tomllib
 
     from vf.bounded import BoundsError, check_tree, load_json
-    from vf.config import MAX_CONFIG_BYTES
 
     try:
         with open(path, "rb") as f:
@@ -153,9 +142,7 @@ def resolved_eval_json(config: dict[str, Any], run_path: Path) -> dict[str, Any]
 def write_resolved_eval_json(config: dict[str, Any], run_path: Path) -> Path:
     out = Path(run_path) / "configs" / "resolved" / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(resolved_eval_json(config, Path(run_path)), indent=2) + "\n")
-    tmp.replace(out)
+    write_atomic(out, json.dumps(resolved_eval_json(config, Path(run_path)), indent=2) + "\n")
     return out
 
 
@@ -163,7 +150,6 @@ def layers_from(dotted: list[str], at_files: list[str]) -> tuple[tuple[dict[str,
                                                                  dict[str, Any], list[str]]:
     """This invocation's `@ FILE.toml` files and dotted flags in our keys:
     (file layers, lowest first; dotted-flag tree; run identity keys; notes for stderr)."""
-    from vf.config import parse_dotted_args
 
     notes: list[str] = []
     files, run = [], {}
@@ -174,26 +160,3 @@ def layers_from(dotted: list[str], at_files: list[str]) -> tuple[tuple[dict[str,
     flags, run_keys = translate_tree(parse_dotted_args(list(dotted)), notes)
     run.update(run_keys)
     return tuple(files), flags, run, notes
-
-
-def command_overrides(flags: dict[str, Any], config_file: str | None, output: str | None,
-                      output_dir: str | None) -> tuple[dict[str, Any], str | None, str | None]:
-    """vf-eval / vf-rollout: @ files ← --config ← flags ← dotted flags (either spelling), as one
-    override tree; plus the run dir (-o, or what --run.* asks for) and the parent of an automatic
-    run dir (--output-dir). Notes about ignored verifiers settings go to stderr."""
-    from vf.cli import Invocation, console, overrides
-
-    files, dotted, run, notes = layers_from(Invocation.dotted, Invocation.at_files)
-    for note in notes:
-        console.print(f"note: {note}", markup=False)
-    output_dir = output_dir or run.get("output_dir")
-    return overrides(dotted, flags, config_file, layers=files), run_dir(run, output, output_dir), output_dir
-
-
-def place_run(config: Any, output: str | None, output_dir: str | None) -> str | None:
-    """-o wins; else `--output-dir DIR` holds an automatically named run dir; else our default."""
-    if output is not None or output_dir is None or config is None:
-        return output
-    from vf.evaluate import default_run_dir
-
-    return str(Path(output_dir) / default_run_dir(config).name)

@@ -27,6 +27,8 @@ from pydantic import (
 )
 
 from vf import bounded
+from vf.atomic import write_atomic
+from vf.engines.base import Sampling
 from vf.errors import ConfigError, UsageError
 from vf.interception.server import InterceptionConfig
 
@@ -45,9 +47,7 @@ class SamplingConfig(_Config):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
 
-    def to_sampling(self, logprobs: bool = True):
-        from vf.engines.base import Sampling
-
+    def to_sampling(self, logprobs: bool = True) -> Sampling:
         return Sampling(logprobs=logprobs, **self.model_dump())
 
 
@@ -487,22 +487,38 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def config_errors(exc: Exception, prefix: str) -> list[str]:
+    """pydantic ValidationError → one readable line per problem."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return [f"{prefix}: {exc}"]
+    out = []
+    for err in errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        key = f"{prefix}.{loc}" if loc else prefix
+        if err.get("type") == "extra_forbidden":
+            out.append(f"unknown key {key!r}")
+        else:
+            out.append(f"{key}: {err.get('msg')} (got {err.get('input')!r})")
+    return out
+
+
 def validate(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        from vf.loading import config_errors
-
         problems = [p.replace("config.", "", 1) for p in config_errors(e, "config")]
         raise ConfigError(problems, hint="see --help for the keys") from None
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """{"a": {"b": 1, "c": {}}} → {"a.b": 1, "a.c": {}}: nested sections as dotted keys (an empty
+    section stays a value)."""
     out = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
+            out.update(flatten(v, key + sep, sep))
         else:
             out[key] = v
     return out
@@ -513,6 +529,4 @@ def config_digest(data: dict[str, Any]) -> str:
 
 
 def save_yaml(data: dict[str, Any], path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -18,10 +17,11 @@ from typing import Any, TextIO
 
 from vf.cli import Progress, console
 from vf.config import RESUME_FREE_KEYS, EvalConfig, deep_merge, flatten, validate
+from vf.episode.loading import load_taskset
+from vf.episode.runner import check_harnesses, make_engine, make_plan, make_spec, retype_kept, run_plan
 from vf.errors import UsageError
-from vf.loading import load_taskset
-from vf.rundir import RunDir, counted
-from vf.runner import check_harnesses, make_engine, make_plan, make_spec, retype_kept, run_plan
+from vf.mixture import run_eval, run_label
+from vf.rundir import RunDir, counted, default_run_dir
 from vf.summary import summarize
 from vf.taskset import as_task_data
 from vf.trace import Episode
@@ -46,13 +46,12 @@ def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return problems
 
 
-def default_run_dir(config: EvalConfig) -> Path:
-    from vf.mixture import label
-
-    ts = label(config.tasksets) if config.tasksets else str(config.taskset.get("id", "taskset"))
-    ts = ts.replace("/", "_").replace(":", "-")
-    model = Path(config.model).name if "/" in config.model else config.model
-    return Path("outputs") / f"{ts}--{model}--{secrets.token_hex(4)}"
+def run_info(config: EvalConfig, run: RunDir | None) -> dict[str, Any]:
+    """The episodes' `run`: verifiers 0.4.0's `EvalRunInfo` (type "eval": a standalone run with a
+    frozen policy, which `vf-rollout` is too; it has no "rollout" type), with `command` saying which
+    of the two wrote it."""
+    name = run.path.name if run else "stdout"
+    return {"type": "eval", "id": name, "name": name, "command": config.command}
 
 
 def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str | None,
@@ -73,7 +72,7 @@ def open_run(config: EvalConfig | None, overrides: dict[str, Any], output: str |
     assert config is not None
     if output == "-":
         return config, None, [], {}
-    run = RunDir(output or default_run_dir(config))
+    run = RunDir(output or default_run_dir(run_label(config), config.model))
     run.create()
     return config, run, [], {}
 
@@ -94,8 +93,6 @@ def execute(config: EvalConfig, run: RunDir | None, kept: list[Episode], stream:
     tasksets (`config.tasksets`): each into RUN/tasksets/NAME, then the overall summary (vf.mixture)."""
     try:
         if config.tasksets:
-            from vf.mixture import run_eval
-
             return run_eval(config, run, execute, stream, label)
         return _execute(config, run, kept, stream, label)
     except BaseException:
@@ -152,9 +149,7 @@ def _run_owed(config, run, plan, engine, loaded, stream, label) -> dict[str, Any
     start = time.time()
     try:
         if plan.owed:
-            run_info = {"type": config.command, "id": run.path.name if run else "stdout",
-                        "name": run.path.name if run else "stdout"}
-            spec = make_spec(engine, loaded, config, run_info)
+            spec = make_spec(engine, loaded, config, run_info(config, run))
             asyncio.run(_run(plan, spec, config, engine, on_episode))
     finally:
         progress.close()
@@ -182,7 +177,7 @@ async def _run(plan, spec, config: EvalConfig, engine, on_episode) -> None:
 
 def rescore(source: str, taskset_id: str | None, taskset_fields: dict[str, Any]) -> tuple[list[Episode], str]:
     """Re-score saved episodes (a run dir, a traces file, or '-' for stdin) without a model."""
-    from vf.taskset import score
+    from vf.episode.scoring import score
     from vf.trace import TraceFormatError, parse_episode
 
     env_fields: dict[str, Any] = {}

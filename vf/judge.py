@@ -35,10 +35,8 @@ failure (429, 5xx, timeout) is retried once.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import traceback as tb
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal
@@ -56,6 +54,7 @@ from pydantic import (
 from typing_extensions import TypeVar
 
 from vf.errors import ConfigError, EngineError, UsageError
+from vf.imports import import_plugin
 from vf.types import Usage, content_text, to_wire
 from vf.utils.exports import exported_subclasses
 from vf.utils.score import parse_judge_choice
@@ -356,29 +355,23 @@ def _exported_judge(module, judge_id: str) -> type:
 
 def judge_class(judge_id: Any) -> type[Judge]:
     """The Judge class an id names (see the module docstring); ValueError naming what was tried."""
-    import importlib
-
     if not isinstance(judge_id, str) or not judge_id.strip():
         raise ValueError(f"each judges entry needs an `id`: a built-in ({', '.join(BUILTIN)}), "
                          f"pkg.module:Class, path/file.py:Class, or an installed package (got {judge_id!r})")
     spec = BUILTIN.get(judge_id.replace("-", "_").lower(), judge_id)  # ids normalise as verifiers imports them
-    try:
-        if is_code_ref(spec):
-            from vf.taskset import import_function
-
-            if ":" not in spec:  # path/file.py: the one Judge it exports
-                from vf.loading import import_path
-
-                cls = _exported_judge(import_path(Path(spec)), judge_id)
-            else:
-                cls = import_function(spec)
-        else:  # an installed package, as verifiers resolves a plugin id
-            name = judge_id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
-            cls = _exported_judge(importlib.import_module(name), judge_id)
+    try:  # the plugin grammar every resolver shares (vf.imports.import_plugin); built-ins are ours
+        found = import_plugin("judge", spec, trusted=spec is not judge_id)
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise ValueError(f"judge {judge_id!r} not found ({e}); built-ins: {', '.join(BUILTIN)}") from None
     except UsageError as e:
         raise ValueError(f"judge {judge_id!r}: {e}") from None
+    if found is None:
+        raise ValueError(f"judge {judge_id!r} not found; built-ins: {', '.join(BUILTIN)}")
+    module, attr = found
+    if attr is None:
+        cls = _exported_judge(module, judge_id)
+    elif (cls := getattr(module, attr, None)) is None:
+        raise ValueError(f"judge {judge_id!r}: {module.__name__} has no {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, Judge)):
         raise ValueError(f"judge {judge_id!r} is not a vf.Judge subclass")  # noqa: TRY004 - pydantic reports ValueError
     return cls
@@ -417,30 +410,3 @@ def load_judge(config: JudgeConfig | Mapping[str, Any]) -> Judge:
     return judge_class(config.id)(config)
 
 
-async def run_judges(task, trace, args: dict[str, Any]) -> None:
-    """The task config's plugged judges, concurrently, after the task's rewards. Each reward name
-    is seeded with None first; a judge that raises is an error on the trace and leaves it None."""
-    from vf.taskset import call_hook
-    from vf.trace import ErrorInfo, RewardValue
-
-    judges = [load_judge(c) for c in task.config.judges]
-    for judge in judges:
-        trace.rewards[judge.reward_name] = None
-
-    async def one(judge: Judge) -> None:
-        try:
-            value = await call_hook(judge.score, args)
-        except Exception as e:  # noqa: BLE001 - a judge that errors fails this trace, not the run
-            trace.errors.append(ErrorInfo(type=getattr(e, "type", None) or type(e).__name__,
-                                          message=f"judge {judge.reward_name!r}: {e}",
-                                          status_code=getattr(e, "status_code", None),
-                                          traceback=tb.format_exc(limit=5)))
-            trace.ok = False
-            return
-        values = value if isinstance(value, Mapping) else {judge.reward_name: value}
-        if judge.reward_name not in values and trace.rewards.get(judge.reward_name) is None:
-            trace.rewards.pop(judge.reward_name, None)
-        for k, v in values.items():
-            trace.rewards[k] = None if v is None else RewardValue(score=float(v), weight=judge.config.weight)
-
-    await asyncio.gather(*(one(j) for j in judges))

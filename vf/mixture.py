@@ -17,10 +17,12 @@ each a taskset id with its own fields plus `name`, `weight`, `group_size`, `samp
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 from vf.config import EvalConfig, SamplingConfig, TasksetEntry, deep_merge
+from vf.rundir import RunDir
 
 TASKSETS_DIR = "tasksets"
 """Where a mixture evaluation writes each taskset's run dir (RUN/tasksets/NAME)."""
@@ -135,6 +137,11 @@ def label(entries_: list[TasksetEntry]) -> str:
     return "+".join(e.label for e in entries_)
 
 
+def run_label(config: Any) -> str:
+    """What a run is named after: its mixture's label, else its one taskset's id."""
+    return label(config.tasksets) if config.tasksets else str(config.taskset.get("id", "taskset"))
+
+
 def check_sampling(entry: TasksetEntry, base: dict[str, Any]) -> list[str]:
     """Problems with an entry's sampling overrides (values checked against SamplingConfig)."""
     from pydantic import ValidationError
@@ -157,10 +164,6 @@ def run_eval(config: EvalConfig, run, execute, stream=None, label_: str = "eval"
     each taskset in turn, into RUN/tasksets/NAME (a run dir that resumes on its own: what it
     already holds is kept), then the overall summary in RUN/summary.json. `run` None: every
     episode goes to the stream (`-o -`)."""
-    import time
-
-    from vf.rundir import RunDir
-
     t0 = time.time()
     parts: dict[str, dict[str, Any]] = {}
     part_configs = {e.label: eval_config(config, e) for e in config.tasksets}  # every entry refused up front

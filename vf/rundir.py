@@ -33,6 +33,7 @@ import asyncio
 import errno
 import json
 import os
+import secrets
 import shutil
 import threading
 from collections import Counter
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from vf.artifacts import write_artifacts
+from vf.atomic import write_atomic
 from vf.errors import UsageError, VfError
 from vf.trace import Episode, TraceFormatError, parse_episode
 
@@ -148,6 +150,17 @@ def counted(episodes: Sequence[Episode]) -> list[bool]:
     return out
 
 
+def default_run_dir(name: str, model: str | None = None) -> Path:
+    """Where a run goes without `-o`: `outputs/<name>--<model>--<random>` for vf-eval and
+    vf-rollout, `outputs/train--<name>--<random>` for vf-train (`model` None). `name` is the
+    taskset's id or the mixture's label (vf.mixture.run_label)."""
+    name = name.replace("/", "_").replace(":", "-")
+    if model is None:
+        return Path("outputs") / f"train--{name}--{secrets.token_hex(4)}"
+    model = Path(model).name if "/" in model else model
+    return Path("outputs") / f"{name}--{model}--{secrets.token_hex(4)}"
+
+
 @dataclass
 class ResumeState:
     kept: list[Episode] = field(default_factory=list)
@@ -235,7 +248,6 @@ class RunDir:
 
     def save_config(self, config: dict[str, Any]) -> None:
         from vf.config import save_yaml
-
         from vf.version import version_info
 
         self.path.mkdir(parents=True, exist_ok=True)
@@ -368,9 +380,7 @@ class RunDir:
                 os.close(fd)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        tmp = self.path / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(self.path / SUMMARY_FILE)
+        write_atomic(self.path / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
 
     def next_log(self) -> Path:
         logs = self.path / LOGS_DIR

@@ -1,4 +1,6 @@
-"""The v1 taskset API: typed task rows, the behaviour around them, and the loader.
+"""The v1 taskset API: the behaviour around a task row (`Task`), and the set that yields them
+(`Taskset`). The row itself is `vf.rows`; what runs the hooks (calling, scoring) is the
+episode core (vf.episode.hooks, vf.episode.scoring).
 
 Names follow verifiers v1 so an environment written for it ports by changing its import line:
 
@@ -34,145 +36,32 @@ before rewards, judges (`--env.taskset.task.judges`) after them.
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import itertools
 import random
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import TypeVar
 
+from vf.config import SelectConfig, TaskMatch
 from vf.errors import ConfigError, UsageError
+from vf.imports import import_function
 from vf.judge import Judges, resolve_judges
-from vf.trace import task_hash
-from vf.types import Message, content_text, to_wire
-
-if TYPE_CHECKING:
-    from vf.config import SelectConfig, TaskMatch
+from vf.rows import (  # noqa: F401 - the task row's names, importable from here as before
+    MAX_ARTIFACT_BYTES,
+    TaskData,
+    TaskResources,
+    TaskTimeout,
+    WireTaskData,
+    as_task_data,
+    row_defaults,
+)
+from vf.types import to_wire
 
 # ---- data and config ---------------------------------------------------------------------------
-
-MAX_ARTIFACT_BYTES = 32 * 1024 * 1024
-
-
-class TaskTimeout(BaseModel):
-    """Per-task timeout overrides in seconds (None = the run's)."""
-
-    model_config = ConfigDict(frozen=True)
-    setup: float | None = None
-    agent: float | None = None
-    finalize: float | None = None
-    scoring: float | None = None
-
-
-class TaskResources(BaseModel):
-    """Resource requests (cpu cores, memory GB, gpu "A100:2", disk GB), honoured where a runtime can."""
-
-    model_config = ConfigDict(frozen=True)
-    cpu: float | None = None
-    memory: float | None = None
-    gpu: str | None = None
-    disk: float | None = None
-
-
-class TaskData(BaseModel):
-    """One task row: the only part of a task that is serialised onto traces.
-
-    Authors subclass it to add fields (`answer`, `info`, ...). The fields and their defaults
-    are verifiers v1's, so a row hashes the same in both."""
-
-    model_config = ConfigDict(frozen=True)
-
-    idx: int | None = None
-    """Position in the taskset's `load()` stream (set by the loader)."""
-    id: str | None = None
-    """Durable id from the source, if it has one."""
-    name: str | None = None
-    description: str | None = None
-    prompt: str | list[Message] | None = None
-    """A user message (str), a list of chat messages (content may hold image parts), or None
-    when the env's first `turn(message)` opens the conversation."""
-    system_prompt: str | None = None
-    image: str | None = None
-    """Container image for runtimes that use one (docker)."""
-    workdir: str | None = None
-    agent_user: str | None = None
-    skills: list[Any] = Field(default_factory=list)
-    network_allow: list[str] = Field(default_factory=lambda: ["*"])
-    network_block: list[str] = Field(default_factory=list)
-    artifacts: list[Any] = Field(default_factory=list)
-    artifact_max_bytes: int = Field(MAX_ARTIFACT_BYTES, gt=0)
-    timeout: TaskTimeout = TaskTimeout()
-    resources: TaskResources = TaskResources()
-
-    @property
-    def hash(self) -> str:
-        return task_hash(self.model_dump(mode="json", exclude_none=True))
-
-    @property
-    def key(self) -> str:
-        return self.id or self.hash
-
-    @property
-    def prompt_text(self) -> str:
-        if isinstance(self.prompt, str):
-            return self.prompt
-        return "\n\n".join(t for t in (content_text(m.content) for m in self.prompt or []) if t)
-
-    # Read like the dict vf's `trace.task.data` was before it was typed (`data["idx"]`).
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-
-class WireTaskData(TaskData):
-    """A row read without its taskset's TaskData class (a run dir, another producer's traces):
-    the framework fields typed, every other field kept and readable as an attribute
-    (`trace.task.data.answer`), as verifiers' `WireTaskData`."""
-
-    model_config = ConfigDict(extra="allow")
-    _keys: tuple[str, ...] = PrivateAttr(default=())
-    """The row's keys in the order it was read (so `wire()` writes it back as it came)."""
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _remember_keys(cls, value: Any, handler: Any) -> Any:
-        data = handler(value)
-        if isinstance(value, Mapping) and isinstance(data, WireTaskData):
-            data._keys = tuple(value)
-        return data
-
-    def wire(self) -> dict[str, Any]:
-        """The row's JSON as it was read: the fields it came with, in their order."""
-        out = self.model_dump(mode="json", exclude_unset=True)
-        return {**{k: out[k] for k in self._keys if k in out}, **out}
-
-
-def as_task_data(data: TaskData | Mapping[str, Any], cls: type[TaskData]) -> TaskData:
-    """`data` as an instance of `cls` (a taskset's TaskData class): kept if it is one, else its
-    JSON fields validated (a `WireTaskData` read from a run dir, or a dict)."""
-    if isinstance(data, cls):
-        return data
-    return cls.model_validate(data.model_dump(mode="json") if isinstance(data, TaskData) else data)
-
-
-@functools.cache
-def _row_defaults() -> dict[str, Any]:
-    return TaskData().model_dump(mode="json", exclude_none=True)
-
-
-def row_defaults() -> dict[str, Any]:
-    """The JSON of TaskData's framework fields at their defaults (None fields left out)."""
-    return dict(_row_defaults())
 
 
 class FunctionConfig(BaseModel):
@@ -251,7 +140,7 @@ def metric(fn: Callable | None = None, *, priority: int = 0, name: str | None = 
 def stop(fn: Callable | None = None, *, priority: int = 0, name: str | None = None):
     """Mark a Task method as a stop condition, checked after every model reply; one with a
     `vf.Request` / `vf.Response` parameter runs at that boundary of each model call instead, after
-    the `@intercept` hooks, on what they made (vf.intercept)."""
+    the `@intercept` hooks, on what they made (vf.episode.intercept)."""
     mark = _marker("stop", priority=priority, name=name)
     return mark(fn) if fn is not None else mark
 
@@ -261,56 +150,9 @@ def intercept(fn: Callable | None = None, *, priority: int = 0, name: str | None
     gets the call's request and may return a replacement (only the new user and tool messages
     may change; an empty tool result is a call about to run, and filling it in denies the call);
     with `vf.Response`, the policy's reply before the agent gets it. None leaves it unchanged.
-    Higher priority runs first. Every model call of every harness, in-process or a program (vf.intercept)."""
+    Higher priority runs first. Every model call of every harness, in-process or a program (vf.episode.intercept)."""
     mark = _marker("intercept", priority=priority, name=name)
     return mark(fn) if fn is not None else mark
-
-
-async def call_hook(fn: Callable, available: dict[str, Any]) -> Any:
-    """Call `fn` with the arguments it names (sync or async). A parameter with a default that is
-    not available keeps its default; one without is an error naming what hooks may ask for."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs = dict(available)
-    else:
-        missing = [n for n, p in params.items()
-                   if n not in available and p.default is p.empty
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if missing:
-            raise TypeError(
-                f"hook {fn.__qualname__} asks for {missing}; hooks may name: {sorted(available)}")
-        kwargs = {n: available[n] for n in params if n in available}
-    result = fn(**kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def needs_runtime(fn: Callable) -> bool:
-    """Whether a hook names `runtime` (so the rollout must provide one)."""
-    try:
-        return "runtime" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def import_function(spec: str) -> Callable:
-    """`pkg.mod:func`, `pkg.mod.func` or `path/file.py:func` → the function."""
-    import importlib
-
-    target, sep, attr = spec.rpartition(":")
-    if not sep:
-        target, _, attr = spec.rpartition(".")
-    if target.endswith(".py"):
-        from vf.loading import import_path
-
-        module = import_path(Path(target))
-    else:
-        module = importlib.import_module(target)
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError([f"{spec}: {module.__name__} has no {attr!r}"]) from None
 
 
 # ---- Task and Taskset --------------------------------------------------------------------------
@@ -575,8 +417,6 @@ class Taskset(Generic[T, TC]):
 
 
 def _task_match(match: TaskMatch | None, fields: dict[str, Any]) -> TaskMatch:
-    from vf.config import TaskMatch
-
     return match if match is not None else TaskMatch(**fields)
 
 
@@ -596,22 +436,6 @@ def _matching(tasks: Iterator[Task], match: TaskMatch, keep: bool, stop: int | N
             return
 
 
-async def call_validate(task: Task) -> str | bool | None:
-    """`task.validate` with the arguments it names (`runtime`: a fresh subprocess runtime,
-    closed afterwards; `task`, `config`)."""
-    available: dict[str, Any] = {"task": task.data, "config": task.config}
-    runtime = None
-    if needs_runtime(task.validate):
-        from vf.runtime import make_runtime
-
-        runtime = available["runtime"] = make_runtime()
-    try:
-        return await call_hook(task.validate, available)
-    finally:
-        if runtime is not None:
-            await runtime.close()
-
-
 def task_toolsets(task: Task) -> list:
     """The toolsets of one rollout of `task`: `toolsets(config)` (a classmethod, as in verifiers),
     or a class-level list of Toolset classes (the older form), instantiated here."""
@@ -620,37 +444,3 @@ def task_toolsets(task: Task) -> list:
     return list(items)
 
 
-async def score(task: Task, trace, runtime=None) -> None:
-    """Metrics, then rewards, then judges, as verifiers scores. Every expected name is seeded
-    with None first, so a trace shows which signals should have run; a hook that raises is
-    recorded as an error (type, message) and leaves its value None."""
-    import traceback as tb
-
-    from vf.trace import ErrorInfo, RewardValue
-
-    args = {"task": task.data, "trace": trace, "state": trace.state, "config": task.config, "runtime": runtime}
-    for kind in ("metric", "reward"):
-        hooks = task.hooks(kind)
-        target = trace.rewards if kind == "reward" else trace.metrics
-        for name, _, _ in hooks:
-            target.setdefault(name, None)
-        for name, fn, meta in hooks:
-            try:
-                value = await call_hook(fn, args)
-            except Exception as e:  # noqa: BLE001 - hook code is user code
-                trace.errors.append(ErrorInfo(type=type(e).__name__, message=f"{kind} {name!r}: {e}",
-                                              traceback=tb.format_exc(limit=5)))
-                trace.ok = False
-                continue
-            values = value if isinstance(value, Mapping) else {name: value}
-            if name not in values:  # a hook that reports several signals replaces its own name
-                target.pop(name, None)
-            for k, v in values.items():
-                if kind == "reward":
-                    target[k] = None if v is None else RewardValue(score=float(v), weight=meta.get("weight", 1.0))
-                else:
-                    target[k] = None if v is None else float(v)
-    if task.config.judges:
-        from vf.judge import run_judges
-
-        await run_judges(task, trace, args)

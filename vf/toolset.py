@@ -35,27 +35,27 @@ message. A tool that raises or runs past its timeout is answered with `error: ..
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import contextlib
-import contextvars
 import inspect
-import json
 import re
-import time
 import typing
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic
 
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
-from vf.bounded import BoundsError, load_json
 from vf.errors import VfError
+from vf.mcp.server import (  # noqa: F401 - served-call helpers, importable from here as before
+    INJECTED,
+    _call_state,
+    _setup,
+    serve_forever,
+    state_view,
+    tool_content,
+)
 from vf.runtime import RuntimeConfig
 from vf.taskset import State, concrete_type
 
-INJECTED = ("state", "trace", "task", "self")
 TOOL_TIMEOUT = 600.0
 """Seconds one tool call may take (verifiers' `tool_timeout` default); `Toolset.TOOL_TIMEOUT`
 overrides it per toolset."""
@@ -158,49 +158,6 @@ def tool_schema(fn: Callable, name: str) -> dict[str, Any]:
 # ---- results -----------------------------------------------------------------------------------
 
 
-def _block(item: Any) -> dict[str, Any] | None:
-    """An MCP content block (pydantic object or its JSON dict, or MCPServer's Image helper) as
-    an OpenAI content part; None when `item` is no content block."""
-    if hasattr(item, "to_image_content"):  # mcp.server.mcpserver.Image
-        item = item.to_image_content()
-    if isinstance(item, BaseModel) and getattr(item, "type", None) in ("text", "image"):
-        item = item.model_dump(by_alias=True, mode="json")
-    if not isinstance(item, dict):
-        return None
-    kind = item.get("type")
-    if kind == "text" and isinstance(item.get("text"), str):
-        return {"type": "text", "text": item["text"]}
-    if kind == "image" and "data" in item:
-        mime = item.get("mimeType") or item.get("mime_type") or "image/png"
-        data = item["data"]
-        data = base64.b64encode(data).decode() if isinstance(data, bytes) else data
-        return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
-    if kind == "image_url" and isinstance(item.get("image_url"), dict):
-        return {"type": "image_url", "image_url": dict(item["image_url"])}
-    return None
-
-
-def tool_content(result: Any) -> str | list[dict[str, Any]]:
-    """What the tool message carries: text, or content parts when an image is among them.
-
-    Mirrors verifiers' MCP → chat conversion: all-text blocks join with newlines; other values
-    are sent as their JSON text (a str as itself)."""
-    if isinstance(result, str):
-        return result
-    items = result if isinstance(result, (list, tuple)) else [result]
-    parts = [_block(x) for x in items]
-    if items and all(p is not None for p in parts):
-        if all(p["type"] == "text" for p in parts):
-            return "\n".join(p["text"] for p in parts)
-        return parts
-    if isinstance(result, BaseModel):
-        return result.model_dump_json()
-    try:
-        return json.dumps(result)
-    except TypeError:
-        return str(result)
-
-
 # ---- Toolset -----------------------------------------------------------------------------------
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel, default=ToolsetConfig)
@@ -208,7 +165,6 @@ StateT = TypeVar("StateT", bound=State, default=State)
 
 # The state of the rollout whose tool call is running: one toolset instance may serve many
 # rollouts at once (a shared toolset), and each call must see only its own rollout's state.
-_call_state: contextvars.ContextVar[State | None] = contextvars.ContextVar("vf_tool_state", default=None)
 
 
 class ToolError(Exception):
@@ -292,43 +248,10 @@ class Toolset(Generic[ConfigT, StateT]):
 
         Config comes from `config`, else the `VF_CONFIG` environment variable (JSON); the
         address from the arguments, else `MCP_HOST` / `MCP_PORT` (default 127.0.0.1, a free port)."""
-        from vf.mcp.server import serve_forever
-
         serve_forever(cls, config, host=host, port=port)
 
 
 # ---- running tool calls ------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _bound_state(cls: type[State], state: State | None):
-    """Bind the calling rollout's state as `ts.state` for one call. A toolset whose state class
-    differs from the rollout's gets a copy of the fields it declares, written back afterwards
-    (what a served toolset does over the wire)."""
-    if state is None:
-        yield
-        return
-    if isinstance(state, cls):
-        token = _call_state.set(state)
-        try:
-            yield
-        finally:
-            _call_state.reset(token)
-        return
-    view = state_view(cls, state.model_dump())
-    token = _call_state.set(view)
-    try:
-        yield
-    finally:
-        _call_state.reset(token)
-        apply_state(state, view.model_dump())
-
-
-def state_view(cls: type[State], data: dict[str, Any]) -> State:
-    """A toolset's typed view of the rollout's state (the fields `cls` declares)."""
-    if cls.model_config.get("extra") != "allow":
-        data = {k: v for k, v in data.items() if k in cls.model_fields}
-    return cls.model_validate(data)
 
 
 def apply_state(state: State, values: dict[str, Any]) -> None:
@@ -338,148 +261,3 @@ def apply_state(state: State, values: dict[str, Any]) -> None:
             setattr(state, k, v)
 
 
-class _LocalTool:
-    """One in-process @tool method: checks the model's argument names, binds state, calls it."""
-
-    def __init__(self, toolset: Toolset, fn: Callable):
-        self.toolset, self.fn = toolset, fn
-        self.params = inspect.signature(fn).parameters
-        self.state_cls = toolset.state_class()
-
-    async def __call__(self, name: str, arguments: dict[str, Any], context: dict[str, Any]) -> Any:
-        unknown = [k for k in arguments if k not in self.params or k in INJECTED]
-        if unknown:
-            raise ToolError(f"{name} got unexpected arguments {unknown}", "BadArguments")
-        kwargs = {k: v for k, v in context.items() if k in self.params}
-        kwargs.update(arguments)
-        with _bound_state(self.state_cls, context.get("state")):
-            try:
-                result = self.fn(**kwargs)
-            except TypeError as e:
-                raise ToolError(f"bad call to {name}: {e}", "BadArguments") from None
-            return await result if inspect.isawaitable(result) else result
-
-
-class ToolRunner:
-    """All tools of one rollout: their schemas, and execution of the model's tool calls.
-
-    `ToolRunner(toolsets)` takes in-process toolsets; `open_tools()` also brings up served ones."""
-
-    def __init__(self, toolsets: Iterable[Toolset] = (), *, timeout: float = TOOL_TIMEOUT):
-        self.functions: dict[str, Callable] = {}
-        self.schemas: list[dict[str, Any]] = []
-        self.timeouts: dict[str, float] = {}
-        self.timeout = timeout
-        for ts in toolsets:
-            for name, fn in ts.tools().items():
-                self.add(name, _LocalTool(ts, fn), tool_schema(fn.__func__, name), ts.TOOL_TIMEOUT)
-
-    def add(self, name: str, call: Callable, schema: dict[str, Any], timeout: float | None = None) -> None:
-        if name in self.functions:
-            raise ValueError(f"two toolsets define the tool {name!r}; set TOOL_PREFIX on one")
-        self.functions[name] = call
-        self.schemas.append(schema)
-        if timeout is not None:
-            self.timeouts[name] = timeout
-
-    async def call(self, name: str, arguments: str | dict, context: dict[str, Any]) -> str | list[dict[str, Any]]:
-        """Run one tool call; return the tool message's content. Anything that goes wrong is a
-        ToolError (recorded in `trace.info["tool_errors"]` when the context has the trace)."""
-        try:
-            return tool_content(await self._call(name, arguments, context))
-        except ToolError as e:
-            _record(context, name, e.kind, str(e))
-            raise
-
-    async def _call(self, name: str, arguments: str | dict, context: dict[str, Any]) -> Any:
-        fn = self.functions.get(name)
-        if fn is None:
-            raise ToolError(f"unknown tool {name!r}; available: {sorted(self.functions)}", "UnknownTool")
-        if isinstance(arguments, str):
-            try:
-                arguments = load_json(arguments or "{}")  # model output: may nest 100k deep
-            except BoundsError as e:
-                raise ToolError(f"arguments for {name}: {e}", "BadArguments") from None
-        if not isinstance(arguments, dict):
-            raise ToolError(f"arguments for {name} must be a JSON object", "BadArguments")
-        timeout = self.timeouts.get(name, self.timeout)
-        try:
-            async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for
-                return await fn(name, arguments, context)
-        except ToolError:
-            raise
-        except TimeoutError:
-            raise ToolError(f"{name} timed out after {timeout:g}s", "ToolTimeout") from None
-        except Exception as e:  # noqa: BLE001 - tool code is user code; the model sees the error
-            raise ToolError(f"{name} failed: {type(e).__name__}: {e}", type(e).__name__) from None
-
-
-def _record(context: dict[str, Any], name: str, kind: str, message: str) -> None:
-    trace = context.get("trace")
-    info = getattr(trace, "info", None)
-    if isinstance(info, dict):
-        info.setdefault("tool_errors", []).append({"tool": name, "type": kind, "message": message,
-                                                   "time": time.time()})
-
-
-async def _setup(ts: Toolset) -> None:
-    result = ts.setup()
-    if inspect.isawaitable(result):
-        await result
-
-
-@contextlib.asynccontextmanager
-async def open_tools(toolsets: Iterable[Toolset | type[Toolset]], state: State | None = None, *,
-                     shared: SharedTools | None = None, timeout: float = TOOL_TIMEOUT) -> AsyncIterator[ToolRunner]:
-    """Bring up one rollout's tools and yield their runner; everything started is stopped on
-    exit, however the rollout ends.
-
-    `toolsets` are the task's (classes are instantiated with the rollout's state); `shared` are
-    the run's shared toolsets from `open_shared_tools`. A served toolset that cannot start or
-    list its tools raises `ToolsetError` (an errored rollout; the run goes on)."""
-    from vf.mcp.client import serve_toolset
-
-    runner = ToolRunner(timeout=timeout)
-    async with contextlib.AsyncExitStack() as stack:
-        for item in [*(shared.toolsets if shared else []), *toolsets]:
-            ts = item(state=state) if isinstance(item, type) else item
-            if shared and item in shared.toolsets:
-                remote = shared.remote.get(id(ts))
-            elif ts.config.served:
-                remote = await stack.enter_async_context(serve_toolset(ts))
-            else:
-                if ts._state is None:
-                    ts._state = state
-                await _setup(ts)
-                remote = None
-            if remote is None:
-                for name, fn in ts.tools().items():
-                    runner.add(name, _LocalTool(ts, fn), tool_schema(fn.__func__, name), ts.TOOL_TIMEOUT)
-            else:
-                for name, call, schema in remote.tools():
-                    runner.add(name, call, schema, ts.TOOL_TIMEOUT)
-        yield runner
-
-
-class SharedTools:
-    """The run's shared toolsets, up for the whole run (from `open_shared_tools`)."""
-
-    def __init__(self, toolsets: list[Toolset]):
-        self.toolsets = toolsets
-        self.remote: dict[int, Any] = {}
-
-
-@contextlib.asynccontextmanager
-async def open_shared_tools(toolsets: Iterable[Toolset]) -> AsyncIterator[SharedTools]:
-    """Start the taskset's shared toolsets once for a run (`Taskset.toolsets(config)`); each
-    rollout's `open_tools(..., shared=...)` then reaches them with its own state."""
-    from vf.mcp.client import serve_toolset
-
-    shared = SharedTools(list(toolsets))
-    async with contextlib.AsyncExitStack() as stack:
-        for ts in shared.toolsets:
-            if ts.config.served:
-                shared.remote[id(ts)] = await stack.enter_async_context(serve_toolset(ts))
-            else:
-                await _setup(ts)
-        yield shared

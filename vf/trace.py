@@ -21,13 +21,12 @@ stored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -41,7 +40,8 @@ from pydantic import (
 
 from vf.bounded import BoundsError, load_json
 from vf.errors import UsageError
-from vf.types import content_text, parse_message  # noqa: F401 - content_text re-exported
+from vf.rows import TaskData, WireTaskData, task_hash  # noqa: F401 - task_hash, content_text re-exported
+from vf.types import content_text, parse_message
 from vf.version import TRACE_VERSION, __version__
 
 
@@ -96,8 +96,6 @@ class TraceTask(_Record):
     @field_validator("data", mode="before")
     @classmethod
     def _typed(cls, value: Any) -> Any:
-        from vf.taskset import TaskData, WireTaskData  # vf.taskset imports this module
-
         if isinstance(value, TaskData):
             return value
         if not isinstance(value, dict):
@@ -106,8 +104,6 @@ class TraceTask(_Record):
 
     @field_serializer("data")
     def _row(self, data: Any) -> dict[str, Any]:
-        from vf.taskset import WireTaskData
-
         # a row read from a file goes back as it came (an old or foreign producer's row is not
         # padded with defaults nor reordered); a taskset's row with all its fields
         return data.wire() if isinstance(data, WireTaskData) else data.model_dump(mode="json")
@@ -130,6 +126,14 @@ class MessageNode(_Record):
     layer of the k expert ids the engine's forward that sampled the token chose (absent otherwise).
     Not named `routed_experts`: verifiers 0.4's node reserves that name for a numpy array it keeps
     off disk (its JSON reader rejects a list there)."""
+    token_reset: bool | None = Field(None, description=(
+        "True on the prompt-side node where a new training sample starts: its token_ids hold its call's whole "
+        "prompt, not a delta (vf.trainer.samples splits the branch there). Absent elsewhere."))
+    """True on the prompt-side node where a new training sample starts: this node's `token_ids`
+    hold the whole prompt of its call, not a delta, because that prompt does not extend the
+    previous call's prompt + completion (the chat template re-rendered history, or a program
+    rewrote or resent it; vf.episode.rollout). A trainer splits a branch's tokens there
+    (vf.trainer.samples). Absent (None) everywhere else; a vf extension verifiers ignores."""
 
     @field_validator("message", mode="before")
     @classmethod
@@ -220,6 +224,17 @@ def nested_tool(tool: Any) -> Any:
     return tool
 
 
+def _empty(value: Any) -> bool:
+    return not value
+
+
+class InterceptRecord(_Record):
+    """One change an `@vf.intercept` hook made to a model call (verifiers 0.4's `InterceptRecord`)."""
+
+    handler: str
+    """The hook's name."""
+
+
 class RewardValue(_Record):
     score: float
     weight: float = 1.0
@@ -239,6 +254,12 @@ class Trace(_Record):
     calls: list[ModelCall] = Field(default_factory=list)
     rewards: dict[str, RewardValue | None] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
+    request_rewrites: list[InterceptRecord] = Field(default_factory=list, exclude_if=_empty)
+    """Request changes made by `@vf.intercept` hooks, in execution order (one per hook that
+    changed a call's request, a tool gate's included), as verifiers records them. Written only
+    when there are some, so a trace without hooks reads and rewrites as before."""
+    response_rewrites: list[InterceptRecord] = Field(default_factory=list, exclude_if=_empty)
+    """Response changes made by `@vf.intercept` hooks, in execution order (written only when some)."""
     info: dict[str, Any] = Field(default_factory=dict)
     extra_usage: list[dict[str, Any]] = Field(default_factory=list)
     """Token usage of calls that are not the seat's own turns (judges)."""
@@ -442,16 +463,6 @@ class Episode(_Record):
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
-
-
-def task_hash(data: dict[str, Any]) -> str:
-    """sha256 of the row's JSON (sorted keys, None dropped): a task's content identity. Fields the
-    row leaves out take TaskData's defaults, so a plain dict hashes like the TaskData it dumps
-    to (as verifiers hashes rows)."""
-    from vf.taskset import row_defaults
-
-    clean = {k: v for k, v in {**row_defaults(), **data}.items() if v is not None}
-    return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # ---- reading and writing -------------------------------------------------------------------

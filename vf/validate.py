@@ -33,9 +33,10 @@ from typing import Any
 
 from vf.engines.base import GenerateRequest, GenerateResult, Usage
 from vf.env import Env
+from vf.episode.hooks import call_validate
+from vf.episode.runner import EpisodeSpec, run_episode
 from vf.errors import UsageError
-from vf.harness import EpisodeSpec, run_episode
-from vf.taskset import Task, call_validate
+from vf.taskset import Task
 from vf.trace import Episode
 
 FULL_REWARD = 1.0

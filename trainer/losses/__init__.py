@@ -29,6 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vf.trainer.defaults import DEFAULT_LOSS
+
+from vf.imports import import_plugin
+
 from .base import LossConfigError, LossOutput, Stat, merge_stats, reduce_metrics, stat_value
 
 __all__ = [
@@ -36,7 +40,6 @@ __all__ = [
     "loss_token_mask", "merge_stats", "reduce_metrics", "resolve_params", "stat_value",
 ]
 
-DEFAULT_LOSS = "ipo"
 BUILTINS = ("ipo", "icepop", "ppo", "cispo", "sft")
 _TENSOR_ARGS = 4
 
@@ -76,8 +79,13 @@ class Loss:
         return full
 
     def __call__(self, logprobs, inference_logprobs, advantages, loss_mask, **params) -> LossOutput:
-        out = self.fn(logprobs, inference_logprobs, advantages, loss_mask, **self.resolve(params))
-        return _as_output(out, self.name)
+        return self.apply(logprobs, inference_logprobs, advantages, loss_mask, self.resolve(params))
+
+    def apply(self, logprobs, inference_logprobs, advantages, loss_mask,
+              resolved: dict[str, Any]) -> LossOutput:
+        """The loss with parameters `resolve` already returned: the trainer validates them once a
+        step, not once for every micro-batch and fused chunk."""
+        return _as_output(self.fn(logprobs, inference_logprobs, advantages, loss_mask, **resolved), self.name)
 
 
 def _as_output(out: Any, name: str) -> LossOutput:
@@ -103,8 +111,8 @@ def _custom(path: str) -> Loss:
     mod_name, _, attr = path.partition(":")
     if not mod_name or not attr:
         raise LossConfigError(f"custom loss {path!r} must look like 'package.module:function'")
-    try:
-        mod = importlib.import_module(mod_name)
+    try:  # the plugin grammar every resolver shares (vf.imports.import_plugin)
+        mod, _ = import_plugin("loss", path)
     except ImportError as e:
         raise LossConfigError(f"cannot import custom loss module {mod_name!r}: {e}",
                               hint="is the package installed in this environment?") from e

@@ -12,7 +12,7 @@ can never turn into 0·inf = NaN); they still feel the KL term when kl_tau > 0.
 Normalisation: `loss` is the SUM of ℓ_t over valid loss tokens; the training loop divides by the
 global loss-token count of the step (token mean over the global batch).
 
-Defaults: eps = 0.3 (absolute probability difference, not a ratio), kl_tau = 0 (KL term off).
+Defaults (`trainer/defaults.py`): eps = 0.3 (absolute probability difference, not a ratio), kl_tau = 0 (KL term off).
 Note that a probability-difference region rarely masks rare tokens (p, q ≪ eps) even when r is
 huge; `ratio_max` shows it. Definitions: docs/losses.md; history:
 prime-rl `ipo_loss_fn` (PRs #1930, #2798, #3418, #3586).
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from vf.trainer.defaults import IPO_EPS, IPO_KL_TAU
 
 from .common import LossOutput, check_range, finish, masked_stats, prepare
 
 NAME = "ipo"
 PER_TOKEN = True  # each ℓ_t depends on logπ_t alone: the trainer fuses it into the LM head
-DEFAULTS = {"eps": 0.3, "kl_tau": 0.0}
+DEFAULTS = {"eps": IPO_EPS, "kl_tau": IPO_KL_TAU}
+"""The accepted parameters and their defaults (`trainer/defaults.py`)."""
 
 
 def validate(params: dict) -> dict:
@@ -38,8 +40,8 @@ def validate(params: dict) -> dict:
 
 
 def loss(logprobs: Tensor, inference_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-         eps: float = 0.3, kl_tau: float = 0.0) -> LossOutput:
-    eps, kl_tau = validate({"eps": eps, "kl_tau": kl_tau}).values()
+         eps: float = IPO_EPS, kl_tau: float = IPO_KL_TAU) -> LossOutput:
+    """Validated by its caller (`losses.get("ipo")` checks the parameters with `validate`)."""
     p = prepare(logprobs, inference_logprobs, advantages, loss_mask)
     with torch.no_grad():
         keep = p.mask & ((torch.exp(p.logp) - torch.exp(p.logmu)).abs() <= eps)

@@ -48,9 +48,9 @@ def measure(taskset: str, episodes: int, concurrency: list[int], repeats: int) -
 
     from vf.bench.serve import free_port
     from vf.engines.base import GenerateRequest
+    from vf.episode.loading import load_taskset
+    from vf.episode.runner import make_engine, make_plan, make_spec, run_plan
     from vf.evaluate import open_run, resolve_config
-    from vf.loading import load_taskset
-    from vf.runner import make_engine, make_plan, make_spec, run_plan
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "vf.bench.stub_server", str(port)], stdout=subprocess.PIPE,

@@ -196,9 +196,9 @@ def run_ours(root: Path, module: str, model: str, url: str, tasks: int, rollouts
     """Our eval path (the same calls as `vf-eval`, in this process) on the bench taskset."""
     import asyncio
 
+    from vf.episode.loading import load_taskset
+    from vf.episode.runner import make_engine, make_plan, make_spec, run_plan
     from vf.evaluate import open_run, resolve_config
-    from vf.loading import load_taskset
-    from vf.runner import make_engine, make_plan, make_spec, run_plan
 
     sys.path.insert(0, str(root / "vf"))
     over = {"taskset": {"id": module, "size": tasks}, "model": model, "engine": {"base_url": url},

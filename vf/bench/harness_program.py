@@ -42,8 +42,8 @@ from typing import Any
 from vf.bench.harness_peer import peer_python, run_cli, run_peer, write_package
 from vf.bench.serve import free_port
 from vf.configs.harness import HarnessConfig
-from vf.program import Harness
-from vf.runtimes import ProgramResult
+from vf.harness import Harness
+from vf.runtime import ProgramResult
 
 MODEL = "bash:echo hi > out.txt && cat out.txt"
 STAGES = ("setup", "agent")
@@ -200,7 +200,7 @@ def measure(tasks: int, rollouts: int, concurrency: int, repeats: int, peer_time
             _, stderr = run_ours(root, url, 1, 1, 1, peer_timeout, "ours-importtime", {"PYTHONPROFILEIMPORTTIME": "1"})
             lines = torch_imports(stderr)
             # a run whose import log lacks vf's own modules proves nothing about torch
-            out["no_torch"] = not lines and "vf.program" in stderr
+            out["no_torch"] = not lines and "vf.episode.program" in stderr
             out["torch_lines"] = lines[:5]
             if py is None:
                 out["skipped"] = why

@@ -19,6 +19,7 @@ from vf.dialects.base import (
     Call,
     Dialect,
     DialectError,
+    Framer,
     bearer,
     expect,
     finish,
@@ -228,27 +229,72 @@ class AnthropicDialect(Dialect):
                 "content": self.blocks(response), "stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None,
                 "usage": usage_wire(response)}
 
-    def stream(self, response: Response, call: Call) -> list[bytes]:
-        head = {**self.render(response, call), "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": usage_wire(response, output=False)}
-        frames = [sse({"type": "message_start", "message": head}, "message_start")]
-        for i, block in enumerate(self.blocks(response)):
-            kind = block["type"]
-            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
-                     "text": {"type": "text", "text": ""}, "tool_use": {**block, "input": {}}}[kind]
-            delta = {"thinking": {"type": "thinking_delta", "thinking": block.get("thinking")},
-                     "text": {"type": "text_delta", "text": block.get("text")},
-                     "tool_use": {"type": "input_json_delta",
-                                  "partial_json": json.dumps(block.get("input"), ensure_ascii=False)}}[kind]
-            frames += [sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start"),
-                       sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"),
-                       sse({"type": "content_block_stop", "index": i}, "content_block_stop")]
-        stop = {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None}
-        frames += [sse({"type": "message_delta", "delta": stop,
-                        "usage": {"output_tokens": usage_wire(response)["output_tokens"]}}, "message_delta"),
-                   sse({"type": "message_stop"}, "message_stop")]
-        return frames
+    def framer(self, call: Call, response_id: str, model: str, created_at: int) -> Framer:
+        return AnthropicFramer(call, response_id, model, created_at)
 
     def error_body(self, status: int, message: str) -> dict:
         kind = ERROR_TYPES.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class AnthropicFramer(Framer):
+    """Messages events: `message_start` (its input tokens known only when the reply has ended: else
+    they come with `message_delta`); a text block opened at the first text, its `text_delta`s;
+    at the end the block's stop, a thinking block (when the reasoning was not known at the start),
+    one block per tool call, `message_delta` (stop reason, usage) and `message_stop`."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.blocks = 0
+        self.open_text: int | None = None  # the index of the text block being written
+
+    def block(self, start: dict, delta: dict | None) -> list[bytes]:
+        i, self.blocks = self.blocks, self.blocks + 1
+        frames = [sse({"type": "content_block_start", "index": i, "content_block": start}, "content_block_start")]
+        if delta is not None:
+            frames.append(sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"))
+        return [*frames, sse({"type": "content_block_stop", "index": i}, "content_block_stop")]
+
+    def end_text(self) -> list[bytes]:
+        if self.open_text is None:
+            return []
+        i, self.open_text = self.open_text, None
+        return [sse({"type": "content_block_stop", "index": i}, "content_block_stop")]
+
+    def start(self, known: Response | None) -> list[bytes]:
+        usage = usage_wire(known, output=False) if known is not None else {
+            "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        head = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": usage}
+        return [sse({"type": "message_start", "message": head}, "message_start")]
+
+    def text(self, text: str) -> list[bytes]:
+        frames = []
+        if self.open_text is None:
+            self.open_text, self.blocks = self.blocks, self.blocks + 1
+            frames.append(sse({"type": "content_block_start", "index": self.open_text,
+                               "content_block": {"type": "text", "text": ""}}, "content_block_start"))
+        delta = {"type": "text_delta", "text": text}
+        return [*frames, sse({"type": "content_block_delta", "index": self.open_text, "delta": delta},
+                             "content_block_delta")]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return [*self.end_text(), *self.block({"type": "thinking", "thinking": "", "signature": ""},
+                                              {"type": "thinking_delta", "thinking": text})]
+
+    def finish(self, response: Response) -> list[bytes]:
+        frames = self.end_text()
+        for c in response.message.tool_calls or []:
+            start = {"type": "tool_use", "id": c.id or fresh_id("toolu_"), "name": c.name, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input(c.arguments), ensure_ascii=False)}
+            frames += self.block(start, delta)
+        usage = usage_wire(response)
+        stop = {"stop_reason": STOP_REASONS[finish(response)], "stop_sequence": None}
+        return [*frames, sse({"type": "message_delta", "delta": stop,
+                              "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}},
+                             "message_delta"),
+                sse({"type": "message_stop"}, "message_stop")]
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        kind = ERROR_TYPES.get(status, "api_error")
+        return [sse({"type": "error", "error": {"type": kind, "message": message}}, "error")]

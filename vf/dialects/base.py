@@ -3,7 +3,8 @@
 A `Dialect` is one wire format an agent program speaks to its model provider. The interception
 server picks it from the route the agent posted to, `parse`s the body into a `Call` (chat-shaped
 typed messages + flat tools + the sampling knobs the agent set), asks the rollout's handler for a
-`vf.types.Response`, and hands it back through `render` (one JSON body) or `stream` (SSE frames).
+`vf.types.Response`, and hands it back through `render` (one JSON body) or, for a streamed call,
+a `Framer` (SSE frames written as the reply is generated; `stream` frames a whole reply with it).
 
 Bodies come from programs we do not trust (an agent, or a model driving one): `parse` reads them
 with vf.bounded's limits and answers anything malformed with `DialectError` (HTTP 400 in the
@@ -16,12 +17,13 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from vf.bounded import BoundsError, load_json
+from vf.dialects.hosted import custom_names, functions_for_custom, screen
 from vf.types import ImageUrlContentPart, ImageUrlSource, Request, Response, TextContentPart, content_text
 
 
@@ -45,6 +47,15 @@ class Call(BaseModel):
     """Canonical knobs the caller set, and only those: temperature, top_p, top_k, max_tokens (from
     max_tokens / max_completion_tokens / max_output_tokens), stop (a list), seed,
     frequency_penalty, presence_penalty, reasoning_effort."""
+    dropped_tools: list[dict[str, Any]] = []
+    """Tools the agent declared that the policy is not offered (vf.dialects.hosted): provider-hosted
+    ones and the harness's disabled ones, each `{type, name, reason}`; `request.tools` holds the rest."""
+    custom_tools: list[str] = []
+    """The agent's custom (free-form) tools, offered to the policy as functions: its calls of them
+    go back to the agent as custom calls (vf.dialects.hosted.restore)."""
+    on_delta: Callable[[str], None] | None = Field(None, exclude=True, repr=False)
+    """Set by the interception server on a streamed call: the policy tells it the reply's text as
+    it is generated (`Rollout.call`); never set, the reply is framed whole when it ends."""
 
 
 # --- reading untrusted JSON ----------------------------------------------------------------------
@@ -172,14 +183,15 @@ class Dialect(ABC):
 
     def parse(self, body: bytes) -> Call:
         """The request body -> a `Call`; DialectError on anything malformed (bad JSON, wrong types,
-        nesting past vf.bounded's limit, a feature this server cannot honour)."""
+        nesting past vf.bounded's limit, a feature this server cannot honour). Tools a Chat
+        Completions provider cannot take are translated or dropped (vf.dialects.hosted)."""
         try:
             obj = load_json(body)
         except BoundsError as e:
             raise DialectError(f"request body: {e}") from None
         expect(obj, dict, "request body")
         try:
-            return self.parse_object(obj)
+            call = self.parse_object(obj)
         except DialectError:
             raise
         except ValidationError as e:
@@ -188,6 +200,10 @@ class Dialect(ABC):
             raise DialectError(f"invalid request: {where}: {first.get('msg', 'invalid')}"[:500]) from None
         except (TypeError, KeyError, AttributeError, ValueError) as e:  # a shape no check above foresaw
             raise DialectError(f"invalid request: {type(e).__name__}: {str(e)[:300]}") from None
+        call.custom_tools = custom_names(call.request.tools)
+        call.request.tools, call.dropped_tools = screen(call.request.tools)
+        call.request.messages = functions_for_custom(call.request.messages)
+        return call
 
     @abstractmethod
     def parse_object(self, body: dict) -> Call:
@@ -197,13 +213,78 @@ class Dialect(ABC):
     def render(self, response: Response, call: Call) -> dict:
         """The non-streaming response body."""
 
-    @abstractmethod
     def stream(self, response: Response, call: Call) -> list[bytes]:
-        """The whole response as complete SSE frames, the terminal one included."""
+        """The whole response as complete SSE frames, the terminal one included: the incremental
+        framing (`framer`) given the reply's text as one delta."""
+        framer = self.framer(call, response.id, response.model or call.model, created(response))
+        return [*framer.open(response), *framer.delta(response_text(response)),
+                *framer.close(response)]
+
+    @abstractmethod
+    def framer(self, call: Call, response_id: str, model: str, created_at: int) -> Framer:
+        """The SSE framing of one streamed reply (see `Framer`)."""
 
     @abstractmethod
     def error_body(self, status: int, message: str) -> dict:
         """An error in this dialect's shape (what its SDK raises from)."""
+
+
+class Framer(ABC):
+    """One streamed reply in a dialect's SSE frames, written as it is generated: `open` before the
+    first text, `delta` per piece of text, `close` with the finished `Response` (what text it has
+    beyond the deltas, its tool calls, finish reason and usage), or `error` when it fails after the
+    stream began (the HTTP status is sent already). The frames of `Dialect.stream` are these too."""
+
+    def __init__(self, call: Call, response_id: str, model: str, created_at: int):
+        self.call, self.id, self.model, self.created = call, response_id, model, created_at
+        self.sent = ""
+        self.reasoning_sent = False
+
+    def delta(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        self.sent += text
+        return self.text(text)
+
+    def close(self, response: Response) -> list[bytes]:
+        """The end: the reply's text past what was streamed (the deltas are a prefix of it, by the
+        engine's contract: vf.engines.textstream), then the rest of the reply."""
+        response = response.model_copy(update={"id": self.id})
+        text = response_text(response)
+        rest = text[len(self.sent):] if text.startswith(self.sent) else ""
+        frames = self.delta(rest)
+        if response.message.reasoning_content and not self.reasoning_sent:
+            frames += self.reasoning(response.message.reasoning_content)
+        return frames + self.finish(response)
+
+    def open(self, known: Response | None = None) -> list[bytes]:
+        """The frames before any text; `known`: the whole reply, when it has ended already
+        (`Dialect.stream`): its reasoning comes first, and what the start says of it is exact."""
+        frames = self.start(known)
+        if known is not None and known.message.reasoning_content:
+            self.reasoning_sent = True
+            frames += self.reasoning(known.message.reasoning_content)
+        return frames
+
+    @abstractmethod
+    def start(self, known: Response | None) -> list[bytes]:
+        """The stream's first frames."""
+
+    @abstractmethod
+    def text(self, text: str) -> list[bytes]:
+        """One piece of the reply's text."""
+
+    @abstractmethod
+    def reasoning(self, text: str) -> list[bytes]:
+        """The reply's reasoning, whole."""
+
+    @abstractmethod
+    def finish(self, response: Response) -> list[bytes]:
+        """Tool calls, finish reason, usage and the terminal frame."""
+
+    @abstractmethod
+    def error(self, status: int, message: str) -> list[bytes]:
+        """A failure after the stream began, as the dialect's in-stream error event."""
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:

@@ -10,6 +10,7 @@ from vf.dialects.base import (
     Call,
     Dialect,
     DialectError,
+    Framer,
     created,
     expect,
     finish,
@@ -181,26 +182,35 @@ class ChatDialect(Dialect):
                              "finish_reason": finish(response)}],
                 "usage": usage_wire(response)}
 
-    def stream(self, response: Response, call: Call) -> list[bytes]:
-        head = {"id": response.id, "object": "chat.completion.chunk", "created": created(response),
-                "model": response.model or call.model}
-
-        def chunk(delta: dict, finish_reason: str | None = None, **extra) -> bytes:
-            return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                             "finish_reason": finish_reason}], **extra})
-
-        frames = [chunk({"role": "assistant", "content": ""})]
-        if response.message.reasoning_content:
-            frames.append(chunk({"reasoning_content": response.message.reasoning_content}))
-        if text := response_text(response):
-            frames.append(chunk({"content": text}))
-        for i, c in enumerate(tool_calls_wire(response)):
-            frames.append(chunk({"tool_calls": [{"index": i, **c}]}))
-        # usage rides on the finish chunk: clients that asked for it (stream_options.include_usage)
-        # find it, and none sees a chunk without choices it did not ask for
-        frames.append(chunk({}, finish(response), usage=usage_wire(response)))
-        frames.append(b"data: [DONE]\n\n")
-        return frames
+    def framer(self, call: Call, response_id: str, model: str, created_at: int) -> Framer:
+        return ChatFramer(call, response_id, model, created_at)
 
     def error_body(self, status: int, message: str) -> dict:
         return openai_error(status, message)
+
+
+class ChatFramer(Framer):
+    """`chat.completion.chunk` events: the role, content deltas, then tool calls and the finish
+    chunk (carrying usage: clients that asked for it, `stream_options.include_usage`, find it, and
+    none sees a chunk without choices it did not ask for), then `[DONE]`."""
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> bytes:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+                    **extra})
+
+    def start(self, known: Response | None) -> list[bytes]:
+        return [self.chunk({"role": "assistant", "content": ""})]
+
+    def text(self, text: str) -> list[bytes]:
+        return [self.chunk({"content": text})]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return [self.chunk({"reasoning_content": text})]
+
+    def finish(self, response: Response) -> list[bytes]:
+        frames = [self.chunk({"tool_calls": [{"index": i, **c}]}) for i, c in enumerate(tool_calls_wire(response))]
+        return [*frames, self.chunk({}, finish(response), usage=usage_wire(response)), b"data: [DONE]\n\n"]
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        return [sse(openai_error(status, message)), b"data: [DONE]\n\n"]

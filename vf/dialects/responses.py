@@ -18,6 +18,7 @@ from vf.dialects.base import (
     Call,
     Dialect,
     DialectError,
+    Framer,
     created,
     expect,
     finish,
@@ -224,43 +225,92 @@ class ResponsesDialect(Dialect):
                 "temperature": call.sampling.get("temperature"), "top_p": call.sampling.get("top_p"),
                 "max_output_tokens": call.sampling.get("max_tokens"), "usage": usage_wire(response)}
 
-    def stream(self, response: Response, call: Call) -> list[bytes]:
-        final = self.render(response, call)
-        events: list[tuple[str, dict]] = [
-            ("response.created", {"response": {**final, "status": "in_progress", "output": [],
-                                               "incomplete_details": None, "usage": None}}),
-            ("response.in_progress", {"response": {**final, "status": "in_progress", "output": [],
-                                                   "incomplete_details": None, "usage": None}}),
-        ]
-        for i, item in enumerate(final["output"]):
-            at = {"output_index": i, "item_id": item["id"]}
-            if item["type"] == "message":
-                part = item["content"][0]
-                events += [
-                    ("response.output_item.added", {"output_index": i, "item": {**item, "status": "in_progress",
-                                                                               "content": []}}),
-                    ("response.content_part.added", {**at, "content_index": 0, "part": {**part, "text": ""}}),
-                    ("response.output_text.delta", {**at, "content_index": 0, "delta": part["text"], "logprobs": []}),
-                    ("response.output_text.done", {**at, "content_index": 0, "text": part["text"], "logprobs": []}),
-                    ("response.content_part.done", {**at, "content_index": 0, "part": part}),
-                ]
-            elif item["type"] == "function_call":
-                events += [
-                    ("response.output_item.added", {"output_index": i, "item": {**item, "status": "in_progress",
-                                                                               "arguments": ""}}),
-                    ("response.function_call_arguments.delta", {**at, "delta": item["arguments"]}),
-                    ("response.function_call_arguments.done", {**at, "name": item["name"],
-                                                               "arguments": item["arguments"]}),
-                ]
-            else:  # reasoning and custom tool calls arrive whole
-                events.append(("response.output_item.added", {"output_index": i, "item": item}))
-            events.append(("response.output_item.done", {"output_index": i, "item": item}))
-        # `response.completed` even for a reply cut at max_output_tokens (its status still says
-        # "incomplete"): the openai SDK's stream helper accepts no other terminal event, and Codex
-        # ends a turn on it (a stream that stops without it is a failed call there), where a
-        # truncated turn should stand as the policy's answer
-        events.append(("response.completed", {"response": final}))
-        return [sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in enumerate(events)]
+    def framer(self, call: Call, response_id: str, model: str, created_at: int) -> Framer:
+        return ResponsesFramer(self, call, response_id, model, created_at)
 
     def error_body(self, status: int, message: str) -> dict:
         return openai_error(status, message)
+
+
+class ResponsesFramer(Framer):
+    """Responses events: `response.created` / `in_progress`; the message item opened at the first
+    text and its `output_text.delta`s; at the end its `done` events, the reasoning and tool-call
+    items, and `response.completed` whose `output` lists the items in the order they were sent.
+    `response.completed` ends even a reply cut at max_output_tokens (its status still says
+    "incomplete"): the openai SDK's stream helper accepts no other terminal event, and Codex ends a
+    turn on it (a stream that stops without it is a failed call there), where a truncated turn
+    should stand as the policy's answer."""
+
+    def __init__(self, dialect: ResponsesDialect, *args):
+        super().__init__(*args)
+        self.dialect = dialect
+        self.n = 0
+        self.items: list[dict] = []
+        self.message: dict | None = None  # the open message item
+
+    def event(self, kind: str, **data) -> bytes:
+        frame = sse({"type": kind, "sequence_number": self.n, **data}, event=kind)
+        self.n += 1
+        return frame
+
+    def envelope(self, response: Response | None = None) -> dict:
+        blank = Response(id=self.id, created=self.created, model=self.model, message=AssistantMessage(content=None))
+        final = self.dialect.render(response or blank, self.call)
+        if response is None:
+            final.update(status="in_progress", output=[], incomplete_details=None, usage=None)
+        return final
+
+    def start(self, known: Response | None) -> list[bytes]:
+        head = self.envelope()
+        return [self.event("response.created", response=head), self.event("response.in_progress", response=head)]
+
+    def add(self, item: dict, pending: dict | None = None) -> bytes:
+        self.items.append(item)
+        return self.event("response.output_item.added", output_index=len(self.items) - 1, item=pending or item)
+
+    def done(self, item: dict) -> bytes:
+        return self.event("response.output_item.done", output_index=self.items.index(item), item=item)
+
+    def text(self, text: str) -> list[bytes]:
+        frames = []
+        if self.message is None:
+            self.message = {"type": "message", "id": f"msg_{self.id}", "status": "completed", "role": "assistant",
+                            "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+            frames.append(self.add(self.message, {**self.message, "status": "in_progress", "content": []}))
+            frames.append(self.event("response.content_part.added", output_index=len(self.items) - 1,
+                                     item_id=self.message["id"], content_index=0, part=self.message["content"][0]))
+        at = {"output_index": self.items.index(self.message), "item_id": self.message["id"], "content_index": 0}
+        return [*frames, self.event("response.output_text.delta", **at, delta=text, logprobs=[])]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        item = {"type": "reasoning", "id": f"rs_{self.id}", "status": "completed",
+                "summary": [{"type": "summary_text", "text": text}]}
+        return [self.add(item), self.done(item)]
+
+    def finish(self, response: Response) -> list[bytes]:
+        frames: list[bytes] = []
+        if self.message is None and not response.message.tool_calls:  # an empty reply is an empty message
+            frames += self.text("")
+        if self.message is not None:
+            part = {**self.message["content"][0], "text": self.sent}
+            self.message["content"] = [part]
+            at = {"output_index": self.items.index(self.message), "item_id": self.message["id"], "content_index": 0}
+            frames += [self.event("response.output_text.done", **at, text=self.sent, logprobs=[]),
+                       self.event("response.content_part.done", **at, part=part), self.done(self.message)]
+        for item in self.dialect.output_items(response):
+            if item["type"] == "function_call":
+                frames.append(self.add(item, {**item, "status": "in_progress", "arguments": ""}))
+                at = {"output_index": len(self.items) - 1, "item_id": item["id"]}
+                frames += [self.event("response.function_call_arguments.delta", **at, delta=item["arguments"]),
+                           self.event("response.function_call_arguments.done", **at, name=item["name"],
+                                      arguments=item["arguments"]), self.done(item)]
+            elif item["type"] == "custom_tool_call":
+                frames += [self.add(item), self.done(item)]
+        return [*frames, self.event("response.completed", response={**self.envelope(response), "output": self.items})]
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        failed = {**self.envelope(), "status": "failed", "output": self.items,
+                  "error": {"code": "server_error", "message": message}}
+        return [self.event("error", code="server_error", message=message, param=None),
+                self.event("response.failed", response=failed)]
+

@@ -11,6 +11,7 @@ traces itself; the harness wraps every call into a `ModelCall` record.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,5 +95,18 @@ class Engine(Protocol):
     supports_tokens: bool
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+    # An engine that streams also takes `on_delta` (keyword): `generate(request, on_delta=fn)` calls
+    # `fn(text)` with the reply's content as it is produced, the deltas adding up to a prefix of
+    # the final `message["content"]` (the rest, and tool calls, come with the result). Callers pass
+    # it only to an engine that `streams`, so engines that do not stream need not take it.
 
     async def close(self) -> None: ...
+
+
+def streams(engine: Any) -> bool:
+    """Whether `engine.generate` takes `on_delta` (see `Engine`): the local and openai engines do;
+    wrappers and test engines that take only the request are called without it."""
+    try:
+        return "on_delta" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):  # a builtin or an object without a readable signature
+        return False

@@ -4,7 +4,7 @@
     (either form takes threads=N: the engine thread's intra-op threads; default: 1 for a small
     model on CPU, else torch's, see vf/engines/scheduler.py)
     LocalEngine(model: NativeModel, tokenizer, max_batch=64, model_name=None)   # share a module
-    await engine.generate(GenerateRequest) -> GenerateResult
+    await engine.generate(GenerateRequest, on_delta=None) -> GenerateResult   # on_delta(text): streamed text
     await engine.generate_ids(prompt_ids, sampling, **extra) -> Seq      # raw token-level call
     engine.update_weights(state_dict_or_model, version=None)             # thread-safe, between steps
     engine.load_checkpoint(path, version=None)                           # HF dir -> update_weights
@@ -31,13 +31,14 @@ import asyncio
 import itertools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from vf.bounded import load_json
 from vf.engines.base import GenerateRequest, GenerateResult, Sampling, Usage
 from vf.engines.chat import parse_tool_calls, render_multimodal, render_prompt
+from vf.engines.textstream import ReplyText
 from vf.errors import EngineError, UsageError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -256,9 +257,20 @@ class LocalEngine:
             message["tool_calls"] = calls
         return message, calls
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
+    async def generate(self, request: GenerateRequest, *, on_delta: Callable[[str], None] | None = None
+                       ) -> GenerateResult:
+        """One reply. `on_delta(text)` (optional) is told the reply's text as it is decoded, only
+        what the finished message will carry (vf.engines.textstream): the deltas add up to a prefix
+        of `message.content`. Cancelling the call stops decoding at the scheduler's next step."""
         prompt_ids, mm = await self.encode_request(request.messages, request.tools)
-        seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm)
+        on_token = None
+        if on_delta is not None:
+            text = ReplyText(self._decode_tail, request.sampling.stop or ())
+
+            def on_token(tok: int, _lp: float) -> None:
+                if delta := text.push(tok):
+                    on_delta(delta)
+        seq = await self.generate_ids(prompt_ids, request.sampling, mm=mm, on_token=on_token)
         message, calls = self.build_message(self.finish_text(seq), bool(request.tools))
         finish = "tool_calls" if calls else seq.finish_reason
         return GenerateResult(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -82,10 +83,21 @@ class OpenAIEngine:
             body.update({k: True for k in EXTENSION_KEYS})
         return body
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
+    async def generate(self, request: GenerateRequest, *, on_delta: Callable[[str], None] | None = None
+                       ) -> GenerateResult:
+        """One reply. `on_delta` is told its text once, whole, when it has arrived: the request is
+        not streamed from the provider. Why: vLLM does send `token_ids` (with `return_token_ids`)
+        and `logprobs` on stream chunks, and `prompt_token_ids` on the first, but drops both from
+        every chunk when a reasoning parser hides the reasoning (`include_reasoning: false`), and a
+        tool parser's calls arrive as argument fragments to reassemble; a provider's API has no
+        token ids at all. One non-streamed request keeps what training records exact in one place
+        (`_parse`), with its retries. Cancelling the call closes the connection, and vLLM aborts a
+        request whose client went away."""
         data, attempts = await self._post(f"{self.base_url}/chat/completions", lambda: self._body(request))
         result = self._parse(data)
         result.attempts = attempts  # type: ignore[attr-defined]
+        if on_delta is not None and isinstance(text := result.message.get("content"), str) and text:
+            on_delta(text)
         return result
 
     async def post_json(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:

@@ -41,8 +41,8 @@ from vf.artifacts import restore
 from vf.bounded import load_json
 from vf.env import AgentConfig, Env, EnvConfig
 from vf.envs.isolated_verifier import HOST_RUNTIMES
+from vf.episode.harnesses import NullHarness, make_harness
 from vf.errors import UsageError
-from vf.harness import NullHarness, make_harness
 from vf.judges.rubric import Criterion, RubricVerdicts, load_criteria, score_verdicts
 from vf.taskset import Task, TaskData
 

@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vf.artifacts import restore
 from vf.env import AgentConfig, Env, EnvConfig
-from vf.harness import runtime_for_task, stage_deadlines
+from vf.episode.hooks import call_hook
+from vf.episode.rollout import runtime_for_task, stage_deadlines
+from vf.episode.scoring import score
 from vf.retries import backoff
 from vf.runtime import RuntimeConfig, make_runtime
-from vf.taskset import Task, call_hook, score
+from vf.taskset import Task
 
 logger = logging.getLogger(__name__)
 

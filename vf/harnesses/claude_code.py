@@ -29,7 +29,7 @@ from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig, PinnedVersion
 from vf.harness import Harness
 from vf.harnesses.npm import NpmProgram
-from vf.runtimes import ProgramResult, Runtime
+from vf.runtime import ProgramResult, Runtime
 
 STATE_DIR = ".vf-claude"
 PACKAGE = "@anthropic-ai/claude-code"
@@ -118,5 +118,8 @@ class ClaudeCodeHarness(Harness[ClaudeCodeConfig]):
                 return parsed
         return None
 
+
+ClaudeCodeHarnessConfig = ClaudeCodeConfig
+"""verifiers 0.4's name for the config (kept out of `__all__`: one Harness export)."""
 
 __all__ = ["ClaudeCodeConfig", "ClaudeCodeHarness"]

@@ -29,7 +29,7 @@ from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig, PinnedVersion
 from vf.harness import Harness
 from vf.harnesses.npm import NODE, NpmProgram
-from vf.runtimes import ProgramResult, Runtime
+from vf.runtime import ProgramResult, Runtime
 
 STATE_DIR = ".vf-codex"
 PACKAGE = "@openai/codex"
@@ -99,5 +99,8 @@ class CodexHarness(Harness[CodexConfig]):
                KEY_VAR: secret}
         return await runtime.run(self.argv(ctx.model, workdir), env, timeout=RUN_TIMEOUT, input=prompt or "")
 
+
+CodexHarnessConfig = CodexConfig
+"""verifiers 0.4's name for the config (kept out of `__all__`: one Harness export)."""
 
 __all__ = ["CodexConfig", "CodexHarness"]

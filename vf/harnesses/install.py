@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,12 @@ MARKER = "installed.json"
 """Written last: an install directory without it is unfinished and is made again."""
 INSTALL_TIMEOUT = 1800.0
 """Seconds one `pip install` may take (a cold cache downloads a few hundred MB)."""
+
+
+def progress(line: str) -> None:
+    """One line on stderr while an agent installs: a first install takes a minute or more, and
+    a run that says nothing for that long looks hung (stdout is data, so never there)."""
+    print(f"vf: {line}", file=sys.stderr, flush=True)
 
 
 def _reachable_by_others(path: Path) -> bool:
@@ -81,11 +88,13 @@ class PythonProgram:
     cannot see, like pyenv's under /root) and make the environment from the copy."""
     wheels_only: bool = True
     """Install built wheels only: an sdist would run its build code on the host at install."""
+    pip_env: tuple[tuple[str, str], ...] = ()
+    """Extra variables for `pip install` only (an index a uv script names, vf.runtime.uv_script)."""
 
     @property
     def key(self) -> str:
-        digest = hashlib.sha256(json.dumps([self.requirements, self.python, self.copy_python]).encode()
-                                ).hexdigest()[:10]
+        keyed = [self.requirements, self.python, self.copy_python, *([self.pip_env] if self.pip_env else [])]
+        digest = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()[:10]
         return f"{self.name}-{self.version}-{digest}"
 
     @property
@@ -120,18 +129,24 @@ class PythonProgram:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the holder dies
             if (done := self.installed()) is not None:
                 return done  # another rollout (or run) installed it while this one waited
-            return self._install()
+            progress(f"installing {self.name} {self.version} with pip on this host (once; a minute "
+                     f"or more): {' '.join(self.requirements) or 'no packages'} -> {self.dir}")
+            marker = self._install()
+            progress(f"installed {self.name} {self.version} in {marker['seconds']:.0f} s")
+            return marker
 
     def _install(self) -> dict:
         shutil.rmtree(self.dir, ignore_errors=True)  # an earlier install that did not finish
         started = time.monotonic()
         venv = self.dir / "venv"
-        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", **self.env}
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", **self.env,
+               **dict(self.pip_env)}
         env.pop("PYTHONPATH", None)
         python = self._copy_python() if self.copy_python else self.python
-        steps = [[python, "-m", "venv", str(venv)],
-                 [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                  *(["--only-binary", ":all:"] if self.wheels_only else []), *self.requirements]]
+        steps = [[python, "-m", "venv", str(venv)]]
+        if self.requirements:  # a uv script may declare none
+            steps.append([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                          *(["--only-binary", ":all:"] if self.wheels_only else []), *self.requirements])
         try:
             for argv in steps:
                 done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,

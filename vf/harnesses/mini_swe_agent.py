@@ -30,7 +30,7 @@ from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig, PinnedVersion
 from vf.harness import Harness
 from vf.harnesses.install import PythonProgram
-from vf.runtimes import ProgramResult, Runtime
+from vf.runtime import ProgramResult, Runtime
 
 STATE_DIR = ".vf-mini-swe-agent"
 TRAJECTORY = f"{STATE_DIR}/trajectory.json"

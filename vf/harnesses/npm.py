@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vf.errors import HarnessError, SandboxError
-from vf.harnesses.install import INSTALL_TIMEOUT, MARKER, cache_root
+from vf.harnesses.install import INSTALL_TIMEOUT, MARKER, cache_root, progress
 
 NODE = "/usr/bin/node"
 """The interpreter npm programs run with: the sandbox mounts /usr, so the same path works inside."""
@@ -99,7 +99,11 @@ class NpmProgram:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the holder dies
             if (done := self.installed()) is not None:
                 return done  # another rollout (or run) installed it while this one waited
-            return self._install()
+            progress(f"installing {self.name} {self.version} with npm on this host (once; a minute "
+                     f"or more): {' '.join(self.packages)} -> {self.dir}")
+            marker = self._install()
+            progress(f"installed {self.name} {self.version} in {marker['seconds']:.0f} s")
+            return marker
 
     def _run(self, argv: list[str], what: str, sandboxed: bool = False) -> tuple[str, str]:
         """(`argv`'s stdout, where it ran); HarnessError (and no install left) when it fails.

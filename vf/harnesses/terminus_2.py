@@ -30,7 +30,7 @@ from vf.clients import ModelContext
 from vf.configs.harness import HarnessConfig, PinnedVersion
 from vf.harness import Harness
 from vf.harnesses.install import PythonProgram, find_python
-from vf.runtimes import ProgramResult, Runtime
+from vf.runtime import ProgramResult, Runtime
 
 PROGRAM_SOURCE = (Path(__file__).parent / "terminus_2_program.py").read_text()
 STATE_DIR = ".vf-terminus-2"
@@ -99,5 +99,8 @@ class Terminus2Harness(Harness[Terminus2Config]):
         except Exception:  # noqa: BLE001 - missing, too large, not JSON: the agent left no usable record
             return None
 
+
+Terminus2HarnessConfig = Terminus2Config
+"""verifiers 0.4's name for the config (kept out of `__all__`: one Harness export)."""
 
 __all__ = ["Terminus2Config", "Terminus2Harness"]

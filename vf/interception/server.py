@@ -16,7 +16,20 @@ vf.interception.budget); more than `max_inflight_per_rollout` concurrent calls o
 handler raising `DialectError` its status; the handler failing otherwise 502 with a one-line
 message; a handler slower than `handler_timeout` 504. No answer and no log line carries a secret.
 A call refused before its rollout's handler saw it (malformed, an image by URL) is still told to
-the rollout (`on_refused`), so its trace records it.
+the rollout (`on_refused`), so its trace records it. A caller that hangs up before its answer (an
+SDK timeout, a killed agent) has its handler cancelled, and the rollout is told (`on_abandoned`).
+
+A streamed call (`stream: true`) is answered as the reply is generated: the handler is given
+`Call.on_delta`, the policy tells it the reply's text as it is decoded (when nothing may change the
+reply after the agent saw it: `Rollout.call`), and the server waits for the first text or the end.
+A failure before the first text keeps its HTTP status; after it, the status (200) is sent, and
+the failure is the dialect's in-stream error event. Text comes in the dialect's framing
+(`Dialect.framer`), tool calls and usage at the end; a caller hanging up mid-stream cancels the
+generation and the call is abandoned, as before an answer.
+
+The handler is offered only the tools a Chat Completions provider takes: provider-hosted ones
+(Codex's `web_search`, Anthropic's server tools) are dropped by the dialects, and so are the
+key's `disable_tools`; each call lists them in `Call.dropped_tools` (vf.dialects.hosted).
 
 The socket directory the server makes for itself is watched by vf.reaper: a `kill -9` of vf does
 not leave it behind in the temp dir.
@@ -32,7 +45,9 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -41,7 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vf import reaper
 from vf.dialects import DIALECTS, Call, Dialect, DialectError
-from vf.dialects.base import header
+from vf.dialects.base import fresh_id, header
+from vf.dialects.hosted import restore, screen
 from vf.interception.budget import MIB, RecordBudget, RunBudget
 from vf.serve import http
 from vf.types import Response
@@ -51,7 +67,16 @@ logger = logging.getLogger("vf.interception")
 Handler = Callable[[Call], Awaitable[Response]]
 Refused = Callable[[int, str], None]
 """Told (status, message) of a call refused before the handler saw it."""
+Abandoned = Callable[[Call], None]
+"""Told of a call whose caller hung up before its answer (its handler was cancelled)."""
 SOCKET_NAME = "intercept.sock"
+CLIENT_GONE = 499
+"""The status logged for a call whose caller hung up (nginx's; nobody reads it)."""
+DISCONNECT_POLL = 0.1
+"""Seconds between looks at a waiting caller's connection."""
+_PEER: ContextVar[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None] = ContextVar("vf_interception_peer",
+                                                                                         default=None)
+"""The connection the current request came on (set per connection task by `_tracking`)."""
 MODELS_PATH = "/v1/models"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
@@ -103,7 +128,9 @@ class _Slot:
     handler: Handler
     budget: RecordBudget
     on_refused: Refused | None = None
+    on_abandoned: Abandoned | None = None
     inflight: int = 0
+    disabled_tools: frozenset[str] = frozenset()
 
 
 class InterceptionServer:
@@ -128,7 +155,8 @@ class InterceptionServer:
         limits = {"max_body": int(self.config.max_body_mb * 1024 * 1024), "idle_timeout": self.config.idle_timeout,
                   "request_timeout": self.config.request_timeout, "max_connections": self.config.max_connections,
                   "connections": self._connections}
-        tcp = await http.serve(self._dispatch, self.config.host, self.config.port, **limits)
+        tcp = await asyncio.start_server(_tracking(http.connection_handler(self._dispatch, **limits)),
+                                         self.config.host, self.config.port, limit=http.MAX_HEADER_LINE, backlog=1024)
         self._servers.append(tcp)
         try:
             self.port = tcp.sockets[0].getsockname()[1]
@@ -145,7 +173,9 @@ class InterceptionServer:
             path = directory / SOCKET_NAME
             if path.is_socket():  # left by a server that did not stop cleanly
                 path.unlink()
-            self._servers.append(await http.serve_unix(self._dispatch, str(path), **limits))
+            self._servers.append(await asyncio.start_unix_server(
+                _tracking(http.connection_handler(self._dispatch, **limits)), path=str(path),
+                limit=http.MAX_HEADER_LINE, backlog=1024))
             os.chmod(path, 0o666)  # a sandboxed command may run as another user (nobody, when vf runs as root)
             self.socket = str(path)
         except BaseException:
@@ -206,6 +236,19 @@ class InterceptionServer:
         if (slot := self._slots.get(secret)) is not None:
             slot.on_refused = listener
 
+    def disable_tools(self, secret: str, names: Iterable[str]) -> None:
+        """Never offer the key's policy these tools (the harness's `disabled_tools`: tool names, or
+        hosted tool types such as `web_search`), whatever its agent declares; its calls arrive
+        with them listed in `Call.dropped_tools`."""
+        if (slot := self._slots.get(secret)) is not None:
+            slot.disabled_tools = frozenset(names)
+
+    def on_abandoned(self, secret: str, listener: Abandoned) -> None:
+        """Tell `listener(call)` of the key's calls whose caller hung up before the answer (the
+        handler was cancelled: nothing of the reply reached the agent)."""
+        if (slot := self._slots.get(secret)) is not None:
+            slot.on_abandoned = listener
+
     def budget(self, secret: str) -> RecordBudget | None:
         """The recorded-bytes budget of a registered key (vf.interception.budget); None: no such key."""
         slot = self._slots.get(secret)
@@ -263,6 +306,7 @@ class InterceptionServer:
             return self._error(dialect, 429, f"more than {self.config.max_inflight_per_rollout} concurrent calls "
                                              f"for this rollout; retry after one finishes")
         slot.inflight += 1
+        streaming = False  # a stream that began owns the in-flight count until it ends (`_stream`)
         try:
             try:
                 call = dialect.parse(req.body)
@@ -270,36 +314,115 @@ class InterceptionServer:
                 if slot.on_refused is not None:
                     slot.on_refused(e.status, self._scrub(e.message))
                 raise
-            response = await asyncio.wait_for(slot.handler(call), self.config.handler_timeout)
+            if slot.disabled_tools:
+                call.request.tools, withheld = screen(call.request.tools, slot.disabled_tools)
+                call.dropped_tools = [*call.dropped_tools, *withheld]
+            deltas = _Deltas() if call.stream else None
+            call.on_delta = deltas.put if deltas is not None else None
+            response = await self._answer(slot, call, deltas)
+            if isinstance(response, asyncio.Future):  # the reply's text began: streamed as it comes
+                streaming = True
+                return http.Response(200, self._stream(slot, dialect, call, response, deltas, _PEER.get()),
+                                     content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            if response is None:
+                logger.info("interception: %s caller went away before the answer; its call was cancelled",
+                            dialect.name)
+                if slot.on_abandoned is not None:
+                    slot.on_abandoned(call)
+                return self._error(dialect, CLIENT_GONE, "the client closed the connection before the answer")
             if not isinstance(response, Response):
                 response = Response.model_validate(response)
-            if call.stream:
+            response = restore(response, call.custom_tools)
+            if call.stream:  # no text came before the end (or the reply may not be shown early)
                 return http.Response(200, _frames(dialect.stream(response, call)), content_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
             return http.json_response(dialect.render(response, call))
-        except DialectError as e:
-            return self._error(dialect, e.status, e.message)
-        except TimeoutError as e:
-            if self.config.handler_timeout is None:  # the handler's own timeout: a failed call like any other
-                return self._handler_failed(dialect, e)
+        except Exception as e:  # noqa: BLE001 - the policy's failure is the agent's failed call, not the server's
+            return self._error(dialect, *self._failure(dialect, e))
+        finally:
+            if not streaming:
+                slot.inflight -= 1
+
+    def _failure(self, dialect: Dialect, e: Exception) -> tuple[int, str]:
+        """(status, message) the agent is told of its call failing: a `DialectError` its own; the
+        handler past `handler_timeout` 504; no Response 502; else 502 with the exception's type and
+        first line (scrubbed, no traceback)."""
+        if isinstance(e, DialectError):
+            return e.status, e.message
+        if isinstance(e, TimeoutError) and self.config.handler_timeout is not None:
             logger.warning("interception: %s handler did not answer within %gs (504)", dialect.name,
                            self.config.handler_timeout)
-            return self._error(dialect, 504, f"the model did not answer within {self.config.handler_timeout:g}s")
-        except ValidationError as e:
+            return 504, f"the model did not answer within {self.config.handler_timeout:g}s"
+        if isinstance(e, ValidationError):
             logger.warning("interception: %s handler returned no Response (502): %s", dialect.name,
                            self._scrub(str(e).splitlines()[0]))
-            return self._error(dialect, 502, "the model call failed: the policy returned no valid response")
-        except Exception as e:  # noqa: BLE001 - the policy's failure is the agent's failed call, not the server's
-            return self._handler_failed(dialect, e)
-        finally:
-            slot.inflight -= 1
-
-    def _handler_failed(self, dialect: Dialect, e: BaseException) -> http.Response:
-        """502 with the exception's type and first line (scrubbed, no traceback)."""
-        text = str(e)
+            return 502, "the model call failed: the policy returned no valid response"
+        text = str(e)  # the handler's own timeout included: a failed call like any other
         message = self._scrub(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")[:300]
         logger.warning("interception: %s handler failed (502): %s", dialect.name, message)
-        return self._error(dialect, 502, f"the model call failed ({message})")
+        return 502, f"the model call failed ({message})"
+
+    async def _answer(self, slot: _Slot, call: Call, deltas: _Deltas | None = None
+                      ) -> Response | asyncio.Future | None:
+        """The handler's answer; None when the caller hung up first: its connection reads EOF (a
+        client that gave up, an agent killed mid-call), and the handler is cancelled rather than
+        left to generate and record a reply nobody reads. Polled, not waited on: the HTTP layer owns
+        the reader, and reading from it here would eat a pipelined request. A streamed call whose
+        reply's text begins before the answer gets the running handler back, for `_stream`: errors
+        before the first text keep their HTTP status, later ones go out in the stream."""
+        task = asyncio.ensure_future(asyncio.wait_for(slot.handler(call), self.config.handler_timeout))
+        peer = _PEER.get()
+        try:
+            while True:
+                await _first(task, deltas, DISCONNECT_POLL)
+                if task.done():
+                    return task.result()
+                if deltas is not None and deltas.pending:
+                    return task
+                if _gone(peer):
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    return None
+        except asyncio.CancelledError:  # the server stopping
+            task.cancel()
+            raise
+
+    async def _stream(self, slot: _Slot, dialect: Dialect, call: Call, task: asyncio.Future, deltas: _Deltas,
+                      peer: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> AsyncIterator[bytes]:
+        """The reply's SSE frames as its text is generated (`Dialect.framer`), then its end (tool
+        calls, finish reason, usage) or, when it fails now, the dialect's in-stream error. A caller
+        that hangs up (seen by polling, or by a write failing) cancels the generation, and the call
+        is abandoned as before an answer."""
+        framer = dialect.framer(call, fresh_id("vf-"), call.model or self.config.model_name, int(time.time()))
+        try:
+            yield b"".join(framer.open())
+            while True:
+                if text := deltas.take():
+                    yield b"".join(framer.delta(text))
+                if task.done():
+                    break
+                if _gone(peer):
+                    return
+                await _first(task, deltas, DISCONNECT_POLL)
+            if text := deltas.take():
+                yield b"".join(framer.delta(text))
+            try:
+                response = task.result()
+                if not isinstance(response, Response):
+                    response = Response.model_validate(response)
+                frames = framer.close(restore(response, call.custom_tools))
+            except Exception as e:  # noqa: BLE001 - the stream began: the failure is an event in it
+                status, message = self._failure(dialect, e)
+                frames = framer.error(status, self._scrub(message))
+            yield b"".join(frames)
+        finally:
+            slot.inflight -= 1
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                logger.info("interception: %s caller went away mid-stream; its call was cancelled", dialect.name)
+                if slot.on_abandoned is not None:
+                    slot.on_abandoned(call)
 
     def _error(self, dialect: Dialect, status: int, message: str) -> http.Response:
         # scrubbed: a message may echo what the caller sent (a path, a field), which may hold a key
@@ -331,6 +454,55 @@ class InterceptionServer:
             return self._error(dialect, e.status, e.message)
         chars = len(call.request.model_dump_json())
         return http.json_response({"input_tokens": max(1, chars // 4)})
+
+
+def _tracking(on_conn):
+    """vf.serve.http's per-connection coroutine, with the connection known to the requests it
+    serves (`_PEER`): `_answer` watches it for the caller hanging up."""
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _PEER.set((reader, writer))
+        await on_conn(reader, writer)
+    return tracked
+
+
+class _Deltas:
+    """A streamed call's reply text as the policy tells it (`Call.on_delta`), until sent on."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.ready = asyncio.Event()
+
+    def put(self, text: str) -> None:
+        if text:
+            self.parts.append(text)
+            self.ready.set()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.parts)
+
+    def take(self) -> str:
+        """All the text told since the last take (coalesced: one event per wake-up)."""
+        text, self.parts = "".join(self.parts), []
+        self.ready.clear()
+        return text
+
+
+async def _first(task: asyncio.Future, deltas: _Deltas | None, timeout: float) -> None:
+    """Return when `task` ends, text arrives in `deltas`, or `timeout` seconds pass."""
+    if deltas is None:
+        await asyncio.wait({task}, timeout=timeout)
+        return
+    ready = asyncio.ensure_future(deltas.ready.wait())
+    try:
+        await asyncio.wait({task, ready}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ready.cancel()
+
+
+def _gone(peer: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> bool:
+    """The caller hung up: its connection read EOF or is closing."""
+    return peer is not None and (peer[0].at_eof() or peer[1].is_closing())
 
 
 async def _frames(frames: list[bytes]):

@@ -7,6 +7,10 @@ Used by `Toolset.run()` (standalone) and by the server processes `vf.mcp.client`
 The server binds its port (`MCP_PORT`, default: a free one), prints `vf-mcp-port N` on stdout,
 and serves `/mcp` (stateless, JSON responses) until killed; started by vf it dies with its parent.
 
+Below `vf.toolset` (as verifiers' `ServerBase` is below its `Toolset`): what serving a tool call
+means (the rollout's state bound for the call, `state_view`; the result as message content,
+`tool_content`) is here, and `Toolset` and the episode core's in-process runner build on it.
+
 Tools are registered under their own names; the client adds the prefix (`prefix_name`). The
 calling rollout's state travels in the call's `_meta["vf/state"]` and comes back changed in the
 result's `_meta`, so one server can serve many rollouts, each seeing its own state.
@@ -15,19 +19,93 @@ result's `_meta`, so one server can serve many rollouts, each seeing its own sta
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import contextvars
 import importlib
 import inspect
+import json
 import logging
 import os
 import socket
 import sys
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vf.toolset import INJECTED, Toolset, _call_state, _setup, state_view, tool_content
+from pydantic import BaseModel
+
+from vf.taskset import State
+
+if TYPE_CHECKING:
+    from vf.toolset import Toolset
 
 STATE_META = "vf/state"
+
+# ---- how a tool call is served, in-process or over MCP (vf.toolset builds on these) -------------------
+
+INJECTED = ("state", "trace", "task", "self")
+
+
+def _block(item: Any) -> dict[str, Any] | None:
+    """An MCP content block (pydantic object or its JSON dict, or MCPServer's Image helper) as
+    an OpenAI content part; None when `item` is no content block."""
+    if hasattr(item, "to_image_content"):  # mcp.server.mcpserver.Image
+        item = item.to_image_content()
+    if isinstance(item, BaseModel) and getattr(item, "type", None) in ("text", "image"):
+        item = item.model_dump(by_alias=True, mode="json")
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind == "text" and isinstance(item.get("text"), str):
+        return {"type": "text", "text": item["text"]}
+    if kind == "image" and "data" in item:
+        mime = item.get("mimeType") or item.get("mime_type") or "image/png"
+        data = item["data"]
+        data = base64.b64encode(data).decode() if isinstance(data, bytes) else data
+        return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+    if kind == "image_url" and isinstance(item.get("image_url"), dict):
+        return {"type": "image_url", "image_url": dict(item["image_url"])}
+    return None
+
+
+def tool_content(result: Any) -> str | list[dict[str, Any]]:
+    """What the tool message carries: text, or content parts when an image is among them.
+
+    Mirrors verifiers' MCP → chat conversion: all-text blocks join with newlines; other values
+    are sent as their JSON text (a str as itself)."""
+    if isinstance(result, str):
+        return result
+    items = result if isinstance(result, (list, tuple)) else [result]
+    parts = [_block(x) for x in items]
+    if items and all(p is not None for p in parts):
+        if all(p["type"] == "text" for p in parts):
+            return "\n".join(p["text"] for p in parts)
+        return parts
+    if isinstance(result, BaseModel):
+        return result.model_dump_json()
+    try:
+        return json.dumps(result)
+    except TypeError:
+        return str(result)
+
+
+_call_state: contextvars.ContextVar[State | None] = contextvars.ContextVar("vf_tool_state", default=None)
+
+
+def state_view(cls: type[State], data: dict[str, Any]) -> State:
+    """A toolset's typed view of the rollout's state (the fields `cls` declares)."""
+    if cls.model_config.get("extra") != "allow":
+        data = {k: v for k, v in data.items() if k in cls.model_fields}
+    return cls.model_validate(data)
+
+
+async def _setup(ts: Toolset) -> None:
+    result = ts.setup()
+    if inspect.isawaitable(result):
+        await result
+
+
+# ---- the MCP server --------------------------------------------------------------------------------
 
 
 def _mcp_blocks(content: str | list[dict[str, Any]]) -> list[Any]:
@@ -161,5 +239,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # `python -m vf.mcp.server` runs this file as __main__, a second copy of the module: serve
+    # through the copy vf.toolset imports, so a call's state is bound where `Toolset.state` reads it
+    from vf.mcp import server  # noqa: PLW0406 - the imported copy, not this __main__ one
+
+    server.main(sys.argv[1:])
 

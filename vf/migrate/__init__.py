@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from vf.atomic import write_atomic
 from vf.migrate.report import MANUAL, REFUSED, Report
 
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -171,6 +172,4 @@ def apply(report: Report) -> None:
             c.path.unlink(missing_ok=True)
         else:
             c.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = c.path.with_name(c.path.name + ".tmp")
-            tmp.write_text(c.new, encoding="utf-8")
-            tmp.replace(c.path)
+            write_atomic(c.path, c.new)

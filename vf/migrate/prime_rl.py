@@ -23,6 +23,7 @@ from typing import Any
 
 from vf.migrate.configs import _sampling, _strip_v1
 from vf.migrate.report import INFO, MANUAL, MIGRATED
+from vf.trainer.defaults import IPO_EPS, ipo_loss
 
 OPERATIONAL = ("wandb", "deployment", "inference", "slurm", "log", "weight_broadcast", "output_dir", "clean", "bench",
                "env_vars", "monitor", "ckpt", "trainer.ckpt", "orchestrator.ckpt", "trainer.log", "orchestrator.log",
@@ -227,12 +228,12 @@ def _loss_and_optim(keys: _Keys, out: dict, notes: list) -> None:
     loss = keys.get("trainer.loss")
     loss = loss if isinstance(loss, dict) else {}
     if args.get("loss_type"):
-        out["loss"] = {"name": "ipo", "params": {"eps": 0.3}}
-        notes.append((MANUAL, f"loss made explicit: ipo (eps 0.3), vf's default; the old trainer used {args['loss_type']}: "
+        out["loss"] = ipo_loss()
+        notes.append((MANUAL, f"loss made explicit: ipo (eps {IPO_EPS:g}), vf's default; the old trainer used {args['loss_type']}: "
                       "check this is the loss you want"))
     elif keys.has("trainer.args") and not loss:
-        out["loss"] = {"name": "ipo", "params": {"eps": 0.3}}
-        notes.append((MANUAL, "loss made explicit: ipo (eps 0.3), vf's default; the old trainer used its own default "
+        out["loss"] = ipo_loss()
+        notes.append((MANUAL, f"loss made explicit: ipo (eps {IPO_EPS:g}), vf's default; the old trainer used its own default "
                       "(GRPO-style clipping): check this is the loss you want"))
     else:
         out["loss"] = _loss(loss, notes)
@@ -273,8 +274,8 @@ def _loss(loss: dict, notes: list) -> dict:
     if not loss:
         notes.append((MANUAL, "no [trainer.loss]: the run relied on prime-rl's default loss (which changed over "
                       "releases: DPPO+KL, then IPO eps 0.1, then IPO eps 0.3); migrated to vf's default, IPO with "
-                      "eps 0.3 (kl off): check this is the loss you want"))
-        return {"name": "ipo", "params": {"eps": 0.3}}
+                      f"eps {IPO_EPS:g} (kl off): check this is the loss you want"))
+        return ipo_loss()
     if kind == "icepop" or "icepop_ratio_low" in loss or "ratio_low" in loss:
         low = loss.get("ratio_low", loss.get("icepop_ratio_low", 0.2))
         high = loss.get("ratio_high", loss.get("icepop_ratio_high", 5.0))
@@ -283,8 +284,8 @@ def _loss(loss: dict, notes: list) -> dict:
         return {"name": "icepop", "params": {"low": low, "high": high}}
     if kind == "custom":
         notes.append((MANUAL, f"[trainer.loss] custom ({loss.get('import_path') or loss.get('path') or '?'}) has no vf "
-                      "equivalent: port it to a trainer/losses module; migrated to IPO eps 0.3 meanwhile"))
-        return {"name": "ipo", "params": {"eps": 0.3}}
+                      f"equivalent: port it to a trainer/losses module; migrated to IPO eps {IPO_EPS:g} meanwhile"))
+        return ipo_loss()
     params: dict[str, Any] = {}
     if kind == "ipo" or "ipo_threshold" in loss or "eps" in loss:
         eps = loss.get("eps", loss.get("ipo_threshold", 0.1))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vf.trainer.defaults import IPO_EPS
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -176,7 +178,7 @@ RULES: list[Rule] = [
     R("SCR004", "script", "old trainers → vf-train",
       "`vf-train @ cfg.toml` (in-tree v0 trainer), `vf-rl @ cfg.toml` and `prime-rl @ cfg.toml` become "
       "`vf-train cfg.yaml` (the config is migrated by CFG004, which states the loss). The default loss "
-      "is now IPO with eps 0.3.",
+      f"is now IPO with eps {IPO_EPS:g}.",
       "vf-train @ configs/train.toml", "vf-train configs/train.yaml"),
     R("SCR005", "script", "vf-replay → vf-eval --score",
       "0.4.0 `vf-replay RUN` (offline re-scoring) becomes `vf-eval --score RUN`.",
@@ -214,7 +216,7 @@ RULES: list[Rule] = [
       "`[trainer.optim]`, `[trainer.loss]`, `max_steps`, `seq_len`) become a vf-train YAML with the same "
       "meaning. `[trainer.loss]`: `type = \"ipo\"` / `ipo_threshold` → `ipo` with that `eps`; `type = "
       "\"icepop\"` → `icepop` with the same ratio band; DPPO (`dppo_mask_*`) and `custom` have no vf loss and "
-      "are flagged. A config that relied on the old default loss states `loss` explicitly (`ipo`, `eps: 0.3`, "
+      f"are flagged. A config that relied on the old default loss states `loss` explicitly (`ipo`, `eps: {IPO_EPS:g}`, "
       "vf's default) and the report says so. `[trainer.model]`: `cp`/`ep` → `parallel.cp`/`parallel.ep`, `ac` → "
       "`trainer.activation_checkpointing`, `compile` → `model.compile`, `impl` → `model.impl`, `seq_len` → "
       "`trainer.seq_len`; `max_async_level` (how far inference may run ahead) → `async.max_off_policy_steps`, "
@@ -225,7 +227,7 @@ RULES: list[Rule] = [
       "when it only says how the run is deployed (wandb, deployment, inference, log, attn, tp, ...), "
       "`manual` otherwise.",
       "model = \"Qwen/Qwen3-0.6B\"\n[env]\nid = \"my-env\"\n[trainer.args]\nlearning_rate = 1e-6\nmax_steps = 100",
-      "model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: 0.3\n"
+      f"model:\n  path: Qwen/Qwen3-0.6B\ntaskset:\n  id: my-env\nloss:\n  name: ipo\n  params:\n    eps: {IPO_EPS:g}\n"
       "optim:\n  lr: 1.0e-06\nsteps: 100"),
     R("CFG900", "config", "pyproject [tool.verifiers.eval]: flagged",
       "`[tool.verifiers.eval] num_examples/rollouts_per_example` defaults are not read by vf; pass "

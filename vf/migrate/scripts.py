@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 
 from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
+from vf.trainer.defaults import IPO_EPS
 
 TODO = "TODO(vf-migrate)"
 
@@ -127,7 +128,7 @@ def rewrite_argv(argv: list[str], notes: list[tuple[str, str, str]]) -> list[str
         configs = [a for a in argv[1:] if a.endswith(".toml")]
         out = ["vf-train", *[c[:-5] + ".yaml" for c in configs]]
         notes.append(("SCR004", MIGRATED, f"{cmd} → vf-train (config migrated by CFG004; the default loss is now "
-                      "IPO with eps 0.3, the migrated config states it)"))
+                      f"IPO with eps {IPO_EPS:g}, the migrated config states it)"))
         extra = [a for a in argv[1:] if a != "@" and not a.endswith(".toml")]
         if extra:
             notes.append(("SCR004", MANUAL, f"trainer flags not carried over: {' '.join(extra)}"))

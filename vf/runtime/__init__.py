@@ -12,12 +12,13 @@ module registers through `register_runtime`. A command stopped by a limit has
 
 from vf.runtime.base import (
     CommandResult,
+    ProgramResult,
     Runtime,
     RuntimeConfig,
     RuntimeLimitError,
     SandboxUnavailable,
-    make_runtime,
     register_runtime,
 )
+from vf.runtime.registry import make_runtime
 
-__all__ = ["CommandResult", "Runtime", "RuntimeConfig", "RuntimeLimitError", "SandboxUnavailable", "make_runtime", "register_runtime"]
+__all__ = ["CommandResult", "ProgramResult", "Runtime", "RuntimeConfig", "RuntimeLimitError", "SandboxUnavailable", "make_runtime", "register_runtime"]

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vf import reaper
 from vf.errors import SandboxError, UsageError
+from vf.runtime import uv_script
 from vf.runtime.files import parts_beneath, read_beneath, write_beneath
 
 
@@ -104,6 +106,10 @@ class CommandResult:
         return self
 
 
+ProgramResult = CommandResult
+"""verifiers 0.4's name for one program run (`ProgramResult(exit_code, stdout, stderr)`)."""
+
+
 class Runtime(ABC):
     """One rollout's place to run commands: a working directory plus the processes in it."""
 
@@ -124,6 +130,10 @@ class Runtime(ABC):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._root_fd: int | None = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         """Every host-side file access starts here (vf.runtime.files), never at a path."""
+        self.env: dict[str, str] = {}
+        """Variables every command gets beneath its own (verifiers' `runtime.env`: the task's)."""
+        self.user: str | None = None
+        """verifiers' `runtime.user`: vf runs every command as the runtime's one user (None)."""
 
     @abstractmethod
     async def run(self, command: str | list[str], env: dict[str, str] | None = None, *,
@@ -137,6 +147,40 @@ class Runtime(ABC):
         """Run a harness's main program (verifiers' `runtime.run_program(argv, env)`, which harness
         packages call from `launch`): `run` without the per-command time limit."""
         return await self.run(argv, env, timeout=PROGRAM_TIMEOUT, input=input)
+
+    # ---- verifiers 0.4's runtime API for harness packages ------------------------------------
+    def process_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """`runtime.env` with one command's own values on top (verifiers' `process_env`)."""
+        return {**self.env, **(env or {})}
+
+    def with_user(self, user: str | None, home: str | None = None) -> Runtime:
+        """verifiers' `with_user`: None is this runtime; vf cannot run commands as another user."""
+        if user is not None:
+            raise UsageError(f"runtime {self.type!r} cannot run commands as another user ({user!r})")
+        return self
+
+    @property
+    def supports_live_processes(self) -> bool:
+        """verifiers' flag for `open_process` (ACP harnesses): vf's runtimes have none."""
+        return False
+
+    async def prepare_uv_script(self, script: str | bytes, env: dict[str, str] | None = None, *,
+                                activate: bool = True) -> list[str]:
+        """verifiers' `prepare_uv_script`: an argv that runs the PEP 723 `script`, its
+        dependencies resolved and installed on the host once (cached) and mounted read-only,
+        so the runtime needs no network (vf.runtime.uv_script). `activate=False` runs the bare
+        interpreter (its environment's variables stay out of the script's children)."""
+        prepared = await asyncio.to_thread(uv_script.prepare, script, env)
+        for path in prepared.mounts:
+            self.add_read_only(path)
+        return prepared.argv(activate)
+
+    async def run_uv_script(self, script: str | bytes, args: list[str] | None = None,
+                            env: dict[str, str] | None = None) -> CommandResult:
+        """verifiers' `run_uv_script`: prepare `script`, then run it with `args` (a command's
+        time limit applies)."""
+        argv = await self.prepare_uv_script(script, env)
+        return await self.run([*argv, *(args or [])], env or {})
 
     async def write(self, path: str, data: str | bytes) -> None:
         """Put `data` at `path` (parents made as needed). A symlink or hard link at that name is
@@ -193,7 +237,7 @@ class Runtime(ABC):
             shutil.rmtree(self.workdir, ignore_errors=True)
             reaper.forget_dir(str(self.workdir))
 
-    async def __aenter__(self) -> Runtime:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -234,16 +278,3 @@ class SandboxUnavailable(SandboxError, UsageError):
 def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     _TYPES[cls.type] = cls
     return cls
-
-
-def runtime_type(name: str) -> type[Runtime]:
-    from vf.runtime import docker, sandbox, subprocess  # noqa: F401  (register their types)
-
-    if name not in _TYPES:
-        raise UsageError(f"unknown runtime type {name!r}", hint=f"choose one of: {', '.join(sorted(_TYPES))}")
-    return _TYPES[name]
-
-
-def make_runtime(config: RuntimeConfig | dict | None = None, workdir: Path | None = None) -> Runtime:
-    config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
-    return runtime_type(config.type)(config, workdir)

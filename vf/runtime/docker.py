@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from typing import ClassVar
 
+from vf.errors import HarnessError
 from vf.runtime import bridge
 from vf.runtime.base import SandboxUnavailable, register_runtime
 from vf.runtime.subprocess import SubprocessRuntime
@@ -86,10 +87,19 @@ class DockerRuntime(SubprocessRuntime):
         return super()._env(None)  # the docker client's own env; the command's goes through -e below
 
     async def run(self, command, env=None, *, timeout=None, cwd=None, input=None):
+        env = self.process_env(env)
         if env:
             command = ["env", *(f"{k}={v}" for k, v in env.items()),
                        *(["/bin/sh", "-c", command] if isinstance(command, str) else command)]
         return await super().run(command, timeout=timeout, cwd=cwd, input=input)
+
+    async def prepare_uv_script(self, script, env=None, *, activate=True) -> list[str]:
+        """Refused: the environment is resolved on the host against the host's Python, which
+        the container's image does not have at the same path (and the container sees no host
+        directory but the working one)."""
+        raise HarnessError("runtime 'docker' cannot run verifiers uv-script programs (prepare_uv_script): "
+                           "vf resolves them on the host for the host's Python",
+                           hint="use --env.agent.runtime.type sandbox (the default)")
 
     def _kill(self, group: int) -> None:
         super()._kill(group)

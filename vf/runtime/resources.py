@@ -23,7 +23,8 @@ import sys
 from typing import Any
 
 from vf.errors import TaskError
-from vf.runtime.base import RuntimeConfig, runtime_type
+from vf.runtime.base import RuntimeConfig
+from vf.runtime.registry import runtime_type
 
 _warned: set[tuple[str, ...]] = set()
 

@@ -111,7 +111,7 @@ class SubprocessRuntime(Runtime):
         timeout = timeout or self.config.timeout
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self._argv(command, cwd_path, timeout), env=self._env(env),
+                *self._argv(command, cwd_path, timeout), env=self._env(self.process_env(env)),
                 stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
                 **{"cwd": cwd_path, **self._spawn_kwargs()})

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from vf.bounded import BoundsError, load_json
+from vf.engines import textstream
 from vf.engines.base import Sampling
 from vf.errors import EngineError, VfError
 from vf.serve.http import Request, Response, json_response
@@ -375,7 +376,6 @@ class ServeApp:
         task.add_done_callback(lambda _: queue.put_nowait(None))
         tok = self.engine.tokenizer
         state = [{"ids": [], "lps": [], "sent": 0, "pending_ids": [], "pending_lps": []} for _ in range(n)]
-        hold = max([len(s) for s in sampling.stop] + [len("<tool_call>") if tools_for_parse else 0] + [1]) - 1
 
         def chunk(choices, usage=None):
             d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -387,20 +387,7 @@ class ServeApp:
             return b"data: " + json.dumps(d, ensure_ascii=False).encode() + b"\n\n"
 
         def visible(text: str, final: bool) -> str:
-            """The part of the text safe to send: before a stop string / tool call, minus a holdback."""
-            for s in sampling.stop:
-                cut = text.find(s)
-                if cut >= 0:
-                    text = text[:cut]
-                    final = True
-            if tools_for_parse:
-                cut = text.find("<tool_call>")
-                if cut >= 0:
-                    return text[:cut]
-            if final:
-                return text
-            text = text[: len(text) - hold] if hold else text
-            return text.removesuffix("\ufffd")
+            return textstream.visible(text, sampling.stop, final, tool_calls=bool(tools_for_parse))
 
         try:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

@@ -2,8 +2,8 @@
 rollout, as verifiers 0.4 applies them to every call its interception server sees (its
 `RolloutSession.rewrite_request` / `rewrite_response` / `gate_tool_calls`).
 
-One copy for both kinds of seat: the in-process loops (`null`, `bash`: vf.harness) and program
-harnesses (vf.program), so a hook behaves the same whichever runs the agent.
+One copy for both kinds of seat: the in-process loops (`null`, `bash`: vf.episode.harnesses) and
+program harnesses (vf.episode.program), applied in the rollout's one model-call path (`Rollout.call`), so a hook behaves the same whichever runs the agent.
 
 A hook's boundary is its parameter annotated `vf.Request` or `vf.Response` (or named `request` /
 `response`); it may also name `trace`, `task`, `state` and `config`. Request hooks run, highest
@@ -25,7 +25,9 @@ import typing
 from functools import cached_property
 from typing import Any
 
-from vf.taskset import Task, call_hook
+from vf.episode.hooks import call_hook
+from vf.taskset import Task
+from vf.trace import InterceptRecord
 from vf.types import Request, Response, ToolMessage
 
 
@@ -49,6 +51,7 @@ def boundary(fn) -> type | None:
     return None
 
 
+
 class Interceptors:
     """One rollout's intercept hooks and boundary stops. `args()` gives what else hooks may name
     (its `trace` gets each change noted in `info["intercepts"]`, in execution order)."""
@@ -62,7 +65,8 @@ class Interceptors:
         # an error on that rollout's trace, as the other hooks' are
         hooks = [fn for _, fn, _ in self.task.hooks("intercept")]
         stops = [(name, fn) for name, fn, _ in self.task.hooks("stop")]
-        return ([fn for fn in hooks if boundary(fn) is Request], [fn for fn in hooks if boundary(fn) is Response],
+        return ([fn for fn in hooks if boundary(fn) is Request],
+                [fn for fn in hooks if boundary(fn) is Response],
                 [(n, fn) for n, fn in stops if boundary(fn) is Request],
                 [(n, fn) for n, fn in stops if boundary(fn) is Response])
 
@@ -79,7 +83,12 @@ class Interceptors:
         return bool(self.request_hooks or self.request_stops)
 
     def record(self, kind: str, hook: str) -> None:
-        self.args()["trace"].info.setdefault("intercepts", []).append({"boundary": kind, "hook": hook})
+        """A hook changed the call: noted on the trace, in execution order, as verifiers records it
+        (`request_rewrites` / `response_rewrites`: the hook's name) and in `info["intercepts"]`."""
+        trace = self.args()["trace"]
+        rewrites = trace.request_rewrites if kind == "request" else trace.response_rewrites
+        rewrites.append(InterceptRecord(handler=hook))
+        trace.info.setdefault("intercepts", []).append({"boundary": kind, "hook": hook})
 
     async def _call(self, fn, value: Request | Response):
         kind = "request" if isinstance(value, Request) else "response"
