@@ -147,3 +147,25 @@ def test_every_request_vf_sends_is_valid_for_vllm(sent):
     assert all(v["error"] for v in bad), bad  # the validator rejects what vLLM's server answers 400
     for body, verdict in zip(bodies, ours):
         assert verdict == {"error": None, "ignored": []}, (verdict, json.dumps(body)[:2000])
+
+
+def test_agents_own_tool_keys_stay_on_the_trace_and_never_reach_the_provider():
+    """Claude Code's `defer_loading` and Codex's `namespace` ride on vf's flat tool (the trace keeps
+    them); in the provider's `function` object OpenAI answers 400 to them."""
+    from vf.engines.base import GenerateRequest
+    from vf.engines.openai_client import OpenAIEngine
+    from vf.trace import Trace
+
+    flat = [{"type": "function", "name": "DeferredToolPlaceholder", "description": "d", "defer_loading": True,
+             "parameters": {"type": "object", "properties": {}}},
+            {"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1", "strict": False,
+             "parameters": {"type": "object", "properties": {}}}]
+    tools = Trace(tools=flat).tools  # the nested shape a call's request carries
+    assert tools[0]["function"]["defer_loading"] is True  # the trace keeps what the agent offered
+    body = OpenAIEngine("http://127.0.0.1:9", model="m")._body(
+        GenerateRequest(messages=[{"role": "user", "content": "hi"}], tools=tools))
+    assert openai_errors(body) is None, openai_errors(body)
+    assert [t["function"] for t in body["tools"]] == [
+        {"name": "DeferredToolPlaceholder", "description": "d", "parameters": {"type": "object", "properties": {}}},
+        {"name": "spawn_agent", "parameters": {"type": "object", "properties": {}}, "strict": False}]
+    assert openai_errors({**body, "tools": tools}) is not None  # what vf sent before

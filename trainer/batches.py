@@ -27,7 +27,7 @@ from vf.trainer.samples import Sample, trace_samples
 
 from vf.config import SelectConfig, TasksetEntry
 from vf.episode.loading import load_taskset
-from vf.episode.runner import EpisodeSpec, taskset_toolsets
+from vf.episode.runner import EpisodeSpec, check_harnesses, taskset_toolsets
 from vf.errors import UsageError
 from vf.selection import select_tasks
 
@@ -168,6 +168,7 @@ def load_tasks(config: TrainConfig) -> tuple[list[Member], list]:
     members = []
     for entry in config.mixture:
         loaded = load_taskset(entry.id, entry.fields, config.env)
+        check_harnesses(loaded)  # an unknown or unbuildable harness stops the run here (exit 2)
         limit = 10_000 if loaded.taskset.INFINITE else None
         members.append(Member(entry, loaded, select_tasks(loaded.taskset, SelectConfig(limit=limit))))
     return members, [t for m in members for t in m.tasks]
@@ -204,7 +205,8 @@ def load_data(path: str, min_reward: float | None) -> list[Sample]:
     if not file.exists():
         raise UsageError(f"--data {path}: no traces at {file}", hint="pass a run dir written by vf-rollout/vf-eval -o")
     samples = []
-    for ep in read_episodes(file):
+    # in task order, not the order the rollouts finished in: the same traces give the same run
+    for ep in sorted(read_episodes(file), key=lambda e: (str(e.task.key), e.rollout, e.id)):
         if not ep.ok or (min_reward is not None and ep.reward < min_reward):
             continue
         for trace in ep.traces:

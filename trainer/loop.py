@@ -43,6 +43,7 @@ from vf.trainer.monitor import Monitor
 from vf.trainer.orchestrator import off_policy_histogram
 from vf.trainer.run_state import RunState
 
+from vf.errors import VfError
 from vf.rundir import RunDir
 
 SUMMARY_FILE = "summary.json"
@@ -101,10 +102,16 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
             if result.skipped:
                 say(f"step {step}: non-finite logits ({int(result.metrics.get('nonfinite_logits', 0))} loss tokens) or "
                     f"gradient norm ({result.grad_norm}): update skipped, training continues")
-            if batch.metrics.get("refill_capped"):
+            failed = errored_message(step, batch) if src.rl else None
+            all_failed = failed is not None and not any(e.ok for e in batch.episodes)
+            if all_failed:
+                say(failed)
+            elif batch.metrics.get("refill_capped"):
                 say(refill_capped_message(step, batch, config))
             elif src.rl and not batch.metrics.get("num_samples", 1):
                 say(no_signal_message(step, batch))
+            elif failed:
+                say(failed)
             if rollouts:  # the weights stream from the (sharded) model into the engine, a layer at a time
                 learner.with_weights(lambda w, v=version: rollouts.publish(v, w))
             step_time = time.perf_counter() - t0
@@ -119,6 +126,9 @@ def run(config: TrainConfig, run_dir: Path, *, resume: bool = False, from_scratc
                 state.rows.append(row)
                 if on_step:
                     on_step(row)
+            if all_failed:  # the step's traces are written; no checkpoint holds it
+                raise VfError(failed, hint="each error is on its trace in traces.jsonl; fix it, then continue "
+                                           f"the run from its last checkpoint: vf-train --resume {run_dir}")
             if (config.ckpt.every and version % config.ckpt.every == 0 and version < total) or version == total:
                 checkpoint.save_run(run_dir, version, learner, state, rollouts, config.ckpt.keep_last)
     except BaseException:
@@ -207,6 +217,20 @@ def refill_capped_message(step: int, batch, config: TrainConfig) -> str:
             f"{m.get('groups_sampled', 0)} groups, {m.get('zero_variance_groups', 0)} of them with all-equal rewards: "
             f"the step trains on {m.get('num_samples', 0)} samples, not {o.batch_size}. {which}: too few groups with "
             "signal (the policy solves, or fails, nearly every rollout); raise the cap, or use harder (easier) tasks")
+
+
+def errored_message(step: int, batch) -> str | None:
+    """What a step's errored rollouts were (None: none errored). They are left out of their
+    groups; a step with nothing else to train on stops the run (`run`)."""
+    errored = int(batch.metrics.get("errored_rollouts", 0))
+    if not errored:
+        return None
+    first = next((err for e in batch.episodes if not e.ok
+                  for err in (*e.errors, *(x for t in e.traces for x in t.errors))), None)
+    said = f"; the first: {first.type}: {first.message}" if first is not None else ""
+    if not any(e.ok for e in batch.episodes):
+        return f"step {step}: every rollout errored ({errored}), nothing to train on{said}"
+    return f"step {step}: {errored} rollouts errored and were left out of their groups{said}"
 
 
 def no_signal_message(step: int, batch) -> str:

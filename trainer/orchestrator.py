@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import random
@@ -311,7 +312,10 @@ class _Generator:
         self._error: BaseException | None = None
         self._stop = False
         self._engine_version: int | None = None
-        self._thread = threading.Thread(target=self._run, name="vf-orchestrator", daemon=True)
+        # in the creator's context: what it set (vf.imports.untrusted_config: a resumed run's
+        # config.yaml is data) holds for the code the rollouts import, too
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name="vf-orchestrator", daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -32,6 +32,20 @@ EXTENSION_KEYS = ("return_token_ids", "return_tokens_as_token_ids")
 MAX_BACKOFF = 20.0
 
 
+
+FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+"""What a Chat Completions function object may hold (OpenAI's `FunctionDefinition`; vLLM's too)."""
+
+
+def provider_tool(tool: Any) -> Any:
+    """A call's tool as the provider takes it: an agent's own extras on a function (Claude Code's
+    `defer_loading`, Codex's `namespace`) stay on the trace and are not sent, since OpenAI answers
+    400 to a key it does not know."""
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(fn, dict) or tool.get("type", "function") != "function" or set(fn) <= set(FUNCTION_KEYS):
+        return tool
+    return {**tool, "function": {k: fn[k] for k in FUNCTION_KEYS if k in fn}}
+
 class OpenAIEngine:
     name = "openai"
 
@@ -67,7 +81,7 @@ class OpenAIEngine:
             "max_tokens": s.max_tokens,
         }
         if req.tools:
-            body["tools"] = req.tools
+            body["tools"] = [provider_tool(t) for t in req.tools]
         if s.seed is not None:
             body["seed"] = s.seed
         if s.stop:

@@ -193,6 +193,12 @@ def build_program_harness(cls: type[Harness], config: HarnessConfig) -> Harness:
     fields = config.model_dump()
     fields.update(config.model_extra or {})
     try:
-        return cls(cls.config_class().model_validate(fields))
+        config = cls.config_class().model_validate(fields)
     except ValueError as e:
         raise ConfigError([f"env.agent.harness: {e}"]) from None
+    try:
+        return cls(config)
+    except TypeError as e:  # an abstract method left out, or a constructor that takes other arguments
+        raise UsageError(f"harness {config.id!r} ({cls.__module__}.{cls.__qualname__}) cannot be built: {e}",
+                         hint="a vf.harness.Harness subclass implements launch() and takes its config "
+                              "(docs/agents.md)") from None
