@@ -213,7 +213,7 @@ def gold_server(request):
 def test_vf_eval_with_the_bash_harness_on_the_gold_policy_scores_1(gold_server, tmp_path):
     url, policy = gold_server
     out = tmp_path / "run"
-    proc = subprocess.run([str(ROOT / ".venv/bin/vf-eval"), "swe-gen", "-n", "6", "--taskset.seed", "7",
+    proc = subprocess.run([str(Path(sys.executable).parent / "vf-eval"), "swe-gen", "-n", "6", "--taskset.seed", "7",
                            "--taskset.size", "6", "--base-url", url, "-m", "swe-gen-gold", "-o", str(out),
                            "--no-push", "--json"], check=False, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OPENAI_API_KEY": "unused"})
@@ -240,7 +240,7 @@ def test_gold_trajectories_recorded_with_token_ids_are_sft_data(gold_server, tmp
 
     url, _ = gold_server
     out = tmp_path / "gold"
-    proc = subprocess.run([str(ROOT / ".venv/bin/vf-rollout"), "swe-gen", "-n", "3", "-r", "1", "--taskset.seed", "7",
+    proc = subprocess.run([str(Path(sys.executable).parent / "vf-rollout"), "swe-gen", "-n", "3", "-r", "1", "--taskset.seed", "7",
                            "--taskset.size", "6", "--base-url", url, "-m", "swe-gen-gold", "-o", str(out)],
                           check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
