@@ -63,8 +63,8 @@ class PreparedScript:
         """verifiers' `prepare_uv_script` argv for this script (see the module docstring)."""
         interpreter, script = self.program.interpreter, str(self.path)
         env = [f"{k}={v}" for k, v in self.program.env.items()]  # a copied interpreter's libpython
-        if not activate:
-            return ["env", *env, interpreter, script] if env else [interpreter, script]
+        if not activate:  # nor vf's own venv (the subprocess runtime inherits vf's environment)
+            return ["env", "-u", "VIRTUAL_ENV", *env, interpreter, script]
         venv = str(Path(interpreter).parent.parent)
         return ["sh", "-c", ACTIVATE, "uv-script", venv, *(["env", *env] if env else []), interpreter, script]
 
