@@ -32,7 +32,6 @@ EXTENSION_KEYS = ("return_token_ids", "return_tokens_as_token_ids")
 MAX_BACKOFF = 20.0
 
 
-
 FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 """What a Chat Completions function object may hold (OpenAI's `FunctionDefinition`; vLLM's too)."""
 
@@ -45,6 +44,7 @@ def provider_tool(tool: Any) -> Any:
     if not isinstance(fn, dict) or tool.get("type", "function") != "function" or set(fn) <= set(FUNCTION_KEYS):
         return tool
     return {**tool, "function": {k: fn[k] for k in FUNCTION_KEYS if k in fn}}
+
 
 class OpenAIEngine:
     name = "openai"
