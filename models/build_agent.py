@@ -10,9 +10,9 @@ The recipe (RECIPE below; seeded, CPU, fp32):
     gold    `vf-rollout swe-gen` with the bash harness against the scripted gold policy
             (vf.environments.swe_gen.gold_server) answering with the base model's token ids: the
             trajectories are exactly what the harness sends and gets back
-    sft     `vf-train --loss sft --data <gold run dir>` from the base: a fixed number of steps, or
-            with `--sft-stop-at R` until the success rate on validation swe-gen tasks (a third
-            seed) reaches R (`vf-train --eval.stop-at`, checked every 10 steps; `gated_sft` says why)
+    sft     `vf-train --loss sft --data <gold run dir>` from the base until the success rate on
+            validation swe-gen tasks (a third seed) reaches the recipe's 0.1, or `--sft-stop-at R`
+            (`vf-train --eval.stop-at`, checked every 10 steps, at most 400; `gated_sft` says why)
     ipo     `vf-train --taskset swe-gen --env.agent.harness.id bash` from the SFT model, evaluated
             before and after on held-out swe-gen tasks (another `--taskset.seed`)
 
@@ -66,7 +66,8 @@ HELD_OUT = {"id": "swe-gen", "seed": 2, "size": 64, "kinds": KINDS}
 RECIPE: dict = {
     "base": {"model": AGENT_MODEL, "vocab": AGENT_VOCAB, "seed": tiny.SEED, "corpus_seeds": 40},
     "gold": {"taskset": TRAIN},
-    "sft": {"steps": 200, "lr": 3e-3, "batch_size": 8},
+    "sft": {"lr": 3e-3, "batch_size": 8, "max_steps": 400, "check_every": 10, "stop_at": 0.1,
+            "validation": VALIDATION},
     "ipo": {"steps": 20, "lr": 3e-4, "batch_size": 64, "group_size": 8, "max_tokens": 80,
             "taskset": TRAIN, "max_turns": 6, "refill": True},
     "eval": {"taskset": HELD_OUT, "limit": 64, "num_rollouts": 2},
@@ -201,32 +202,28 @@ def agent_env() -> dict:
 
 
 def gated_sft(stop_at: float) -> dict:
-    """The recipe's SFT section for `--sft-stop-at`: train until the success rate on validation
-    tasks reaches `stop_at`, checked every 10 steps, at most 400 steps.
+    """The recipe's SFT section with another success rate to stop at (`--sft-stop-at`).
 
-    Why: the tiny model leaves a loss plateau (~0.08: it has learnt the moves but not yet to copy
-    the missing name from the traceback) anywhere between step 120 and past 200, depending on the
-    recording (each episode's sandbox path is in its tracebacks), and the fixed 200 steps gave
-    held-out starts from 6% to 66%. A start gated on measured success does not depend on where
-    the plateau ends."""
-    return {**RECIPE["sft"], "steps": None, "max_steps": 400, "check_every": 10, "stop_at": stop_at,
-            "validation": VALIDATION}
+    Why SFT stops on measured success rather than after a fixed number of steps: the tiny model
+    leaves a loss plateau (~0.08: it has learnt the moves but not yet to copy the missing name from
+    the traceback) anywhere between step 120 and past 200, depending on the recording (each
+    episode's sandbox path is in its tracebacks), and a fixed 200 steps gave held-out starts from
+    6% to 66%. Why 0.1: IPO needs room above the start; gated at 0.3, two builds started at 41% and
+    51% held-out and gained only 5 points in 20 steps (benchmarks/RESULTS.md)."""
+    return {**RECIPE["sft"], "stop_at": stop_at}
 
 
 def sft_config(base: Path, gold: Path, sft: dict | None = None) -> dict:
-    """`vf-train --loss sft --data <gold>` from `base`: the recipe's fixed length, or a `gated_sft`."""
-    s = sft or RECIPE["sft"]
-    config = {"model": {"path": str(base)}, "loss": {"name": "sft"},
-              "data": {"path": str(gold), "batch_size": s["batch_size"]},
-              "steps": s["steps"], "optim": {"lr": s["lr"]}, "trainer": {"seq_len": RECIPE["seq_len"]},
-              "seed": RECIPE["seed"], "eval": {"at_start": False, "at_end": False}}
-    if "stop_at" in s:
-        v = s["validation"]
-        config.update(steps=s["max_steps"], env=agent_env(), sampling={"max_tokens": RECIPE["ipo"]["max_tokens"]},
-                      ckpt={"every": 0},
-                      eval={"at_start": False, "at_end": False, "every": s["check_every"], "stop_at": s["stop_at"],
-                            "taskset": v, "select": {"limit": v["size"]}, "num_rollouts": 1})
-    return config
+    """`vf-train --loss sft --data <gold>` from `base`, evaluated on the validation tasks every
+    `check_every` steps and stopped once their success rate reaches `stop_at` (`gated_sft`)."""
+    s, v = sft or RECIPE["sft"], (sft or RECIPE["sft"])["validation"]
+    return {"model": {"path": str(base)}, "loss": {"name": "sft"},
+            "data": {"path": str(gold), "batch_size": s["batch_size"]},
+            "steps": s["max_steps"], "optim": {"lr": s["lr"]}, "trainer": {"seq_len": RECIPE["seq_len"]},
+            "seed": RECIPE["seed"], "env": agent_env(), "sampling": {"max_tokens": RECIPE["ipo"]["max_tokens"]},
+            "ckpt": {"every": 0},
+            "eval": {"at_start": False, "at_end": False, "every": s["check_every"], "stop_at": s["stop_at"],
+                     "taskset": v, "select": {"limit": v["size"]}, "num_rollouts": 1}}
 
 
 def ipo_config(start: Path) -> dict:
@@ -294,8 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-dir", type=Path, default=None,
                    help="keep the phases' run dirs here (default: temp); phases finished there are kept")
     p.add_argument("--sft-stop-at", type=float, default=None, metavar="R",
-                   help="SFT until the validation success rate reaches R (checked every 10 steps, at most 400) "
-                        "instead of the recipe's fixed length (gated_sft)")
+                   help="SFT until the validation success rate reaches R instead of the recipe's "
+                        f"{RECIPE['sft']['stop_at']} (checked every 10 steps, at most 400; gated_sft)")
     args = p.parse_args(argv)
     info = build(args.out, args.run_dir, args.sft_stop_at)
     print(json.dumps(info, indent=2))  # stdout is data: build.json's content

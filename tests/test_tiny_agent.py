@@ -86,14 +86,15 @@ def test_the_recipe_runs_vf_commands_on_swe_gen_with_a_held_out_eval(tmp_path):
 
 
 def test_a_gated_sft_stops_on_validation_tasks_neither_trained_on_nor_reported(tmp_path):
-    """`--sft-stop-at`: vf-train's early stopping on its own third seed of the same kinds."""
+    """SFT stops on vf-train's early stopping, on its own third seed of the same kinds; the recipe's
+    rate by default, `--sft-stop-at R` another."""
     gated = sft_config(tmp_path / "base", tmp_path / "gold", gated_sft(0.2))
     ev, ipo = gated["eval"], ipo_config(tmp_path / "sft")
     assert ev["stop_at"] == 0.2 and ev["every"] == 10 and gated["steps"] == 400
     assert ev["taskset"]["seed"] not in (ipo["taskset"]["seed"], ipo["eval"]["taskset"]["seed"])
     assert ev["taskset"]["kinds"] == ipo["taskset"]["kinds"]
     assert gated["env"] == ipo["env"]  # validated through the harness it is trained through
-    assert "stop_at" not in sft_config(tmp_path / "base", tmp_path / "gold").get("eval", {})  # the default: fixed
+    assert sft_config(tmp_path / "base", tmp_path / "gold")["eval"]["stop_at"] == RECIPE["sft"]["stop_at"] == 0.1
 
 
 def test_the_margin_statistics_match_textbook_values():
