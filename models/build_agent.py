@@ -68,7 +68,7 @@ RECIPE: dict = {
     "gold": {"taskset": TRAIN},
     "sft": {"lr": 3e-3, "batch_size": 8, "max_steps": 400, "check_every": 10, "stop_at": 0.1,
             "validation": VALIDATION},
-    "ipo": {"steps": 20, "lr": 3e-4, "batch_size": 64, "group_size": 8, "max_tokens": 80,
+    "ipo": {"steps": 40, "lr": 3e-4, "batch_size": 64, "group_size": 8, "max_tokens": 80,
             "taskset": TRAIN, "max_turns": 6, "refill": True},
     "eval": {"taskset": HELD_OUT, "limit": 64, "num_rollouts": 2},
     "seq_len": 2048,
