@@ -209,7 +209,8 @@ def gated_sft(stop_at: float) -> dict:
     the traceback) anywhere between step 120 and past 200, depending on the recording (each
     episode's sandbox path is in its tracebacks), and a fixed 200 steps gave held-out starts from
     6% to 66%. Why 0.1: IPO needs room above the start; gated at 0.3, two builds started at 41% and
-    51% held-out and gained only 5 points in 20 steps (benchmarks/RESULTS.md)."""
+    51% held-out and gained only 5 points in 20 steps. From 0.1 (14% held out) 20 IPO steps gained
+    7 points, 40 gained 21 (benchmarks/RESULTS.md), hence the recipe's 40."""
     return {**RECIPE["sft"], "stop_at": stop_at}
 
 

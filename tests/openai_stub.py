@@ -13,6 +13,7 @@ It stands for a remote provider in tests. The reply depends on the requested mod
     notokens         like reverse, but rejects the token-id extensions with HTTP 400
     vision           "images: N", N = the image_url content parts in the request
     yes              always "yes" (a judge that agrees)
+    letter-G         a letter-grade judge: a scratchpad, then <grade>G</grade>
     bash:CMD         first call: a tool call bash(command=CMD); after a tool result: that result
     grader           an LLM judge (see `grade`): answers verifiers' reference-judge prompt with its
                      verdict label, and its rubric-judge prompt with a verdicts JSON object, both
@@ -197,6 +198,8 @@ class Handler(BaseHTTPRequestHandler):
             text = "yes"
         elif model == "grader":
             text = grade(prompt)
+        elif model.startswith("letter-"):
+            text = f"<scratchpad>Fluent and on topic.</scratchpad>\n<grade>{model[7:]}</grade>"
         elif model.startswith("bash:"):
             tool_msgs = [m for m in messages if m.get("role") == "tool"]
             text = tool_msgs[-1]["content"] if tool_msgs else ""

@@ -236,20 +236,35 @@ def test_a_raising_reward_is_an_error_and_vf_validate_finds_it(tmp_path, cli):
 
 
 @pytest.mark.parametrize("call", ["judge(p, c, a, s)", "rubric.judge(p, c, a, s)"])
-def test_judge_outside_scoring_or_with_extra_arguments_says_what_to_do(call):
+def test_judge_outside_scoring_says_what_to_do_and_extra_arguments_are_ignored(call):
+    """0.1.3-0.1.7 took judge(prompt, completion, answer, state, **kwargs) and ignored the extras
+    (0.1.8+ refused them): code that passes them was written for those releases, so compat asks the
+    judge as its author saw, never a TypeError scored as a failed reward."""
+    from types import SimpleNamespace
+
     from vf.migrate import compat
 
-    rubric = compat.JudgeRubric()
-    judge = compat.JudgeCall(None, None)
+    asked = []
 
-    async def awaited_with_extra_arguments():  # 0.1.3+ awaited it; 0.1.8+ refused extra arguments
-        return await judge("p", [], "a", {}, info={})
+    class Judge:  # a vf.Judge's two methods JudgeCall uses
+        def build_messages(self, question, answer, response):
+            return f"{question}|{answer}|{response}"
 
-    with pytest.raises(TypeError, match="0.1.8 and later take judge"):
-        asyncio.run(awaited_with_extra_arguments())
+        async def complete(self, messages, trace=None, **sampling):
+            asked.append(messages)
+            return SimpleNamespace(text=f"verdict on {messages}")
+
+    judge = compat.JudgeCall(Judge(), None)
+    completion, state = [{"role": "assistant", "content": "r"}], {}
+
+    async def awaited(**extra):  # 0.1.3+ awaited it
+        return await judge([{"role": "user", "content": "q"}], completion, "a", state, **extra)
+
+    assert asyncio.run(awaited(info={}, task="t")) == asyncio.run(awaited()) == "verdict on q|a|r"
+    assert asked == ["q|a|r"]  # the second call is state's cached reply, as v0 kept it
     if call.startswith("rubric"):
         with pytest.raises(RuntimeError, match="outside a reward function"):
-            rubric.judge("p", [], "a", {})
+            compat.JudgeRubric().judge("p", [], "a", {})
 
 
 GAME_HIERARCHY = textwrap.dedent('''

@@ -538,10 +538,13 @@ class _Migration:
         for i, (fn, w, metric) in enumerate(self._rubric_items(rubric_call, rubric_var)):
             self._plan_func(i, fn, w, metric, used)
         if not self.plan.funcs:
-            judge = " (verifiers 0.1.0-0.1.1's JudgeRubric scored its own judge_reward_func, yes → 1.0: if this env " \
-                "was written for them, add rubric.add_reward_func(rubric.judge_reward_func))" if self.plan.judge else ""
-            self.plan.manual.append((self.line(rubric_call), "the rubric has no reward functions: the migrated task "
-                                     "has no rewards" + judge))
+            # Not a decision left to the user: every release that loads `load_environment` modules
+            # (0.1.2+) scored a rubric without functions 0; only 0.1.0-0.1.1's JudgeRubric added its
+            # own judge_reward_func, and those releases had no load_environment.
+            judge = " (a JudgeRubric adds its judge_reward_func only in verifiers 0.1.0-0.1.1, which load no " \
+                "load_environment module; add compat's rubric.judge_reward_func to score the judge)" if self.plan.judge else ""
+            self.add(rubric_call, "ENV003", INFO, "the rubric has no reward functions, so v0 scored every rollout 0: "
+                     "the migrated task has no rewards" + judge)
 
     @staticmethod
     def _class_rubric(node: cst.ClassDef):

@@ -86,10 +86,8 @@ class JudgeCall:
             if isinstance(state, dict):
                 state["judge_response"] = text
             return text
-        if kwargs:
-            raise TypeError(f"judge() got unexpected keyword arguments {sorted(kwargs)}: verifiers 0.1.8 and later "
-                            "take judge(prompt, completion, answer, state) only (0.1.3-0.1.7 ignored extra ones); "
-                            "drop them from the call")
+        # extra keyword arguments: 0.1.3-0.1.7 ignored them, 0.1.8+ refused them (TypeError). Only code
+        # written for the releases that ran it passes them, so they are ignored, as its author saw.
         return self._reply(prompt, completion, answer, state)
 
     async def _reply(self, prompt: Any, completion: Any, answer: Any, state: Any, cache: bool = True) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import inspect
 import json
@@ -42,6 +43,11 @@ def _local(path, name=None, *args, split=None, **kwargs):
 datasets.load_dataset = _local
 import verifiers
 import verifiers.utils.data_utils as _data_utils
+
+try:  # the installed release (0.1.1's __version__ still says "0.1.0")
+    RELEASE = importlib.metadata.version("verifiers")
+except importlib.metadata.PackageNotFoundError:
+    RELEASE = getattr(verifiers, "__version__", "?")
 
 _data_utils.load_dataset = _local
 
@@ -100,7 +106,14 @@ async def _score(env, row, completion):
         for fn, w in pairs:
             names.append(getattr(fn, "__name__", repr(fn)))
             if hasattr(rubric, "_call_individual_reward_func"):
-                scores.append(await rubric._call_individual_reward_func(fn, state))
+                score = rubric._call_individual_reward_func
+                if "score_sem" in inspect.signature(score).parameters:  # 0.1.8-0.1.9
+                    scores.append(await score(fn, state, asyncio.Semaphore(1)))
+                else:
+                    scores.append(await score(fn, state))
+            elif hasattr(rubric, "_call_reward_func"):  # 0.1.0-0.1.1: sync, run in a thread by score_rollout
+                scores.append(rubric._call_reward_func(fn, state["prompt"], completion, state["answer"], state,
+                                                       task=state["task"], info=state["info"]))
             elif "parser" in inspect.signature(rubric.call_reward_func).parameters:  # 0.1.2
                 scores.append(await rubric.call_reward_func(fn, rubric.parser, state["prompt"], completion,
                                                             state["answer"], state, task=state["task"],
@@ -124,8 +137,10 @@ def main() -> None:
         for name in names:
             r = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=False)
             sys.stderr.write(r.stderr)
-            if r.returncode != 0:
-                sys.exit(f"v0_reference.py {name} exited {r.returncode}")
+            if r.returncode != 0:  # this release cannot score it (a reward raised, an API it lacks): say so
+                lines = r.stderr.strip().splitlines() or [f"exit {r.returncode}"]
+                out[name] = {"error": lines[-1][:300]}
+                continue
             out.update(json.loads(r.stdout))
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -170,7 +185,7 @@ def main() -> None:
             owner = group[(row.get("info") or {}).get("env_id") or row.get("task")] if group else env
             with contextlib.redirect_stdout(sys.stderr):  # an env's own print()s are not the JSON
                 names, scores, weights = loop.run_until_complete(_score(owner, row, _objects(completion)))
-            results.append({"verifiers": getattr(verifiers, "__version__", "?"), "row": case["row"], "names": names, "scores": scores, "weights": weights,
+            results.append({"verifiers": RELEASE, "row": case["row"], "names": names, "scores": scores, "weights": weights,
                             "reward": sum(s * w for s, w in zip(scores, weights))})
         loop.close()
         out[name] = results

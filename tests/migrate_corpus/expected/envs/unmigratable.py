@@ -7,7 +7,6 @@ from helpers import build_env
 # ---- migrated from load_environment() by vf-migrate (see MIGRATION.md) ----
 
 # TODO(vf-migrate): unknown environment class 'build_env': migrated as a multi-turn env; check it (line 7 of the v0 module)
-# TODO(vf-migrate): the rubric has no reward functions: the migrated task has no rewards (line 8 of the v0 module)
 # TODO(vf-migrate): a multi-turn env without a subclass: it has no env_response; check the Env
 # TODO(vf-migrate): no dataset= in the environment constructor: load() yields nothing
 
