@@ -217,7 +217,8 @@ def gated_sft(stop_at: float) -> dict:
 def sft_config(base: Path, gold: Path, sft: dict | None = None) -> dict:
     """`vf-train --loss sft --data <gold>` from `base`, evaluated on the validation tasks every
     `check_every` steps and stopped once their success rate reaches `stop_at` (`gated_sft`)."""
-    s, v = sft or RECIPE["sft"], (sft or RECIPE["sft"])["validation"]
+    s = sft or RECIPE["sft"]
+    v = s["validation"]
     return {"model": {"path": str(base)}, "loss": {"name": "sft"},
             "data": {"path": str(gold), "batch_size": s["batch_size"]},
             "steps": s["max_steps"], "optim": {"lr": s["lr"]}, "trainer": {"seq_len": RECIPE["seq_len"]},
