@@ -1,6 +1,6 @@
 """vf-migrate on real v0 environments: verifiers' own `environments/` from its public history.
 
-tests/migrate_corpus/v0/ holds the corpus (30 envs/ from verifiers' public history, MIT, LICENSE beside
+tests/migrate_corpus/v0/ holds the corpus (31 envs/ from verifiers' public history, MIT, LICENSE beside
 it), local stand-ins for the hub datasets they load (data/, read through `VF_DATA_DIR`), fixed
 completions (cases.json) and the rewards the verifiers release each was written for gave them
 (golden_v0_rewards.json: 0.1.2, 0.1.5, 0.1.7, 0.1.14, 0.2.1 or 0.3.1, written by v0_reference.py in a venv of
@@ -67,7 +67,7 @@ def local_data(monkeypatch, request):
 
 
 def test_corpus_is_real_and_licensed():
-    assert len(ENVS) >= 30
+    assert len(ENVS) >= 31
     assert "MIT License" in (V0 / "LICENSE").read_text()
     sources = (V0 / "SOURCES.md").read_text()
     for name in ENVS:

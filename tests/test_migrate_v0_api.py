@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -465,3 +466,64 @@ def test_a_judge_client_the_env_calls_itself_reaches_the_runs_judge(tmp_path, st
     assert [r["model"] for r in sent] == ["yes", "yes"] and sent[0]["temperature"] == 0.0
     assert "'4' 4?" in sent[0]["messages"][0]["content"]
     assert len(trace.info["judge_calls"]) == 2
+
+
+# ---- 0.1.14+'s signal decorators and verifiers' library env classes ---------------------------------
+
+SIGNALS_0_1_14 = textwrap.dedent('''
+    import verifiers as vf
+
+
+    class Echo(vf.MultiTurnEnv):
+        @vf.reward(weight=0.5)
+        async def bonus(self, state) -> float:  # v0's Environment never discovered it: no reward in v0
+            return 1.0
+
+        @vf.setup(priority=2)
+        async def prep(self, state):
+            state["prepared"] = True
+
+        async def env_response(self, messages, state, **kwargs):
+            return [vf.UserMessage(content="again")]
+
+
+    @vf.metric
+    def exact(completion, answer) -> float:  # a plain function in the rubric's funcs: scored as listed
+        return float(completion[-1]["content"] == answer)
+
+
+    def load_environment():
+        rows = [{"question": "Say a.", "answer": "a"}]
+        return Echo(dataset=rows, rubric=vf.Rubric(funcs=[exact], weights=[1.0]), max_turns=1)
+''')
+
+
+def test_signal_decorators_on_v0_code_change_nothing_as_in_v0(tmp_path):
+    """@vf.reward/@metric/@setup/@update/@advantage (0.1.14+) were "uses verifiers reward, setup ...:
+    port it" TODOs. On v0 classes they did nothing (only verifiers.v1 discovers them): the migrated env
+    keeps v0's rewards (the rubric's `exact` at its listed weight, no `bonus`) and the report says why."""
+    path, report = _migrate(tmp_path, "echo", SIGNALS_0_1_14)
+    notes = [e for e in report.entries if e.rule == "ENV014"]
+    assert notes and all(e.status == "info" for e in notes) and "@reward, @setup" in notes[0].message
+    trace = _score(_load(path), "a")
+    assert not trace.errors, trace.errors
+    assert {k: (v.score, v.weight) for k, v in trace.rewards.items()} == {"exact": (1.0, 1.0)}
+    assert trace.reward == 1.0
+
+
+def test_reasoning_gym_env_is_scored_by_the_env_its_arguments_built(tmp_path):
+    """vf.ReasoningGymEnv (0.1.8+; "unknown environment class" before) runs at load time. A row's answer
+    is an index into the generated dataset, so a row loaded with `--taskset.args` is scored by the env
+    those arguments build (scored by the default env, the right reply would be checked against another
+    puzzle: 0)."""
+    rg = pytest.importorskip("reasoning_gym")
+    source = (Path(__file__).parent / "migrate_corpus" / "v0" / "envs" / "reasoning_gym_env.py").read_text()
+    path, report = _migrate(tmp_path, "rg_env", source)
+    assert [e.rule for e in report.entries if "ReasoningGymEnv" in e.message] == ["ENV013"]
+    args = {"gym": "arc_1d", "num_train_examples": 2, "num_eval_examples": 2, "seed": 3}
+    gold = rg.create_dataset("arc_1d", size=4, seed=3)[2]["answer"]  # the first eval row is entry 2
+    loaded = _load(path, {"args": args})
+    trace = _score(loaded, f"<answer>{gold}</answer>")
+    assert not trace.errors, trace.errors
+    assert trace.rewards["check_answer_reward_func"].score == 1.0 and trace.reward == 1.0
+    assert _score(_load(path, {"args": args}), "<answer>0</answer>").reward == 0.0

@@ -52,16 +52,21 @@ from vf.migrate.v0_api import (  # noqa: F401 - re-exported: migrated code names
     ToolParseError,
     TunnelError,
     UserMessage,
+    advantage,
     cleanup,
     ensure_keys,
+    metric,
     print_prompt_completions_sample,
+    reward,
     run_cleanups,
     run_stops,
+    setup,
     setup_logging,
     stop,
     stop_methods,
     teardown,
     trajectory,
+    update,
 )
 from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated imports name them here
     BOXED_SYSTEM_PROMPT,
@@ -74,7 +79,8 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
-from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig, reward
+from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig
+from vf.taskset import reward as v1_reward
 from vf.taskset import stop as v1_stop
 from vf.trace import content_text
 
@@ -389,10 +395,10 @@ def judge_arguments(**fields: str) -> Any:
     def bind(self: Any) -> Any:
         task = self.task
         explicit = task.judge.model_fields_set if "judge" in task.model_fields_set else set()
-        update = {key: getattr(self, arg) for key, arg in fields.items()
-                  if arg in self.model_fields_set and key not in explicit}
-        if update:
-            self.task = task.model_copy(update={"judge": task.judge.model_copy(update=update)})
+        changes = {key: getattr(self, arg) for key, arg in fields.items()
+                   if arg in self.model_fields_set and key not in explicit}
+        if changes:
+            self.task = task.model_copy(update={"judge": task.judge.model_copy(update=changes)})
         return self
 
     return model_validator(mode="after")(bind)
@@ -784,11 +790,23 @@ def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:
     return make(game, **kwargs)
 
 
+def ReasoningGymEnv(*args: Any, **kwargs: Any) -> Environment:
+    """v0 `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's problems and scorer, as v0 built
+    them (vf.migrate.v0_envs; reasoning_gym is imported only here)."""
+    from vf.migrate.v0_envs import ReasoningGymEnv as Built
+
+    return Built(*args, **kwargs)
+
+
 class V0Data(TaskData):
     """A v0 row: prompt, answer, info."""
 
     answer: str = ""
     info: dict = Field(default_factory=dict)
+    v0_args: dict | None = None
+    """The load_environment() arguments the row was built with (None: its defaults; kept off the
+    row hash then): scoring rebuilds the env with them, so a row is scored by the rubric of the
+    env that made it (a ReasoningGymEnv's answer is an index into its own generated dataset)."""
 
 
 class V0Config(TasksetConfig):
@@ -802,10 +820,10 @@ class V0Config(TasksetConfig):
 class V0Task(Task[V0Data, State, TaskConfig]):
     """Scores a row with the v0 rubric of the environment that owns it (an EnvGroup's member)."""
 
-    v0_env: ClassVar[Callable[[], Environment]]
+    v0_env: ClassVar[Callable[..., Environment]]
 
     def _owner(self) -> Environment:
-        env = type(self).v0_env()
+        env = type(self).v0_env(self.data.v0_args)
         return env.member(self.data) if isinstance(env, EnvGroup) else env
 
     def validate(self):
@@ -817,7 +835,7 @@ class V0Task(Task[V0Data, State, TaskConfig]):
         limit = self._owner().max_turns
         return limit > 0 and trace.num_turns >= limit
 
-    @reward(name="v0_rubric")
+    @v1_reward(name="v0_rubric")
     async def v0_rubric(self, task, trace, state) -> dict[str, float]:
         """Every v0 function of the owner's rubric, under its own name and weight; the hook
         itself reports nothing (an empty mapping drops its name)."""
@@ -838,7 +856,7 @@ class V0Task(Task[V0Data, State, TaskConfig]):
 
 class V0Taskset(Taskset[V0Task, V0Config]):
     """The v1 taskset of a v0 module whose environment vf-migrate keeps building at run time
-    (EnvGroup, TextArenaEnv): a subclass sets `v0_load = staticmethod(load_environment)`."""
+    (EnvGroup, TextArenaEnv, ReasoningGymEnv): a subclass sets `v0_load = staticmethod(load_environment)`."""
 
     v0_load: ClassVar[Callable[..., Environment]]
 
@@ -846,21 +864,29 @@ class V0Taskset(Taskset[V0Task, V0Config]):
         super().__init_subclass__(**kwargs)
         if "v0_load" not in cls.__dict__:
             return
-        built = functools.cache(lambda: cls.v0_load())  # scoring: the rubric at the default arguments
-        cls._task = type(f"{cls.__name__}Task", (V0Task,), {"v0_env": staticmethod(built)})
-        if getattr(cls, "v0_multi_turn", False):
-            cls.ENV = type(f"{cls.__name__}Env", (MultiTurnAdapter,), {"v0_env": staticmethod(built)})
+        @functools.cache
+        def built(args_json: str = "{}") -> Environment:  # one env per argument set, per process
+            return cls.v0_load(**json.loads(args_json))
+
+        def env_for(args: dict | None = None) -> Environment:
+            return built(json.dumps(args or {}, sort_keys=True))
+
+        cls._task = type(f"{cls.__name__}Task", (V0Task,), {"v0_env": staticmethod(env_for)})
+        if getattr(cls, "v0_multi_turn", False):  # env_response / is_completed: the default arguments' env
+            cls.ENV = type(f"{cls.__name__}Env", (MultiTurnAdapter,), {"v0_env": staticmethod(env_for)})
 
     @classmethod
     def task_class(cls) -> type[Task]:
         return getattr(cls, "_task", V0Task)
 
     def load(self):
-        env = type(self).v0_load(**self.config.args)
+        args = dict(self.config.args)
+        env = type(self).v0_load(**args)
         evals = getattr(env, "eval_dataset", None)
         dataset = evals if self.config.split == "eval" and evals is not None else getattr(env, "dataset", None)
-        yield from rows(dataset, V0Data, system_prompt=getattr(env, "system_prompt", None),
-                        few_shot=getattr(env, "few_shot", None))
+        for row in rows(dataset, V0Data, system_prompt=getattr(env, "system_prompt", None),
+                        few_shot=getattr(env, "few_shot", None)):
+            yield row.model_copy(update={"v0_args": args}) if args else row
 
 
 # v0 type aliases used in annotations of migrated code.
@@ -880,9 +906,9 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "ToolRubric", "RubricGroup", "Environment", "SingleTurnEnv", "MultiTurnEnv", "ToolEnv",
              "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
-             "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv",
+             "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv", "ReasoningGymEnv",
              "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
-             "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType",
+             "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType", *v0_api.INERT_SIGNALS,
              "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",
              *v0_api.ERRORS, *v0_api.HELPERS}
 """The v0 names this shim provides; any other `verifiers` name is flagged by vf-migrate."""

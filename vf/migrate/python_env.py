@@ -22,6 +22,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from vf.migrate.compat import SUPPORTED
 from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
+from vf.migrate.v0_api import INERT_SIGNALS
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool"}
@@ -30,8 +31,37 @@ RUNTIME_ENVS = {
                 "with info['env_id'] = its member, scored by that member's rubric (v0's reward)",
     "TextArenaEnv": "TextArenaEnv → compat.TextArenaEnv run by compat.V0Taskset: Wordle-v0 is played by vf "
                     "(vf's word list and G/Y/X rules, textarena's reply layout); other textarena games are an error",
+    "ReasoningGymEnv": "ReasoningGymEnv → compat.ReasoningGymEnv run by compat.V0Taskset: reasoning-gym's generated "
+                       "rows and its score_answer on the <answer> field, as v0 built them (needs reasoning-gym)",
 }
 """v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
+LIBRARY_ENVS = {
+    name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
+          f"services; port it to {port}"
+    for name, what, port in (
+        ("SandboxEnv", "a bash tool in a Prime sandbox, 0.1.5+", "the `bash` harness (--env.agent.harness.id bash: "
+         "bash in the rollout's vf runtime) and the sandbox setup to Task.setup(runtime)"),
+        ("PythonEnv", "a persistent Python REPL tool in a Prime sandbox, 0.1.5+", "a vf.Toolset whose python tool "
+         "runs in the rollout's runtime"),
+        ("MCPEnv", "tools of MCP servers it starts, 0.1.14+", "a vf.Toolset with `url` or `runtime` set (vf.mcp)"),
+        ("CliAgentEnv", "an agent program in a Prime sandbox behind interception, 0.1.14+", "a vf.Harness program "
+         "(vf.harnesses)"),
+        ("HarborEnv", "Harbor task folders run by an agent in a sandbox, 0.1.14+", "a taskset of the task folders "
+         "with a vf.Harness program"),
+        ("GymEnv", "a step/reset game wrapped as turns, 0.1.14+", "a vf.Env whose respond() steps the game"),
+        ("BrowserEnv", "Browserbase browser sessions, 0.1.14+", "a vf.Toolset for the browser service"),
+        ("OpenEnvEnv", "OpenEnv servers in containers, 0.1.14+", "a vf.Env or vf.Toolset for the OpenEnv server"),
+        ("CodeMathEnv", "0.1.0-0.1.1 only, before load_environment modules", "a ToolEnv with the python tool"),
+        ("DoubleCheckEnv", "0.1.0-0.1.1 only, before load_environment modules", "a MultiTurnEnv asking "
+         "'Are you sure?'"),
+        ("SmolaToolEnv", "smolagents tools, 0.1.0-0.1.1 only", "a vf.Toolset calling the tools"),
+    )
+}
+"""verifiers' library env classes vf-migrate does not map yet: the TODO names what each did and the v1
+construct it ports to (ReasoningGymEnv, EnvGroup and TextArenaEnv are RUNTIME_ENVS)."""
+INERT_NOTE = ("{names} kept as v0 had it, without effect: verifiers 0.1.14-0.3.x export these for verifiers.v1's "
+              "Taskset/Harness, and a v0 Environment or Rubric never ran them, so v0's rewards did not include "
+              "them; to score with one, make it a @vf.reward/@vf.metric method of the migrated Task")
 
 
 class _GroupFunctions(cst.CSTTransformer):
@@ -160,6 +190,7 @@ class _Rename(cst.CSTTransformer):
     def __init__(self, aliases: set[str]):
         self.aliases = aliases
         self.unknown: set[str] = set()
+        self.inert: set[str] = set()  # v0 markers that change nothing on v0 classes (ENV014)
 
     def leave_ImportFrom(self, original, updated):
         """`from verifiers[.sub] import X` inside a function → `from vf.migrate.compat import X`."""
@@ -172,6 +203,8 @@ class _Rename(cst.CSTTransformer):
         if isinstance(updated.value, cst.Name) and updated.value.value in self.aliases:
             if updated.attr.value not in SUPPORTED:
                 self.unknown.add(updated.attr.value)
+            if updated.attr.value in INERT_SIGNALS:
+                self.inert.add(updated.attr.value)
             return updated.with_changes(value=cst.Name("compat"))
         return updated
 
@@ -404,7 +437,7 @@ class _Migration:
         return None
 
     def run_at_runtime(self, env_call: cst.Call) -> Report:
-        """An env whose rows and rubric only exist once it is built (EnvGroup, TextArenaEnv): keep
+        """An env whose rows and rubric only exist once it is built (RUNTIME_ENVS): keep
         load_environment() on compat's v0 classes, and wrap it in a compat.V0Taskset that builds
         it at load time and scores each row with its (member's) v0 rubric."""
         name = _env_name(env_call)
@@ -452,8 +485,8 @@ class _Migration:
             kind = self._class_kind(env_name, set())
         if kind is None:
             kind = "multi"
-            plan.manual.append((self.line(env_call), f"unknown environment class {env_name!r}: migrated as a "
-                                "multi-turn env; check it"))
+            plan.manual.append((self.line(env_call), LIBRARY_ENVS.get(env_name, f"unknown environment class {env_name!r}: "
+                                "migrated as a multi-turn env; check it")))
         self.kind = kind
         plan.stateful = env_name == "StatefulToolEnv" or (self.v0_class is not None and any(
             _code(b.value).split(".")[-1] == "StatefulToolEnv" for c in self._class_chain(self.v0_class)
@@ -780,8 +813,10 @@ class _Migration:
 
     def renamed(self, stmt, report: bool = True):
         """`stmt` with `verifiers.X` → `compat.X`; names compat lacks are flagged (and reported)."""
-        self.renamer.unknown = set()
+        self.renamer.unknown, self.renamer.inert = set(), set()
         new = self.ren(stmt)
+        if self.renamer.inert and report:
+            self.add(stmt, "ENV014", INFO, INERT_NOTE.format(names=", ".join(f"@{n}" for n in sorted(self.renamer.inert))))
         if self.renamer.unknown:
             names = ", ".join(sorted(self.renamer.unknown))
             new = _flag(new, f"verifiers {names} has no vf equivalent; port it")

@@ -134,22 +134,33 @@ RULES: list[Rule] = [
       "    await compat.group_score(_v0_env(), 0, 'relative', 1.0, task, episode)"),
     R("ENV900", "environment", "not translatable: kept and flagged",
       "Anything without a mechanical v1 form (non-literal weights, tools defined inside load_environment, "
-      "unknown env classes or constructor options) is kept and marked `# TODO(vf-migrate): ...` naming the "
+      "unknown env classes or constructor options, verifiers' library env classes not mapped yet, each named with "
+      "the v1 construct to port it to) is kept and marked `# TODO(vf-migrate): ...` naming the "
       "line; a module the codemod cannot handle at all is kept unchanged under a `# TODO(vf-migrate)` header "
       "that names the line and the decision to make. The output always compiles.",
       "return MyCustomEnvBase(dataset=ds, rubric=rubric)",
       "# TODO(vf-migrate): unknown environment class 'MyCustomEnvBase': migrated as a multi-turn env; check it"),
-    R("ENV013", "environment", "EnvGroup, TextArenaEnv → compat.V0Taskset",
+    R("ENV013", "environment", "EnvGroup, TextArenaEnv, ReasoningGymEnv → compat.V0Taskset",
       "An env whose rows and rubric exist only once it is built keeps its `load_environment()` (on "
       "`vf.migrate.compat`'s v0 classes) behind a generated `compat.V0Taskset` that builds it at load time "
       "(`--taskset.args` are its keyword arguments). `EnvGroup(envs, env_names)`: one taskset of every "
       "member's rows, each with `info[\"env_id\"]` naming its member, scored by that member's rubric "
       "(each v0 function under its own name and weight: v0's reward). `TextArenaEnv(game=\"Wordle-v0\")`: "
       "played by vf (its word list and G/Y/X rules, textarena's reply layout, six guesses); another "
-      "textarena game is an error naming what to do.",
+      "textarena game is an error naming what to do. `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's "
+      "generated rows and its `score_answer` on the `<answer>` field, as v0 built them. A row loaded with "
+      "`--taskset.args` records them, so it is scored by the env those arguments build.",
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
       "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
       "class MathGroupTaskset(compat.V0Taskset):\n    v0_load = staticmethod(load_environment)"),
+    R("ENV014", "environment", "@reward/@metric/@setup/@update/@advantage on v0 code: kept, inert",
+      "verifiers 0.1.14-0.3.x export these decorators for verifiers.v1's Taskset and Harness; a v0 "
+      "Environment discovers only `@stop`/`@cleanup`/`@teardown` and a v0 Rubric only `@cleanup`/`@teardown`, "
+      "so on v0 code they marked a method and changed nothing. They stay, as `compat` markers with the same "
+      "effect (none), so the migrated rewards are v0's; the report says where, and how to make one count "
+      "(a `@vf.reward`/`@vf.metric` method of the migrated Task).",
+      "class Game(vf.MultiTurnEnv):\n    @vf.reward(weight=0.5)\n    async def bonus(self, state): ...",
+      "class Game(compat.MultiTurnEnv):\n    @compat.reward(weight=0.5)\n    async def bonus(self, state): ..."),
     # ---- scripts and CI files ------------------------------------------------------------------
     R("SCR001", "script", "v0 vf-eval flags → v1 vf-eval",
       "A `vf-eval` call is classified by its flags (v0, verifiers 0.4.0, or ours already). v0 flags: "

@@ -84,10 +84,12 @@ class ToolCall(_Message):
 
 
 def _marker(kind: str) -> Callable:
-    def decorator(func: Callable | None = None, *, priority: int = 0) -> Callable:
+    def decorator(func: Callable | None = None, *, priority: int = 0, **options: Any) -> Callable:
         def mark(f: Callable) -> Callable:
             setattr(f, kind, True)
             setattr(f, f"{kind}_priority", priority)
+            for key, value in options.items():  # @reward(weight=..., stage=...), @cleanup(stage=...)
+                setattr(f, f"{kind}_{key}", value)
             return f
 
         return mark if func is None else mark(func)
@@ -100,6 +102,19 @@ def _marker(kind: str) -> Callable:
 stop = _marker("stop")
 cleanup = _marker("cleanup")
 teardown = _marker("teardown")
+
+# ---- @reward, @metric, @setup, @update, @advantage (0.1.14+) -----------------------------------
+# Exported by `verifiers` (0.1.14–0.2.x) and `verifiers.legacy` (0.3.x), but only verifiers.v1's
+# Taskset and Harness discover them: a v0 Environment discovers @stop/@cleanup/@teardown and a v0
+# Rubric @cleanup/@teardown, so on v0 code they mark a method and change nothing. The same here:
+# the function comes back unchanged (a Rubric's funcs list still scores it), and the rewards stay
+# v0's. vf-migrate says so where a module uses them (ENV014).
+INERT_SIGNALS = ("reward", "metric", "setup", "update", "advantage")
+reward = _marker("reward")
+metric = _marker("metric")
+setup = _marker("setup")
+update = _marker("update")
+advantage = _marker("advantage")
 
 
 def _marked(env: Any, kind: str) -> list[Callable]:
