@@ -527,3 +527,167 @@ def test_reasoning_gym_env_is_scored_by_the_env_its_arguments_built(tmp_path):
     assert not trace.errors, trace.errors
     assert trace.rewards["check_answer_reward_func"].score == 1.0 and trace.reward == 1.0
     assert _score(_load(path, {"args": args}), "<answer>0</answer>").reward == 0.0
+
+
+SANDBOX_0_1_14 = textwrap.dedent('''
+    import verifiers as vf
+
+
+    def made_file(completion) -> float:
+        return float("made" in completion[-1]["content"])
+
+
+    def load_environment(timeout: int = 2):
+        rows = [{"question": "Make a file.", "answer": ""}]
+        return vf.SandboxEnv(dataset=rows, rubric=vf.Rubric(funcs=[made_file]), max_turns=6,
+                             docker_image="python:3.11-slim", timeout_per_command_seconds=timeout)
+''')
+
+PYTHON_0_1_14 = textwrap.dedent('''
+    import verifiers as vf
+
+
+    class MathPython(vf.PythonEnv):
+        pass
+
+
+    def correct(completion, answer) -> float:
+        return float(answer in completion[-1]["content"])
+
+
+    def load_environment():
+        rows = [{"question": "What is 6 * 7? Use python.", "answer": "42"}]
+        return MathPython(dataset=rows, rubric=vf.Rubric(funcs=[correct]), max_turns=6, pip_install_packages="")
+''')
+
+
+def _calls(*calls) -> list[dict]:
+    """Scripted replies: one tool call per (name, arguments), then the final answer."""
+    import json
+
+    return [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+        for i, (name, args) in enumerate(calls)]
+
+
+class ScriptedMessages(Scripted):
+    async def generate(self, request):
+        from vf.engines.base import GenerateResult
+
+        reply = self.replies.pop(0)
+        return GenerateResult(message=reply if isinstance(reply, dict) else {"role": "assistant", "content": reply})
+
+
+def test_sandbox_env_bash_runs_in_the_rollouts_runtime_and_answers_as_v0(tmp_path):
+    """vf.SandboxEnv (0.1.5+) was "unknown environment class: check it", a multi-turn env with no tool:
+    its `bash(command)` now runs in the rollout's vf runtime (the sandbox: the file lands in the rollout's
+    own work dir, gone after it) and replies with v0's text, the timeout its timeout_per_command_seconds."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    path, report = _migrate(tmp_path, "sbx", SANDBOX_0_1_14)
+    assert [e.rule for e in report.entries if e.rule == "ENV015"] == ["ENV015"]
+    loaded = _load(path)
+    task = list(loaded.taskset.take(1))[0]
+    assert [t["function"]["name"] for t in _tool_schemas(task)] == ["bash"]  # runtime is never the model's
+    replies = _calls(("bash", {"command": "echo made > f.txt && cat f.txt && echo warn >&2"}),
+                     ("bash", {"command": "true"}), ("bash", {"command": "sleep 20"}),
+                     ("bash", {"command": "ls f.txt", "runtime": "host"})) + ["made it"]
+    trace = asyncio.run(run_episode(task, EpisodeSpec(engine=ScriptedMessages(replies), model="m", env=loaded.env,
+                                                      max_turns=8))).trace
+    assert not trace.errors, trace.errors
+    tool_replies = [m["content"] for m in trace.messages if m["role"] == "tool"]
+    assert tool_replies[:3] == ["made\nstderr:\nwarn", "(no output)", "Error: Command timed out after 2s"]
+    assert "unexpected arguments ['runtime']" in tool_replies[3]  # the model cannot aim it elsewhere
+    assert trace.rewards["made_file"].score == 1.0
+    assert not (tmp_path / "f.txt").exists() and not (Path.cwd() / "f.txt").exists()
+
+
+def test_python_env_keeps_its_namespace_across_calls_as_v0s_repl(tmp_path):
+    """vf.PythonEnv subclassed by the module: `python(code)` is a REPL whose names last the rollout,
+    a trailing expression answers `Out[n]: ...`, an exception its traceback (v0's reply format)."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    path, report = _migrate(tmp_path, "mp", PYTHON_0_1_14)
+    loaded = _load(path)
+    task = list(loaded.taskset.take(1))[0]
+    assert [t["function"]["name"] for t in _tool_schemas(task)] == ["python"]  # PythonEnv hides bash
+    replies = _calls(("python", {"code": "x = 6 * 7\nprint('set')"}), ("python", {"code": "x"}),
+                     ("python", {"code": "1 / 0"}), ("python", {"code": "import sys; print(x, file=sys.stderr)"})) + ["42"]
+    trace = asyncio.run(run_episode(task, EpisodeSpec(engine=ScriptedMessages(replies), model="m", env=loaded.env,
+                                                      max_turns=8))).trace
+    assert not trace.errors, trace.errors
+    tool_replies = [m["content"] for m in trace.messages if m["role"] == "tool"]
+    assert tool_replies[:2] == ["set", "Out[2]: 42"]
+    assert tool_replies[2].startswith("Traceback") and tool_replies[2].rstrip().endswith("ZeroDivisionError: division by zero")
+    assert tool_replies[3] == "stderr:\n42"  # the earlier cells ran again (quietly): x is still 42
+    assert trace.rewards["correct"].score == 1.0
+
+
+def _tool_schemas(task) -> list[dict]:
+    from vf.taskset import task_toolsets
+    from vf.toolset import tool_schema
+
+    return [tool_schema(fn.__func__, name) for ts in task_toolsets(task) for name, fn in ts().tools().items()]
+
+
+GYM_0_1_14 = textwrap.dedent('''
+    import verifiers as vf
+    from verifiers.envs.experimental.gym_env import EpisodicSumRubric
+
+
+    class Guess:
+        """A gym-style game: guess the number 0-9 (new gym API: reset -> (obs, info), 5-tuple steps)."""
+
+        def __init__(self, tries: int = 3):
+            self.tries = tries
+
+        def reset(self, seed: int = 0):
+            self.secret, self.left = seed % 10, self.tries
+            return f"Guess my number (0-9), {self.tries} tries.", {}
+
+        def step(self, action):
+            self.left -= 1
+            if action == self.secret:
+                return "Correct!", 1.0, True, False, {"left": self.left}
+            hint = "higher" if action < self.secret else "lower"
+            return f"Wrong, go {hint}.", -0.1, False, self.left == 0, {"left": self.left}
+
+
+    def load_environment(tries: int = 3):
+        def won(state) -> float:
+            return float(any(s.get("extras", {}).get("gym_info", {}).get("left", -1) >= 0 and s.get("reward") == 1.0
+                             for s in state["trajectory"]))
+
+        rubric = EpisodicSumRubric(weight=1.0)
+        rubric.add_reward_func(won, weight=0.0)
+        return vf.GymEnv(env_cls=Guess, env_kwargs={"tries": tries}, action_parser=int, rubric=rubric,
+                         num_train_episodes=2, num_eval_episodes=2, seed=4, max_episode_steps=10)
+''')
+
+
+def test_gym_env_plays_each_row_s_game_and_sums_its_step_rewards(tmp_path):
+    """vf.GymEnv (0.1.14+; "unknown environment class" before): rows are the games' first observations
+    (eval rows: seeds 6, 7), each rollout resets its own game with the row's seed, every reply is an
+    action, the step rewards stay on their trajectory steps (they were rebuilt away each turn) and
+    v0's EpisodicSumRubric sums them; the rollout ends the turn after the game does, as 0.1.14's @stop.
+    verifiers 0.1.14 itself (this module, `evaluate` against tests/openai_stub.py's `script` model with
+    the same replies) gave the same three messages, 4 turns, reward 0.8 and won 1.0."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    path, report = _migrate(tmp_path, "guess", GYM_0_1_14)
+    assert [e.rule for e in report.entries if "GymEnv" in e.message] == ["ENV013"]
+    loaded = _load(path)
+    task = list(loaded.taskset.take(1))[0]
+    assert task.data.answer == "6" and task.messages()[-1]["content"] == "Guess my number (0-9), 3 tries."
+    trace = asyncio.run(run_episode(task, EpisodeSpec(engine=Scripted(["3", "7", "6", "unused", "unused"]), model="m",
+                                                      env=loaded.env, max_turns=8))).trace
+    assert not trace.errors, trace.errors
+    users = [m["content"] for m in trace.messages if m["role"] == "user"][1:]
+    assert users == ["Wrong, go higher.", "Wrong, go lower.", "Correct!\nEpisode already ended."]
+    assert trace.num_turns == 4  # 0.1.14 asks for one more reply, then its @stop sees the game done
+    assert trace.rewards["sum_step_rewards"].score == pytest.approx(0.8) and trace.reward == pytest.approx(0.8)
+    assert (trace.rewards["won"].score, trace.rewards["won"].weight) == (1.0, 0.0)
+    bad = asyncio.run(run_episode(task, EpisodeSpec(engine=Scripted(["six", "x", "x"]), model="m", env=loaded.env,
+                                                    max_turns=8))).trace
+    assert [m["content"] for m in bad.messages if m["role"] == "user"][-1].startswith("Action Parsing Error: invalid literal")
+    assert bad.rewards["sum_step_rewards"].score == 0.0

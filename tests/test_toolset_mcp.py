@@ -265,6 +265,26 @@ def test_unreachable_or_garbage_server_is_a_toolset_error(garbage):
         httpd.shutdown()
 
 
+class InRuntime(vf.Toolset):
+    @vf.tool
+    async def where(self, runtime) -> str:
+        return (await runtime.run("pwd")).stdout.strip()
+
+
+def test_a_tool_that_takes_the_runtime_is_hidden_from_the_model_and_never_served():
+    """`runtime` is vf's to fill: it is no parameter of the tool's schema, and a toolset configured
+    to be served (another process, where the rollout's runtime does not exist) is refused at open."""
+    assert InRuntime.needs_runtime() and not Probe.needs_runtime()
+    assert vf.toolset.tool_schema(InRuntime.where, "where")["function"]["parameters"]["properties"] == {}
+
+    async def go():
+        async with open_tools([InRuntime(ToolsetConfig(url="http://127.0.0.1:9/mcp"))], vf.State()):
+            pass
+
+    with pytest.raises(vf.toolset.ToolsetError, match="cannot be served"):
+        run(go())
+
+
 @pytest.mark.slow
 def test_server_dies_when_vf_is_killed(tmp_path):
     """A served toolset's process must not outlive a `kill -9` of the process that started it."""

@@ -23,6 +23,10 @@ Where a toolset runs is its `ToolsetConfig` (`SharedToolsetConfig` for one serve
   for a shared toolset) started by `vf.mcp`, killed when the rollout ends.
 - `url`: an MCP server already running elsewhere (streamable HTTP); nothing is started.
 
+Runtime: a @tool method with a `runtime` parameter gets the rollout's `vf.runtime.Runtime` (the
+rollout makes one, a bubblewrap sandbox by default) and runs its commands there, as harness tools
+do; the model never sees or sets it. Such a toolset runs in-process (served, it is refused).
+
 State: `self.state` is the calling rollout's typed state (`Toolset[Config, State]`), also when
 one toolset instance serves every rollout: it is bound per call, and a served toolset gets it
 with the call and sends changes back, so the task's rewards see what tools wrote.
@@ -225,6 +229,13 @@ class Toolset(Generic[ConfigT, StateT]):
 
     def setup(self) -> Any:
         """Called once before the first tool call (per rollout, or per run when shared)."""
+
+    @classmethod
+    def needs_runtime(cls) -> bool:
+        """Whether a @tool method names `runtime` (so the rollout makes one and the tool runs its
+        commands there). Such a toolset runs in the rollout's process: it cannot be served."""
+        return any("runtime" in inspect.signature(getattr(cls, attr)).parameters for attr in dir(cls)
+                   if getattr(getattr(cls, attr, None), "_vf_tool", None))
 
     def tool_methods(self) -> dict[str, Callable]:
         """Bound tool methods by their own (unprefixed) name."""

@@ -49,7 +49,7 @@ from vf.errors import boundary as attributed
 from vf.interception.budget import InterceptionLimitError, RecordBudget, recorded_size
 from vf.runtime import RuntimeConfig, make_runtime
 from vf.runtime.resources import with_resources
-from vf.taskset import Task
+from vf.taskset import Task, task_toolsets
 from vf.trace import ErrorInfo, MessageNode, ModelCall, Trace, flat_tool
 from vf.types import (
     AssistantMessage,
@@ -184,7 +184,7 @@ class Rollout:
         cls = type(self.task)
         hooks = [h for h in (cls.setup, cls.finalize) if h not in (Task.setup, Task.finalize)]
         hooks += [fn for kind in ("reward", "metric", "stop") for _, fn, _ in self.task.hooks(kind)]
-        return any(needs_runtime(h) for h in hooks)
+        return any(needs_runtime(h) for h in hooks) or any(ts.needs_runtime() for ts in task_toolsets(self.task))
 
     async def open(self) -> bool:
         """Runtime, the seat's setup, `Task.setup`. False (recorded) if any failed or the setup

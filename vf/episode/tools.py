@@ -20,6 +20,7 @@ from vf.toolset import (
     TOOL_TIMEOUT,
     ToolError,
     Toolset,
+    ToolsetError,
     _call_state,
     _setup,
     apply_state,
@@ -155,6 +156,10 @@ async def open_tools(toolsets: Iterable[Toolset | type[Toolset]], state: State |
             if shared and item in shared.toolsets:
                 remote = shared.remote.get(id(ts))
             elif ts.config.served:
+                if ts.needs_runtime():
+                    raise ToolsetError(f"toolset {type(ts).__name__} has tools that take the rollout's `runtime`: "
+                                       "they run in the rollout's process, so it cannot be served (unset its "
+                                       "config's `runtime` and `url`)")
                 remote = await stack.enter_async_context(serve_toolset(ts, max_reply_bytes=max_reply_bytes))
             else:
                 if ts._state is None:

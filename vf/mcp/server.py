@@ -43,7 +43,9 @@ STATE_META = "vf/state"
 
 # ---- how a tool call is served, in-process or over MCP (vf.toolset builds on these) -------------------
 
-INJECTED = ("state", "trace", "task", "self")
+INJECTED = ("state", "trace", "task", "self", "runtime")
+"""Parameters of a @tool method vf fills in, never the model (left out of the schema). `runtime`
+(the rollout's vf.runtime.Runtime) reaches in-process toolsets only (`Toolset.needs_runtime`)."""
 
 
 def _block(item: Any) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vf.env import Env
-from vf.migrate import v0_api, v0_judge
+from vf.migrate import v0_api, v0_envs, v0_judge
 from vf.migrate.v0_api import (  # noqa: F401 - re-exported: migrated code names them here
     AssistantMessage,
     BrowserSandboxError,
@@ -79,6 +79,7 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
+from vf.migrate.v0_sandbox import PythonTools, SandboxTools  # noqa: F401 - migrated sandbox envs subclass them
 from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig
 from vf.taskset import reward as v1_reward
 from vf.taskset import stop as v1_stop
@@ -520,6 +521,26 @@ class StatefulToolEnv(ToolEnv):
     def add_tool(self, tool: Callable, args_to_skip: list[str] | None = None) -> None:
         self.tools.append(tool)
 
+    def remove_tool(self, tool: Callable) -> None:
+        self.tools = [t for t in self.tools if t is not tool]
+
+
+class SandboxEnv(StatefulToolEnv):
+    """v0 `SandboxEnv` (0.1.5+): its options, recorded; its `bash` tool runs in the rollout's runtime
+    (`SandboxTools`, which follows `timeout_per_command_seconds` and `environment_vars`). The
+    container options (`docker_image`, `cpu_cores`, ...) are the run's runtime settings in vf
+    (`--env.agent.runtime.*`); v0's own sandbox client (`self.sandbox_client`) is not here."""
+
+    timeout_per_command_seconds: int = 30
+    environment_vars: dict[str, str] | None = None
+    docker_image: str = "python:3.11-slim"
+
+
+class PythonEnv(SandboxEnv):
+    """v0 `PythonEnv` (0.1.5+): a persistent Python REPL tool (`PythonTools`) instead of bash."""
+
+    pip_install_packages: str = "numpy sympy scipy"
+
 
 async def setup_state(env: Environment, task: Any, trace: Any, state: Any) -> None:
     """Run a v0 env's `setup_state` on this episode's v0 state dict (v1: `Task.setup`)."""
@@ -621,7 +642,10 @@ def v0_state(task: Any, trace: Any, state: Any) -> dict[str, Any]:
                  task=name, turn=trace.num_turns)
     saved["responses"] = [m for m in completion if m.get("role") == "assistant"]  # one per model reply
     trace_id = str(getattr(trace, "id", "") or "")
-    saved["trajectory"] = trajectory(prompt, completion, trace_id)
+    steps = trajectory(prompt, completion, trace_id)
+    for before, step in zip(saved.get("trajectory") or [], steps):  # what v0 code wrote on its steps persists
+        step.update({k: before[k] for k in ("reward", "advantage", "extras") if k in before})  # (GymEnv's step rewards)
+    saved["trajectory"] = steps
     saved["input"] = {"prompt": prompt, "answer": answer, "info": info, "example_id": example_id, "task": name}
     saved.setdefault("trajectory_id", trace_id)
     for key, value in (("is_completed", False), ("is_truncated", False), ("error", None), ("final_env_response", None),
@@ -790,12 +814,103 @@ def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:
     return make(game, **kwargs)
 
 
-def ReasoningGymEnv(*args: Any, **kwargs: Any) -> Environment:
-    """v0 `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's problems and scorer, as v0 built
-    them (vf.migrate.v0_envs; reasoning_gym is imported only here)."""
-    from vf.migrate.v0_envs import ReasoningGymEnv as Built
+class ReasoningGymEnv(SingleTurnEnv):
+    """v0 `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's generated rows (vf.migrate.v0_envs) and
+    v0's rubric: the generator's `score_answer` on the parser's answer (`<answer>` by default), then
+    the parser's format reward at weight 0."""
 
-    return Built(*args, **kwargs)
+    def __init__(self, gym: str | list[str | dict], num_train_examples: int = 1000, num_eval_examples: int = 100,
+                 system_prompt: str | None = None, parser: Parser | None = None, seed: int = 0, **kwargs: Any):
+        self.gym, self.seed = gym, seed
+        self.num_train_examples, self.num_eval_examples = num_train_examples, num_eval_examples
+        self.rg_dataset = rg_dataset = v0_envs.reasoning_gym_dataset(gym, num_train_examples + num_eval_examples, seed)
+        train, evals = v0_envs.reasoning_gym_rows(rg_dataset, num_train_examples)
+        parser = parser or XMLParser(fields=["answer"])
+        rubric = Rubric(parser=parser)
+
+        async def check_answer_reward_func(completion: Messages, answer: str, **kwargs: Any) -> float:
+            entry = rg_dataset[int(answer)]  # a row's answer is its entry's index
+            response = str(parser.parse_answer(completion)).strip()
+            return rg_dataset.score_answer(answer=response, entry=entry)
+
+        rubric.add_reward_func(check_answer_reward_func)
+        rubric.add_reward_func(parser.get_format_reward_func(), weight=0.0)
+        if system_prompt is None:
+            system_prompt = v0_envs.reasoning_gym()[2]["default"]
+        super().__init__(parser=parser, rubric=rubric, dataset=train, eval_dataset=evals, system_prompt=system_prompt,
+                         **kwargs)
+
+
+def sum_step_rewards(state: dict) -> float:
+    """v0 GymEnv's reward: the game's step rewards, summed over the rollout's trajectory."""
+    return float(sum(float(step.get("reward", 0.0) or 0.0) for step in state.get("trajectory", [])))
+
+
+class EpisodicSumRubric(Rubric):
+    def __init__(self, weight: float = 1.0, **kwargs: Any):
+        super().__init__(funcs=[sum_step_rewards], weights=[weight], **kwargs)
+
+
+class GymEnv(MultiTurnEnv):
+    """v0 `GymEnv` (0.1.14+): a gym-style game (`env_cls` with `reset(seed=)` and `step(action)`),
+    one episode per row (vf.migrate.v0_envs.gym_rows). Each rollout resets its own game with the
+    row's seed; every model reply is parsed into an action (`action_parser`) and stepped, the
+    step's reward kept on its trajectory step; the rollout stops once the game is done, and the
+    default rubric sums the step rewards."""
+
+    def __init__(self, env_cls: Callable[..., Any], env_kwargs: dict[str, Any] | None = None,
+                 action_parser: Callable[[str], Any] | None = None, obs_to_text: Callable[[Any], str] | None = None,
+                 num_train_episodes: int = 1000, num_eval_episodes: int = 20, max_episode_steps: int | None = None,
+                 seed: int = 0, system_prompt: str | None = None, few_shot: list[dict] | None = None,
+                 parser: Parser | None = None, rubric: Rubric | None = None, message_type: str = "chat"):
+        self.env_cls, self.env_kwargs = env_cls, dict(env_kwargs or {})
+        self.action_parser = action_parser or (lambda x: x)
+        self.obs_to_text_fn = obs_to_text
+        self.num_train_episodes, self.num_eval_episodes, self.seed = num_train_episodes, num_eval_episodes, seed
+        train, evals = v0_envs.gym_rows(env_cls, self.env_kwargs, self.obs_to_text, num_train_episodes,
+                                        num_eval_episodes, seed)
+        super().__init__(parser=parser, rubric=rubric or EpisodicSumRubric(), max_turns=max_episode_steps or 1000,
+                         dataset=train, eval_dataset=evals or None, system_prompt=system_prompt, few_shot=few_shot,
+                         message_type=message_type)
+
+    def obs_to_text(self, obs: Any) -> str:
+        return self.obs_to_text_fn(obs) if self.obs_to_text_fn else str(obs)
+
+    def wrap_response(self, text: str) -> Messages:
+        return [UserMessage(content=text)]
+
+    async def env_response(self, messages: Messages, state: dict, **kwargs: Any) -> Messages:
+        if "gym_env" not in state:
+            env = self.env_cls(**self.env_kwargs)
+            env.reset(seed=int(state["answer"]))
+            state["gym_env"], state["gym_done"] = env, False
+        env = state["gym_env"]
+        raw = self.parser.parse_answer(messages)
+        if raw is None:
+            last = state["trajectory"][-1]["completion"]
+            raw = str(last[-1].get("content", "")) if isinstance(last, list) and last else str(last)
+        try:
+            action = self.action_parser(raw)
+        except Exception as e:  # noqa: BLE001 - v0 ended the game with the parser's error as the reply
+            state["gym_done"] = True
+            state["trajectory"][-1]["reward"] = 0.0
+            return self.wrap_response(f"Action Parsing Error: {e}")
+        obs, step_reward, term, trunc, info = v0_envs.normalize_step(env.step(action))
+        state["trajectory"][-1]["reward"] = step_reward
+        state["trajectory"][-1]["extras"]["gym_info"] = info
+        state["gym_done"] = term or trunc
+        text = self.obs_to_text(obs)
+        return self.wrap_response(f"{text}\nEpisode already ended." if state["gym_done"] else text)
+
+    @stop
+    async def is_done(self, state: dict) -> bool:
+        return state.get("gym_done", False)
+
+    @cleanup
+    async def cleanup_env(self, state: dict) -> None:
+        env = state.pop("gym_env", None)
+        if env is not None and getattr(env, "close", None) is not None:
+            env.close()
 
 
 class V0Data(TaskData):
@@ -907,6 +1022,7 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
              "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv", "ReasoningGymEnv",
+             "SandboxEnv", "PythonEnv", "GymEnv", "EpisodicSumRubric",
              "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
              "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType", *v0_api.INERT_SIGNALS,
              "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",

@@ -25,7 +25,12 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 from vf.migrate.v0_api import INERT_SIGNALS
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
-             "StatefulToolEnv": "tool"}
+             "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool"}
+SANDBOX_TOOLS = {"SandboxEnv": ("SandboxTools", "bash"), "PythonEnv": ("PythonTools", "python")}
+"""verifiers' sandbox envs → the compat toolset whose tool runs in the rollout's runtime (ENV015)."""
+SANDBOX_OPTIONS = ("timeout_per_command_seconds", "environment_vars")
+"""SandboxEnv options the compat tools follow; the container's own (docker_image, cpu_cores, ...) are
+the run's runtime settings in vf."""
 RUNTIME_ENVS = {
     "EnvGroup": "vf.EnvGroup → compat.EnvGroup run by compat.V0Taskset: one taskset of every member's rows, each "
                 "with info['env_id'] = its member, scored by that member's rubric (v0's reward)",
@@ -33,22 +38,21 @@ RUNTIME_ENVS = {
                     "(vf's word list and G/Y/X rules, textarena's reply layout); other textarena games are an error",
     "ReasoningGymEnv": "ReasoningGymEnv → compat.ReasoningGymEnv run by compat.V0Taskset: reasoning-gym's generated "
                        "rows and its score_answer on the <answer> field, as v0 built them (needs reasoning-gym)",
+    "GymEnv": "GymEnv → compat.GymEnv run by compat.V0Taskset: one game per row (reset with the row's seed), each reply "
+              "parsed into an action and stepped until the game is done; v0's rubric sums the step rewards",
 }
+RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
+"""RUNTIME_ENVS whose rollouts are multi-turn games (compat.MultiTurnAdapter runs their env_response)."""
 """v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
 LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
     for name, what, port in (
-        ("SandboxEnv", "a bash tool in a Prime sandbox, 0.1.5+", "the `bash` harness (--env.agent.harness.id bash: "
-         "bash in the rollout's vf runtime) and the sandbox setup to Task.setup(runtime)"),
-        ("PythonEnv", "a persistent Python REPL tool in a Prime sandbox, 0.1.5+", "a vf.Toolset whose python tool "
-         "runs in the rollout's runtime"),
         ("MCPEnv", "tools of MCP servers it starts, 0.1.14+", "a vf.Toolset with `url` or `runtime` set (vf.mcp)"),
         ("CliAgentEnv", "an agent program in a Prime sandbox behind interception, 0.1.14+", "a vf.Harness program "
          "(vf.harnesses)"),
         ("HarborEnv", "Harbor task folders run by an agent in a sandbox, 0.1.14+", "a taskset of the task folders "
          "with a vf.Harness program"),
-        ("GymEnv", "a step/reset game wrapped as turns, 0.1.14+", "a vf.Env whose respond() steps the game"),
         ("BrowserEnv", "Browserbase browser sessions, 0.1.14+", "a vf.Toolset for the browser service"),
         ("OpenEnvEnv", "OpenEnv servers in containers, 0.1.14+", "a vf.Env or vf.Toolset for the OpenEnv server"),
         ("CodeMathEnv", "0.1.0-0.1.1 only, before load_environment modules", "a ToolEnv with the python tool"),
@@ -344,8 +348,9 @@ class _Migration:
         self.N = {k: self.fresh(self.base + k) for k in ("Data", "Config", "Task", "Taskset")}
         self.renamer = _Rename(self.aliases)
         env_call = self.split_load_environment()
-        if _env_name(env_call) in RUNTIME_ENVS:
-            return self.run_at_runtime(env_call)
+        runtime_base = self.runtime_base(_env_name(env_call))
+        if runtime_base is not None:
+            return self.run_at_runtime(env_call, runtime_base)
         self.env_kind(env_call)
         self.kwargs = {a.keyword.value: a for a in env_call.args if a.keyword is not None}
         self.check_env_args(env_call)
@@ -436,11 +441,19 @@ class _Migration:
                 return s
         return None
 
-    def run_at_runtime(self, env_call: cst.Call) -> Report:
+    def runtime_base(self, name: str) -> str | None:
+        """The RUNTIME_ENVS class `name` is or derives from through classes of the module (None: neither)."""
+        seen: set[str] = set()
+        while name not in RUNTIME_ENVS and name in self.classes and name not in seen:
+            seen.add(name)
+            bases = [_code(b.value).split(".")[-1] for b in self.classes[name].bases]
+            name = next((b for b in bases if b in RUNTIME_ENVS or b in self.classes), "")
+        return name if name in RUNTIME_ENVS else None
+
+    def run_at_runtime(self, env_call: cst.Call, name: str) -> Report:
         """An env whose rows and rubric only exist once it is built (RUNTIME_ENVS): keep
         load_environment() on compat's v0 classes, and wrap it in a compat.V0Taskset that builds
         it at load time and scores each row with its (member's) v0 rubric."""
-        name = _env_name(env_call)
         body, imported_vf = [], [False, False]
         group_fns = _GroupFunctions(self.line)
         for stmt in self.mod.body:
@@ -454,7 +467,7 @@ class _Migration:
         if not any(isinstance(s, cst.SimpleStatementLine) and _code(s).strip() == "from vf.migrate import compat"
                    for s in body):
             body.insert(0, cst.parse_statement("from vf.migrate import compat\n"))
-        multi = "\n    v0_multi_turn = True" if name == "TextArenaEnv" else ""
+        multi = "\n    v0_multi_turn = True" if name in RUNTIME_MULTI_TURN else ""
         tail = cst.parse_module(
             f"\n\n# ---- migrated by vf-migrate (see MIGRATION.md): {name} is built at load time ----\n\n"
             f"class {self.N['Taskset']}(compat.V0Taskset):\n"
@@ -488,9 +501,10 @@ class _Migration:
             plan.manual.append((self.line(env_call), LIBRARY_ENVS.get(env_name, f"unknown environment class {env_name!r}: "
                                 "migrated as a multi-turn env; check it")))
         self.kind = kind
-        plan.stateful = env_name == "StatefulToolEnv" or (self.v0_class is not None and any(
-            _code(b.value).split(".")[-1] == "StatefulToolEnv" for c in self._class_chain(self.v0_class)
-            for b in self.classes[c].bases))
+        bases = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(self.v0_class)
+                               for b in self.classes[c].bases] if self.v0_class is not None else [])
+        self.sandbox = next((b for b in bases if b in SANDBOX_TOOLS), None)  # the nearest one: PythonEnv hides bash
+        plan.stateful = "StatefulToolEnv" in bases or self.sandbox is not None
         self.tool_names: list[str] = []
         if self.v0_class is not None:
             for name in self._class_chain(self.v0_class):
@@ -544,7 +558,7 @@ class _Migration:
             self.plan.manual.append((self.line(env_call), "positional arguments to the environment constructor: "
                                      "pass them by name"))
         for k in self.kwargs:
-            if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns"):
+            if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns", *(SANDBOX_OPTIONS if self.sandbox else ())):
                 self.add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
 
     def plan_rewards(self, rubric_arg) -> None:
@@ -945,7 +959,15 @@ class _Migration:
             self.state_cls = self.fresh(self.base + "State")
             L += [f"class {self.state_cls}(vf.State):", '    """Per-rollout state: the v0 state dict, kept whole."""', "",
                   "    v0_state: dict = {}", "", ""]
-        self.tools_cls = None
+        self.tools_cls = self.sandbox_cls = None
+        if self.sandbox:
+            compat_cls, tool_name = SANDBOX_TOOLS[self.sandbox]
+            self.sandbox_cls = self.fresh(self.base + compat_cls)
+            L += [f"class {self.sandbox_cls}(compat.{compat_cls}):",
+                  f'    """v0 {self.sandbox}\'s `{tool_name}` tool, run in the rollout\'s runtime with the env\'s options."""', "",
+                  "    v0_env = staticmethod(_v0_env)", "", ""]
+            self.add(self.load_env, "ENV015", MIGRATED, f"{self.sandbox} → {self.sandbox_cls}: its {tool_name} tool runs in "
+                     "the rollout's vf runtime (a bubblewrap sandbox unless --env.agent.runtime.type says otherwise)")
         if self.tool_names:
             self.tools_cls = self.fresh(self.base + "Tools")
             generic = f"[vf.ToolsetConfig, {self.state_cls}]" if plan.stateful else ""
@@ -988,8 +1010,9 @@ class _Migration:
         """The Task: toolsets, setup, the stop condition and one reward/metric method per v0 function."""
         plan = self.plan
         L = [f"class {self.N['Task']}(vf.Task[{self.N['Data']}, {self.state_cls}, {self.task_config}]):", ""]
-        if self.tools_cls:
-            L += [f"    toolsets = [{self.tools_cls}]", ""]
+        toolsets = [c for c in (self.tools_cls, self.sandbox_cls) if c]
+        if toolsets:
+            L += [f"    toolsets = [{', '.join(toolsets)}]", ""]
         if plan.setup_state:
             L += ["    async def setup(self, trace, state):", f'        """The v0 {self.v0_class}.setup_state."""',
                   "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]

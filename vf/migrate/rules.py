@@ -153,6 +153,19 @@ RULES: list[Rule] = [
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
       "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
       "class MathGroupTaskset(compat.V0Taskset):\n    v0_load = staticmethod(load_environment)"),
+    R("ENV015", "environment", "SandboxEnv, PythonEnv → their tool in the rollout's runtime",
+      "verifiers' `SandboxEnv` (a `bash(command)` tool in a Prime sandbox container per rollout, 0.1.5+) and "
+      "`PythonEnv` (a persistent Python REPL tool, `python(code)`, bash hidden), used directly or subclassed: "
+      "a generated subclass of `compat.SandboxTools` / `compat.PythonTools` is the Task's toolset, and the tool "
+      "runs in the rollout's vf runtime (a bubblewrap sandbox by default; `--env.agent.runtime.type docker` for "
+      "a container), replying with v0's text and following `timeout_per_command_seconds` and "
+      "`environment_vars`. The REPL keeps its names by re-running the rollout's earlier cells before each new "
+      "one (vf's runtimes keep no process between commands). Container options (`docker_image`, `cpu_cores`, "
+      "`pip_install_packages`, ...) are kept on the compat env and reported: in vf they are the run's runtime "
+      "settings. Code that calls v0's sandbox client itself (`self.sandbox_client`) is not mapped.",
+      "return vf.PythonEnv(dataset=ds, rubric=rubric, max_turns=6)",
+      "class MathPythonPythonTools(compat.PythonTools):\n    v0_env = staticmethod(_v0_env)\n\n"
+      "class MathPythonTask(vf.Task[...]):\n    toolsets = [MathPythonPythonTools]"),
     R("ENV014", "environment", "@reward/@metric/@setup/@update/@advantage on v0 code: kept, inert",
       "verifiers 0.1.14-0.3.x export these decorators for verifiers.v1's Taskset and Harness; a v0 "
       "Environment discovers only `@stop`/`@cleanup`/`@teardown` and a v0 Rubric only `@cleanup`/`@teardown`, "

@@ -1,0 +1,131 @@
+"""The tools of verifiers' `SandboxEnv` and `PythonEnv` (0.1.5+), run in the rollout's vf runtime.
+
+v0 made a Prime sandbox container per rollout and gave the model `bash(command)` (SandboxEnv) or
+`python(code)`, a persistent Python REPL (PythonEnv, which hides bash). In vf the rollout's
+runtime is that place: a bubblewrap sandbox by default, a container with
+`--env.agent.runtime.type docker`. The tools answer with v0's text, so a model sees what it saw:
+
+- `bash`: stdout (stripped), then `stderr:\\n...` when there is any, `(no output)` when there is
+  neither; past the env's `timeout_per_command_seconds`: `Error: Command timed out after Ns`.
+- `python`: the cell's stdout, `stderr:\\n...`, the traceback when it raised, or `Out[n]: repr`
+  of a trailing expression (n counts the rollout's cells); `(no output)` otherwise.
+
+The REPL's namespace persists across calls, but vf's runtimes keep no process between commands:
+each call runs the rollout's earlier cells again (their output discarded) before the new one. Code
+whose effects live outside the namespace (appending to a file, unseeded random numbers, a slow
+cell) can therefore differ from v0's live REPL. The packages are the runtime's `python3`'s (v0
+pip-installed `pip_install_packages` at sandbox start; vf's sandbox has no network for that).
+
+A migrated env subclasses these with `v0_env = staticmethod(_v0_env)`, the built v0 env whose
+options (`timeout_per_command_seconds`, `environment_vars`) the tools follow.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from vf.runtime import Runtime
+from vf.toolset import Toolset, tool
+
+COMMAND_TIMEOUT = 30
+"""v0 SandboxEnv's `timeout_per_command_seconds` default."""
+
+REPL = r'''
+import ast, contextlib, io, json, sys, traceback
+request = json.loads(sys.stdin.read())
+namespace = {"__name__": "__main__"}
+
+
+def run(code, quiet):
+    result = {"status": "ok", "stdout": "", "stderr": "", "result": None}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            body = list(ast.parse(code, mode="exec").body)
+            last = body.pop() if body and isinstance(body[-1], ast.Expr) else None
+            if body:
+                exec(compile(ast.Module(body=body, type_ignores=[]), "<cell>", "exec"), namespace, namespace)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace, namespace)
+                if value is not None:
+                    result["result"] = repr(value)
+    except BaseException:
+        result["status"] = "error"
+        result["result"] = traceback.format_exc()
+    result["stdout"], result["stderr"] = out.getvalue(), err.getvalue()
+    return result
+
+
+for cell in request["history"]:
+    run(cell, True)
+sys.__stdout__.write("\n" + request["marker"] + json.dumps(run(request["code"], False)) + "\n")
+'''
+"""The REPL worker (v0 PythonEnv's cell semantics): replays `history`, runs `code`, and prints the
+result as JSON after a per-call marker (the cell's own prints are captured, not mixed in)."""
+
+
+def _options(toolset: Any) -> tuple[float, dict[str, str] | None]:
+    env = type(toolset).v0_env()
+    timeout = getattr(env, "timeout_per_command_seconds", None) or COMMAND_TIMEOUT
+    return float(timeout), getattr(env, "environment_vars", None) or None
+
+
+class SandboxTools(Toolset):
+    """v0 SandboxEnv's `bash` tool, in the rollout's runtime."""
+
+    TOOL_PREFIX = None  # v0's tool names, unprefixed
+    v0_env: ClassVar[Callable[[], Any]]
+
+    @tool
+    async def bash(self, command: str, runtime: Runtime) -> str:
+        """Execute `command` inside persistent sandbox container."""
+        timeout, env = _options(self)
+        result = await runtime.run(command, env, timeout=timeout)
+        if result.timed_out:
+            return f"Error: Command timed out after {timeout:g}s"
+        stdout, stderr = result.stdout.strip(), (result.stderr or "").strip()
+        combined = f"{stdout}\nstderr:\n{stderr}" if stdout and stderr else stdout or (f"stderr:\n{stderr}" if stderr else "")
+        return combined or "(no output)"
+
+
+class PythonTools(Toolset):
+    """v0 PythonEnv's `python` tool: a REPL whose namespace lasts the rollout (see the module docstring)."""
+
+    TOOL_PREFIX = None
+    v0_env: ClassVar[Callable[[], Any]]
+
+    def setup(self) -> None:
+        self.cells: list[str] = []  # this rollout's cells so far (one toolset instance per rollout)
+
+    @tool
+    async def python(self, code: str, runtime: Runtime) -> str:
+        """Execute `code` inside persistent Python REPL."""
+        timeout, env = _options(self)
+        marker = f"@@vf-repl-{secrets.token_hex(8)}@@"
+        request = json.dumps({"history": self.cells, "code": code, "marker": marker})
+        result = await runtime.run(["python3", "-I", "-c", REPL], env, timeout=timeout, input=request)
+        if result.timed_out:
+            return f"Error: Command timed out after {timeout:g}s"
+        reply = next((line[len(marker):] for line in reversed(result.stdout.splitlines()) if line.startswith(marker)), None)
+        if reply is None:  # the worker died (a limit, os._exit in the cell): what it printed
+            return f"Error: the Python worker stopped (exit {result.exit_code})\n{(result.stdout + result.stderr).strip()}"
+        self.cells.append(code)
+        return _format(json.loads(reply), len(self.cells))
+
+
+def _format(response: dict[str, Any], count: int) -> str:
+    """v0 PythonEnv._format_response."""
+    parts = []
+    if stdout := (response.get("stdout") or "").rstrip():
+        parts.append(stdout)
+    if stderr := (response.get("stderr") or "").rstrip():
+        parts.append(f"stderr:\n{stderr}")
+    status, text = response.get("status"), response.get("result")
+    if status == "error" and text:
+        parts.append(text.rstrip())
+    elif status == "ok" and text is not None:
+        parts.append(f"Out[{count}]: {text}")
+    return "\n".join(parts) or "(no output)"
