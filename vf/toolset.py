@@ -22,6 +22,9 @@ Where a toolset runs is its `ToolsetConfig` (`SharedToolsetConfig` for one serve
 - `runtime` set (e.g. `{"type": "subprocess"}`): an MCP server process per rollout (per run
   for a shared toolset) started by `vf.mcp`, killed when the rollout ends.
 - `url`: an MCP server already running elsewhere (streamable HTTP); nothing is started.
+- `command`: a stdio MCP server program (argv, `command_env` for its variables) that vf starts on
+  the host for the rollout (for the run, shared) and stops after: a server of the environment's
+  author, as v0's MCPEnv ran them. Its tools are the ones it lists; no state is sent to it.
 
 Runtime: a @tool method with a `runtime` parameter gets the rollout's `vf.runtime.Runtime` (the
 rollout makes one, a bubblewrap sandbox by default) and runs its commands there, as harness tools
@@ -82,11 +85,15 @@ class ToolsetConfig(BaseModel):
     """Own runtime for the toolset's MCP server; None = in the harness's process."""
     url: str | None = None
     """A remote streamable-HTTP MCP server (`http://host:port/mcp`); nothing is started."""
+    command: list[str] | None = None
+    """A stdio MCP server program (argv) vf starts and stops: its listed tools are the toolset's."""
+    command_env: dict[str, str] | None = None
+    """Variables for `command` on top of MCP's default few (PATH, HOME, ...): no host secret leaks in."""
 
     @property
     def served(self) -> bool:
         """True when calls go over MCP to another process."""
-        return bool(self.url) or (self.runtime is not None and not self.colocated)
+        return bool(self.url) or bool(self.command) or (self.runtime is not None and not self.colocated)
 
 
 class SharedToolsetConfig(BaseModel):
@@ -96,10 +103,12 @@ class SharedToolsetConfig(BaseModel):
 
     runtime: RuntimeConfig | None = None
     url: str | None = None
+    command: list[str] | None = None
+    command_env: dict[str, str] | None = None
 
     @property
     def served(self) -> bool:
-        return bool(self.url) or self.runtime is not None
+        return bool(self.url) or bool(self.command) or self.runtime is not None
 
 
 # ---- decorator and schemas ---------------------------------------------------------------------

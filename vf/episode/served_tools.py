@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -34,10 +35,23 @@ async def serve_toolset(ts: Toolset, timeout: float = TOOL_TIMEOUT,
     """Yield the tools of a served toolset; stop what was started on exit. `max_reply_bytes`:
     the most one HTTP reply of its server may carry (None: no cap; see `RemoteTools`)."""
     async with contextlib.AsyncExitStack() as stack:
+        if ts.config.command:  # a stdio server of the env's: its own tools, no vf state
+            remote = RemoteTools(ts, stdio_server(ts.config.command, ts.config.command_env), send_state=False,
+                                 timeout=timeout)
+            await stack.enter_async_context(remote)
+            yield remote
+            return
         url = ts.config.url or await stack.enter_async_context(start_server(ts))
         remote = RemoteTools(ts, url, send_state=not ts.config.url, timeout=timeout, max_reply_bytes=max_reply_bytes)
         await stack.enter_async_context(remote)
         yield remote
+
+
+def stdio_server(argv: list[str], env: dict[str, str] | None) -> Any:
+    """MCP's parameters for a stdio server program: `argv`, `env` on top of MCP's default variables."""
+    from mcp.client.stdio import StdioServerParameters, get_default_environment
+
+    return StdioServerParameters(command=argv[0], args=list(argv[1:]), env={**get_default_environment(), **(env or {})})
 
 
 @contextlib.asynccontextmanager
@@ -94,8 +108,9 @@ class RemoteTools:
     The session lives in its own task: when the server dies, the `mcp` client tears down its
     task group, and that must end this session, not the rollout that was waiting on a call."""
 
-    def __init__(self, ts: Toolset, url: str, *, send_state: bool, timeout: float = TOOL_TIMEOUT,
+    def __init__(self, ts: Toolset, url: Any, *, send_state: bool, timeout: float = TOOL_TIMEOUT,
                  max_reply_bytes: int | None = None):
+        """`url`: the server's streamable-HTTP URL, or the `stdio_server` parameters of a program."""
         self.ts, self.url, self.send_state, self.timeout = ts, url, send_state, timeout
         self.name = ts.server_name or type(ts).__name__
         self.listed: list[Any] = []
@@ -116,7 +131,8 @@ class RemoteTools:
         except BaseException as e:
             await self.__aexit__(None, None, None)
             detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            raise ToolsetError(f"tool server {self.name!r} at {self.url} did not answer: {detail}") from None
+            where = self.url if isinstance(self.url, str) else shlex.join([self.url.command, *self.url.args])
+            raise ToolsetError(f"tool server {self.name!r} at {where} did not answer: {detail}") from None
         return self
 
     async def _own(self) -> None:
@@ -126,6 +142,12 @@ class RemoteTools:
 
         try:
             async with contextlib.AsyncExitStack() as stack:
+                if not isinstance(self.url, str):  # a stdio program: MCP starts it, and ends it on exit
+                    client = await stack.enter_async_context(Client(self.url, read_timeout_seconds=self.timeout))
+                    self.listed = (await client.list_tools()).tools
+                    self._ready.set_result(client)
+                    await self._closing.wait()
+                    return
                 timeout = httpx2.Timeout(self.timeout, connect=5.0)
                 http = await stack.enter_async_context(
                     create_mcp_http_client(timeout=timeout) if self.max_reply_bytes is None else

@@ -20,6 +20,7 @@ Nothing here imports torch or verifiers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -83,6 +84,7 @@ from vf.migrate.v0_sandbox import PythonTools, SandboxTools  # noqa: F401 - migr
 from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig
 from vf.taskset import reward as v1_reward
 from vf.taskset import stop as v1_stop
+from vf.toolset import SharedToolsetConfig, Toolset
 from vf.trace import content_text
 
 Messages = list[dict[str, Any]]
@@ -523,6 +525,42 @@ class StatefulToolEnv(ToolEnv):
 
     def remove_tool(self, tool: Callable) -> None:
         self.tools = [t for t in self.tools if t is not tool]
+
+
+@dataclasses.dataclass
+class MCPServerConfig:
+    """v0 MCPEnv's server entry (0.1.14+): a stdio MCP server program."""
+
+    name: str
+    command: str
+    args: list[str] | None = None
+    env: dict[str, str] | None = None
+    description: str = ""
+
+
+class MCPServerTools(Toolset):
+    """The tools one v0 MCPEnv server lists, under their own names (v0 registered them unprefixed)."""
+
+    TOOL_PREFIX = None
+
+
+class MCPEnv(ToolEnv):
+    """v0 `MCPEnv(mcp_servers=[...])` (0.1.14+): its servers, recorded; `toolsets()` gives one shared
+    toolset per server (`SharedToolsetConfig.command`), which vf starts once per run on the host, as
+    v0 did, and whose tools every rollout calls. v0 ran the servers for the env's lifetime; the
+    migrated Taskset's `toolsets()` runs them for the run's."""
+
+    DEFAULT_MAX_TURNS = 10
+
+    def __init__(self, mcp_servers: Iterable[MCPServerConfig | dict] = (), **kwargs: Any):
+        self.mcp_servers = [s if isinstance(s, MCPServerConfig) else MCPServerConfig(
+            name=s["name"], command=s["command"], args=s.get("args"), env=s.get("env"),
+            description=s.get("description", "")) for s in mcp_servers]
+        super().__init__(**kwargs)
+
+    def toolsets(self) -> list[Toolset]:
+        return [MCPServerTools(SharedToolsetConfig(command=[s.command, *(s.args or [])], command_env=s.env))
+                for s in self.mcp_servers]
 
 
 class SandboxEnv(StatefulToolEnv):
@@ -1022,7 +1060,7 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "StatefulToolEnv", "Messages", "ChatMessage", "State", "Info", "SamplingArgs", "RewardFunc",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
              "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv", "ReasoningGymEnv",
-             "SandboxEnv", "PythonEnv", "GymEnv", "EpisodicSumRubric",
+             "SandboxEnv", "PythonEnv", "GymEnv", "EpisodicSumRubric", "MCPEnv", "MCPServerConfig",
              "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
              "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType", *v0_api.INERT_SIGNALS,
              "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",

@@ -25,7 +25,7 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 from vf.migrate.v0_api import INERT_SIGNALS
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
-             "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool"}
+             "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool", "MCPEnv": "tool"}
 SANDBOX_TOOLS = {"SandboxEnv": ("SandboxTools", "bash"), "PythonEnv": ("PythonTools", "python")}
 """verifiers' sandbox envs → the compat toolset whose tool runs in the rollout's runtime (ENV015)."""
 SANDBOX_OPTIONS = ("timeout_per_command_seconds", "environment_vars")
@@ -48,13 +48,17 @@ LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
     for name, what, port in (
-        ("MCPEnv", "tools of MCP servers it starts, 0.1.14+", "a vf.Toolset with `url` or `runtime` set (vf.mcp)"),
-        ("CliAgentEnv", "an agent program in a Prime sandbox behind interception, 0.1.14+", "a vf.Harness program "
-         "(vf.harnesses)"),
-        ("HarborEnv", "Harbor task folders run by an agent in a sandbox, 0.1.14+", "a taskset of the task folders "
-         "with a vf.Harness program"),
-        ("BrowserEnv", "Browserbase browser sessions, 0.1.14+", "a vf.Toolset for the browser service"),
-        ("OpenEnvEnv", "OpenEnv servers in containers, 0.1.14+", "a vf.Env or vf.Toolset for the OpenEnv server"),
+        ("CliAgentEnv", "an agent command run in a Prime sandbox, its model calls intercepted, 0.1.14+",
+         "a vf.Harness whose launch() runs the command in the rollout's runtime with OPENAI_BASE_URL/OPENAI_API_KEY "
+         "set to the endpoint and secret it is given (--env.agent.harness.id module:Class); sandbox setup that "
+         "calls v0's sandbox client goes to Task.setup(runtime)"),
+        ("HarborEnv", "Harbor task folders (instruction, environment, tests) run by an agent in a sandbox, 0.1.14+",
+         "a taskset whose rows are the task folders, run with a program harness (e.g. terminus-2) and scored by "
+         "running the task's tests in Task.finalize(runtime)"),
+        ("BrowserEnv", "a Browserbase-hosted browser driven through tools, 0.1.14+", "a vf.Toolset whose tools "
+         "call the browser service (it needs the service's network and key)"),
+        ("OpenEnvEnv", "an OpenEnv server in a container, stepped through its HTTP API, 0.1.14+", "a vf.Env whose "
+         "respond() steps the OpenEnv client (the server runs where --env.agent.runtime.type docker can start it)"),
         ("CodeMathEnv", "0.1.0-0.1.1 only, before load_environment modules", "a ToolEnv with the python tool"),
         ("DoubleCheckEnv", "0.1.0-0.1.1 only, before load_environment modules", "a MultiTurnEnv asking "
          "'Are you sure?'"),
@@ -62,7 +66,7 @@ LIBRARY_ENVS = {
     )
 }
 """verifiers' library env classes vf-migrate does not map yet: the TODO names what each did and the v1
-construct it ports to (ReasoningGymEnv, EnvGroup and TextArenaEnv are RUNTIME_ENVS)."""
+construct it ports to (the mapped ones are RUNTIME_ENVS, SANDBOX_TOOLS and MCPEnv)."""
 INERT_NOTE = ("{names} kept as v0 had it, without effect: verifiers 0.1.14-0.3.x export these for verifiers.v1's "
               "Taskset/Harness, and a v0 Environment or Rubric never ran them, so v0's rewards did not include "
               "them; to score with one, make it a @vf.reward/@vf.metric method of the migrated Task")
@@ -498,12 +502,16 @@ class _Migration:
             kind = self._class_kind(env_name, set())
         if kind is None:
             kind = "multi"
-            plan.manual.append((self.line(env_call), LIBRARY_ENVS.get(env_name, f"unknown environment class {env_name!r}: "
-                                "migrated as a multi-turn env; check it")))
+            chain = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(env_name)
+                                   for b in self.classes[c].bases] if env_name in self.classes else [])
+            library = next((b for b in chain if b in LIBRARY_ENVS), None)
+            plan.manual.append((self.line(env_call), LIBRARY_ENVS[library] if library else
+                                f"unknown environment class {env_name!r}: migrated as a multi-turn env; check it"))
         self.kind = kind
         bases = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(self.v0_class)
                                for b in self.classes[c].bases] if self.v0_class is not None else [])
         self.sandbox = next((b for b in bases if b in SANDBOX_TOOLS), None)  # the nearest one: PythonEnv hides bash
+        self.mcp = "MCPEnv" in bases
         plan.stateful = "StatefulToolEnv" in bases or self.sandbox is not None
         self.tool_names: list[str] = []
         if self.v0_class is not None:
@@ -558,7 +566,8 @@ class _Migration:
             self.plan.manual.append((self.line(env_call), "positional arguments to the environment constructor: "
                                      "pass them by name"))
         for k in self.kwargs:
-            if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns", *(SANDBOX_OPTIONS if self.sandbox else ())):
+            if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns", *(SANDBOX_OPTIONS if self.sandbox else ()),
+                         *(("mcp_servers",) if self.mcp else ())):
                 self.add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
 
     def plan_rewards(self, rubric_arg) -> None:
@@ -1055,6 +1064,12 @@ class _Migration:
             L += ["    " + _code(self.docstring.body[0].value), ""]
         if self.env_cls:
             L += [f"    ENV = {self.env_cls}", ""]
+        if self.mcp:
+            L += ["    @classmethod", "    def toolsets(cls, config):",
+                  '        """v0 MCPEnv\'s servers: started once per run, their tools shared by every rollout."""',
+                  "        return _v0_env().toolsets()", ""]
+            self.add(self.load_env, "ENV016", MIGRATED, "MCPEnv → its servers as shared stdio toolsets "
+                     f"({self.N['Taskset']}.toolsets): started once per run on the host, as v0 did")
         L += ["    def load(self):"]
         L += [f"        {p.name.value} = {_inline(self.ren(p.default))}" if p.name.value in self.object_params else
               f"        {p.name.value} = self.config.{_field(p.name.value)}" for p in self.params]

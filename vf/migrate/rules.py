@@ -140,7 +140,7 @@ RULES: list[Rule] = [
       "that names the line and the decision to make. The output always compiles.",
       "return MyCustomEnvBase(dataset=ds, rubric=rubric)",
       "# TODO(vf-migrate): unknown environment class 'MyCustomEnvBase': migrated as a multi-turn env; check it"),
-    R("ENV013", "environment", "EnvGroup, TextArenaEnv, ReasoningGymEnv → compat.V0Taskset",
+    R("ENV013", "environment", "EnvGroup, TextArenaEnv, ReasoningGymEnv, GymEnv → compat.V0Taskset",
       "An env whose rows and rubric exist only once it is built keeps its `load_environment()` (on "
       "`vf.migrate.compat`'s v0 classes) behind a generated `compat.V0Taskset` that builds it at load time "
       "(`--taskset.args` are its keyword arguments). `EnvGroup(envs, env_names)`: one taskset of every "
@@ -149,7 +149,11 @@ RULES: list[Rule] = [
       "played by vf (its word list and G/Y/X rules, textarena's reply layout, six guesses); another "
       "textarena game is an error naming what to do. `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's "
       "generated rows and its `score_answer` on the `<answer>` field, as v0 built them. A row loaded with "
-      "`--taskset.args` records them, so it is scored by the env those arguments build.",
+      "`--taskset.args` records them, so it is scored by the env those arguments build. `GymEnv(env_cls, "
+      "action_parser, obs_to_text, ...)` (0.1.14+): a row per episode (its first observation, reset with the "
+      "row's seed), each reply parsed into an action and stepped, the step rewards kept on their trajectory "
+      "steps and summed by v0's `EpisodicSumRubric`. The env may be a class of the module derived from one of "
+      "these.",
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
       "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
       "class MathGroupTaskset(compat.V0Taskset):\n    v0_load = staticmethod(load_environment)"),
@@ -166,6 +170,14 @@ RULES: list[Rule] = [
       "return vf.PythonEnv(dataset=ds, rubric=rubric, max_turns=6)",
       "class MathPythonPythonTools(compat.PythonTools):\n    v0_env = staticmethod(_v0_env)\n\n"
       "class MathPythonTask(vf.Task[...]):\n    toolsets = [MathPythonPythonTools]"),
+    R("ENV016", "environment", "MCPEnv → shared stdio toolsets",
+      "verifiers' `MCPEnv(mcp_servers=[{name, command, args, env}, ...])` (0.1.14+) started each stdio MCP "
+      "server once and let every rollout call its tools by their own names. The migrated Taskset's "
+      "`toolsets()` returns one shared toolset per server (`SharedToolsetConfig(command=[command, *args], "
+      "command_env=env)`): vf starts the program on the host once per run and stops it after, the server gets "
+      "its `env` on top of MCP's default few variables (no host secret), and no rollout state is sent to it.",
+      "return MCPEnv(mcp_servers=[{'name': 'fetch', 'command': 'uvx', 'args': ['mcp-server-fetch']}], dataset=ds)",
+      "    @classmethod\n    def toolsets(cls, config):\n        return _v0_env().toolsets()"),
     R("ENV014", "environment", "@reward/@metric/@setup/@update/@advantage on v0 code: kept, inert",
       "verifiers 0.1.14-0.3.x export these decorators for verifiers.v1's Taskset and Harness; a v0 "
       "Environment discovers only `@stop`/`@cleanup`/`@teardown` and a v0 Rubric only `@cleanup`/`@teardown`, "
