@@ -691,6 +691,10 @@ def test_gym_env_plays_each_row_s_game_and_sums_its_step_rewards(tmp_path):
                                                     max_turns=8))).trace
     assert [m["content"] for m in bad.messages if m["role"] == "user"][-1].startswith("Action Parsing Error: invalid literal")
     assert bad.rewards["sum_step_rewards"].score == 0.0
+    one_try = _load(path, {"args": {"tries": 1}})  # --taskset.args: the game the row's arguments made
+    short = asyncio.run(run_episode(list(one_try.taskset.take(1))[0], EpisodeSpec(
+        engine=Scripted(["3", "x", "x"]), model="m", env=one_try.env, max_turns=8))).trace
+    assert [m["content"] for m in short.messages if m["role"] == "user"][1:] == ["Wrong, go higher.\nEpisode already ended."]
 
 
 MCP_SERVER = textwrap.dedent('''

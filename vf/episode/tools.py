@@ -159,7 +159,7 @@ async def open_tools(toolsets: Iterable[Toolset | type[Toolset]], state: State |
                 if ts.needs_runtime():
                     raise ToolsetError(f"toolset {type(ts).__name__} has tools that take the rollout's `runtime`: "
                                        "they run in the rollout's process, so it cannot be served (unset its "
-                                       "config's `runtime` and `url`)")
+                                       "config's `runtime`, `url` and `command`)")
                 remote = await stack.enter_async_context(serve_toolset(ts, max_reply_bytes=max_reply_bytes))
             else:
                 if ts._state is None:

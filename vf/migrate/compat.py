@@ -764,7 +764,7 @@ class MultiTurnAdapter(Env):
             # env_response that ends the game (e.g. "correct") is added and no reply is asked for;
             # 0.1.8+ ends there only through state["final_env_response"] (its @stop methods run
             # before env_response, next round)
-            if final or (not stop_methods(type(self).v0_env()) and await self._completed(
+            if final or (not stop_methods(self._v0(task.data)) and await self._completed(
                     agent.trace.messages + [messages[-1]], task.data, agent.trace, agent.state)):
                 agent.add(messages[-1])
                 agent.finish("env_done")
@@ -775,8 +775,13 @@ class MultiTurnAdapter(Env):
         messages = await self.next_messages(task, trace, state)
         return messages[-1] if messages else None
 
+    def _v0(self, task: Any) -> MultiTurnEnv:
+        """The v0 env: the one the row's `--taskset.args` built (`V0Data.v0_args`), else the default."""
+        args = getattr(task, "v0_args", None)
+        return type(self).v0_env(args) if args else type(self).v0_env()
+
     async def _completed(self, messages, task, trace, state) -> bool:
-        env = type(self).v0_env()
+        env = self._v0(task)
         done = env.is_completed(messages, v0_state(task, trace, state))
         if inspect.isawaitable(done):
             done = await done
@@ -788,7 +793,7 @@ class MultiTurnAdapter(Env):
     async def _step(self, task, trace, state) -> tuple[Messages | None, bool]:
         """(the env's next messages, whether they end the rollout): None once it is completed;
         0.1.8+'s `state["final_env_response"]` replaces what env_response returned and ends it."""
-        env = type(self).v0_env()
+        env = self._v0(task)
         messages = trace.messages
         if await self._completed(messages, task, trace, state):
             return None, False
@@ -1009,7 +1014,7 @@ class V0Task(Task[V0Data, State, TaskConfig]):
 
 class V0Taskset(Taskset[V0Task, V0Config]):
     """The v1 taskset of a v0 module whose environment vf-migrate keeps building at run time
-    (EnvGroup, TextArenaEnv, ReasoningGymEnv): a subclass sets `v0_load = staticmethod(load_environment)`."""
+    (RUNTIME_ENVS of vf.migrate.python_env): a subclass sets `v0_load = staticmethod(load_environment)`."""
 
     v0_load: ClassVar[Callable[..., Environment]]
 
@@ -1017,6 +1022,7 @@ class V0Taskset(Taskset[V0Task, V0Config]):
         super().__init_subclass__(**kwargs)
         if "v0_load" not in cls.__dict__:
             return
+
         @functools.cache
         def built(args_json: str = "{}") -> Environment:  # one env per argument set, per process
             return cls.v0_load(**json.loads(args_json))
@@ -1025,7 +1031,7 @@ class V0Taskset(Taskset[V0Task, V0Config]):
             return built(json.dumps(args or {}, sort_keys=True))
 
         cls._task = type(f"{cls.__name__}Task", (V0Task,), {"v0_env": staticmethod(env_for)})
-        if getattr(cls, "v0_multi_turn", False):  # env_response / is_completed: the default arguments' env
+        if getattr(cls, "v0_multi_turn", False):  # env_response / is_completed of the row's env too
             cls.ENV = type(f"{cls.__name__}Env", (MultiTurnAdapter,), {"v0_env": staticmethod(env_for)})
 
     @classmethod

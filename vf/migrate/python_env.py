@@ -41,9 +41,9 @@ RUNTIME_ENVS = {
     "GymEnv": "GymEnv → compat.GymEnv run by compat.V0Taskset: one game per row (reset with the row's seed), each reply "
               "parsed into an action and stepped until the game is done; v0's rubric sums the step rewards",
 }
+"""v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
 RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
 """RUNTIME_ENVS whose rollouts are multi-turn games (compat.MultiTurnAdapter runs their env_response)."""
-"""v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
 LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
