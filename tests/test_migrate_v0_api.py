@@ -756,3 +756,50 @@ def test_mcp_env_servers_are_started_once_per_run_and_their_tools_called(tmp_pat
     assert [t["function"]["name"] for t in trace.tools] == ["shout"]
     assert [m["content"] for m in trace.messages if m["role"] == "tool"] == ["HI!"]
     assert trace.rewards["shouted"].score == 1.0
+
+
+AGENT_0_1_14 = textwrap.dedent(r"""
+    import shlex
+
+    import verifiers as vf
+
+    AGENT = '''
+    import json, os, urllib.request
+    body = {"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": os.environ["GREETING"]}]}
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+                                     data=json.dumps(body).encode(), headers={
+                                         "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                         "Content-Type": "application/json"})
+    reply = json.load(urllib.request.urlopen(request, timeout=60))
+    print(reply["choices"][0]["message"]["content"], os.environ["OPENAI_TIMEOUT"])
+    '''
+
+
+    def answered(completion, answer) -> float:
+        return float(any(answer in (m.get("content") or "") for m in completion if m["role"] == "assistant"))
+
+
+    def load_environment():
+        rows = [{"question": "unused: the agent knows its task", "answer": "pong"}]
+        return vf.CliAgentEnv(run_command="python3 -c " + shlex.quote(AGENT), dataset=rows,
+                              rubric=vf.Rubric(funcs=[answered]), environment_vars={"GREETING": "ping"})
+""")
+
+
+def test_cli_agent_env_runs_its_command_as_the_seats_program_harness(tmp_path):
+    """vf.CliAgentEnv (0.1.14+; "unknown environment class" before): its run_command is the seat's default
+    program harness, run in the rollout's runtime (the sandbox) with OPENAI_BASE_URL / OPENAI_API_KEY /
+    OPENAI_MODEL at the interception server, v0's 3600 s client timeout and the env's environment_vars;
+    the call it makes is a recorded turn, scored by the v0 rubric."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    path, report = _migrate(tmp_path, "agent_env", AGENT_0_1_14)
+    assert [e.rule for e in report.entries if e.rule == "ENV017"] == ["ENV017"]
+    loaded = _load(path)
+    assert loaded.env.config.agent.harness.id.endswith("agent_env.py:AgentEnvAgent")
+    episode = asyncio.run(run_episode(list(loaded.taskset.take(1))[0], EpisodeSpec(
+        engine=Scripted(["pong"]), model="m", env=loaded.env, max_turns=4)))
+    trace = episode.trace
+    assert not trace.errors and not episode.errors, (trace.errors, episode.errors)
+    assert [m["content"] for m in trace.messages] == ["ping", "pong"]
+    assert trace.rewards["answered"].score == 1.0

@@ -80,7 +80,7 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
-from vf.migrate.v0_sandbox import PythonTools, SandboxTools  # noqa: F401 - migrated sandbox envs subclass them
+from vf.migrate.v0_sandbox import CliAgentHarness, PythonTools, SandboxTools  # noqa: F401 - migrated envs subclass them
 from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig
 from vf.taskset import reward as v1_reward
 from vf.taskset import stop as v1_stop
@@ -570,6 +570,16 @@ class SandboxEnv(StatefulToolEnv):
     (`--env.agent.runtime.*`); v0's own sandbox client (`self.sandbox_client`) is not here."""
 
     timeout_per_command_seconds: int = 30
+    environment_vars: dict[str, str] | None = None
+    docker_image: str = "python:3.11-slim"
+
+
+class CliAgentEnv(MultiTurnEnv):
+    """v0 `CliAgentEnv(run_command=...)` (0.1.14+): its options, recorded; the seat runs `run_command`
+    as a program harness (`CliAgentHarness`), every model call it makes intercepted and recorded.
+    Container options are the run's `--env.agent.runtime.*`; v0's sandbox client is not here."""
+
+    run_command: str = ""
     environment_vars: dict[str, str] | None = None
     docker_image: str = "python:3.11-slim"
 
@@ -1067,6 +1077,7 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
              "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv", "ReasoningGymEnv",
              "SandboxEnv", "PythonEnv", "GymEnv", "EpisodicSumRubric", "MCPEnv", "MCPServerConfig",
+             "CliAgentEnv",
              "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
              "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType", *v0_api.INERT_SIGNALS,
              "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",

@@ -25,7 +25,8 @@ from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
 from vf.migrate.v0_api import INERT_SIGNALS
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
-             "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool", "MCPEnv": "tool"}
+             "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool", "MCPEnv": "tool",
+             "CliAgentEnv": "agent"}
 SANDBOX_TOOLS = {"SandboxEnv": ("SandboxTools", "bash"), "PythonEnv": ("PythonTools", "python")}
 """verifiers' sandbox envs → the compat toolset whose tool runs in the rollout's runtime (ENV015)."""
 SANDBOX_OPTIONS = ("timeout_per_command_seconds", "environment_vars")
@@ -44,14 +45,13 @@ RUNTIME_ENVS = {
 """v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
 RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
 """RUNTIME_ENVS whose rollouts are multi-turn games (compat.MultiTurnAdapter runs their env_response)."""
+CLI_AGENT_HOOKS = ("post_sandbox_setup", "build_env_vars", "get_docker_image", "get_sandbox_resources", "start_agent",
+                   "post_rollout", "destroy_sandbox", "wait_for_completion", "get_sandbox_request")
+"""v0 CliAgentEnv methods a subclass overrides to drive its Prime sandbox (ENV017 flags them)."""
 LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
     for name, what, port in (
-        ("CliAgentEnv", "an agent command run in a Prime sandbox, its model calls intercepted, 0.1.14+",
-         "a vf.Harness whose launch() runs the command in the rollout's runtime with OPENAI_BASE_URL/OPENAI_API_KEY "
-         "set to the endpoint and secret it is given (--env.agent.harness.id module:Class); sandbox setup that "
-         "calls v0's sandbox client goes to Task.setup(runtime)"),
         ("HarborEnv", "Harbor task folders (instruction, environment, tests) run by an agent in a sandbox, 0.1.14+",
          "a taskset whose rows are the task folders, run with a program harness (e.g. terminus-2) and scored by "
          "running the task's tests in Task.finalize(runtime)"),
@@ -517,6 +517,12 @@ class _Migration:
         if self.v0_class is not None:
             for name in self._class_chain(self.v0_class):
                 self._class_tools(self.classes[name])
+                if kind == "agent":  # v0 CliAgentEnv hooks that drove its Prime sandbox: vf calls none of them
+                    for item in self.classes[name].body.body:
+                        if isinstance(item, cst.FunctionDef) and item.name.value in CLI_AGENT_HOOKS:
+                            plan.manual.append((self.line(item), f"{name}.{item.name.value} overrides a v0 CliAgentEnv "
+                                                "sandbox hook, which vf does not call: do its work in Task.setup(runtime) "
+                                                "(files, commands) or the harness's environment (--env.agent.harness.env)"))
 
     def _class_chain(self, name: str) -> list[str]:
         """`name` and the module classes it derives from (nearest first)."""
@@ -567,7 +573,8 @@ class _Migration:
                                      "pass them by name"))
         for k in self.kwargs:
             if k not in (*DATA_ARGS, "parser", "rubric", "tools", "max_turns", *(SANDBOX_OPTIONS if self.sandbox else ()),
-                         *(("mcp_servers",) if self.mcp else ())):
+                         *(("mcp_servers",) if self.mcp else ()),
+                         *(("run_command", "environment_vars") if self.kind == "agent" else ())):
                 self.add(env_call, "ENV900", INFO, f"environment option {k}= is kept on the compat env but vf does not use it")
 
     def plan_rewards(self, rubric_arg) -> None:
@@ -992,9 +999,12 @@ class _Migration:
         return L
 
     def gen_env(self) -> list[str]:
-        """A MultiTurnAdapter for a multi-turn env; an Env.finalize for group rewards."""
+        """A MultiTurnAdapter for a multi-turn env, a program seat for a CliAgentEnv; an Env.finalize
+        for group rewards."""
         group = [f for f in self.plan.funcs if f.group]
         self.env_cls = None
+        if self.kind == "agent":
+            return self.gen_agent_env(group)
         if self.kind != "multi" and not group:
             return []
         self.env_cls = self.fresh(self.base + "Env")
@@ -1014,6 +1024,23 @@ class _Migration:
                   for f in group]
             L += [""]
         return L + [""]
+
+    def gen_agent_env(self, group: list) -> list[str]:
+        """v0 CliAgentEnv: its run_command as the seat's default program harness (ENV017)."""
+        harness, config = self.fresh(self.base + "Agent"), self.fresh(self.base + "EnvConfig")
+        self.env_cls = self.fresh(self.base + "Env")
+        self.add(self.load_env, "ENV017", MIGRATED, f"CliAgentEnv → {harness}, the seat's default program harness: "
+                 "run_command runs in the rollout's runtime, its model calls intercepted (--env.agent.harness.id "
+                 "picks another)")
+        if group:
+            self.plan.manual.append((0, "group reward functions of a CliAgentEnv: score them in Env.finalize by hand"))
+        return [f"class {harness}(compat.CliAgentHarness):",
+                '    """The v0 CliAgentEnv\'s run_command, as a program harness."""', "",
+                "    v0_env = staticmethod(_v0_env)", "", "",
+                f"class {config}(vf.SingleAgentEnvConfig):",
+                f'    agent: vf.AgentConfig = vf.AgentConfig(harness=vf.HarnessConfig(id=f"{{__file__}}:{harness}"))', "", "",
+                f"class {self.env_cls}(vf.Env[{config}]):",
+                f'    """One seat, which runs {harness} unless --env.agent.harness.id says otherwise."""', "", ""]
 
     def gen_task(self) -> list[str]:
         """The Task: toolsets, setup, the stop condition and one reward/metric method per v0 function."""

@@ -178,6 +178,19 @@ RULES: list[Rule] = [
       "its `env` on top of MCP's default few variables (no host secret), and no rollout state is sent to it.",
       "return MCPEnv(mcp_servers=[{'name': 'fetch', 'command': 'uvx', 'args': ['mcp-server-fetch']}], dataset=ds)",
       "    @classmethod\n    def toolsets(cls, config):\n        return _v0_env().toolsets()"),
+    R("ENV017", "environment", "CliAgentEnv → the seat's program harness",
+      "verifiers' `CliAgentEnv(run_command=...)` (0.1.14+) ran an agent command in a Prime sandbox with "
+      "`OPENAI_BASE_URL` at its interception server, each model call a turn. The migrated env's seat runs a "
+      "generated subclass of `compat.CliAgentHarness` by default (`--env.agent.harness.id` picks another): "
+      "the command runs in the rollout's runtime (the sandbox by default) with `OPENAI_BASE_URL`, "
+      "`OPENAI_API_KEY` and `OPENAI_MODEL` at the seat's interception endpoint, secret and model, v0's 3600 s "
+      "client timeouts and the env's `environment_vars`; every call is recorded and the v0 rubric scores the "
+      "trace. A subclass's sandbox hooks (`post_sandbox_setup`, `build_env_vars`, `get_docker_image`, ...) "
+      "drove v0's sandbox client, which vf does not have: each is flagged, to move to `Task.setup(runtime)`.",
+      "return vf.CliAgentEnv(run_command='python agent.py', dataset=ds, rubric=rubric)",
+      "class MyEnvAgent(compat.CliAgentHarness):\n    v0_env = staticmethod(_v0_env)\n\n"
+      "class MyEnvEnvConfig(vf.SingleAgentEnvConfig):\n"
+      "    agent: vf.AgentConfig = vf.AgentConfig(harness=vf.HarnessConfig(id=f\"{__file__}:MyEnvAgent\"))"),
     R("ENV014", "environment", "@reward/@metric/@setup/@update/@advantage on v0 code: kept, inert",
       "verifiers 0.1.14-0.3.x export these decorators for verifiers.v1's Taskset and Harness; a v0 "
       "Environment discovers only `@stop`/`@cleanup`/`@teardown` and a v0 Rubric only `@cleanup`/`@teardown`, "

@@ -1,4 +1,5 @@
-"""The tools of verifiers' `SandboxEnv` and `PythonEnv` (0.1.5+), run in the rollout's vf runtime.
+"""The tools of verifiers' `SandboxEnv` and `PythonEnv` (0.1.5+), and the agent program of its
+`CliAgentEnv` (0.1.14+), run in the rollout's vf runtime.
 
 v0 made a Prime sandbox container per rollout and gave the model `bash(command)` (SandboxEnv) or
 `python(code)`, a persistent Python REPL (PythonEnv, which hides bash). In vf the rollout's
@@ -16,8 +17,14 @@ whose effects live outside the namespace (appending to a file, unseeded random n
 cell) can therefore differ from v0's live REPL. The packages are the runtime's `python3`'s (v0
 pip-installed `pip_install_packages` at sandbox start; vf's sandbox has no network for that).
 
+`CliAgentEnv` ran `run_command` in a Prime sandbox with `OPENAI_BASE_URL` at its interception
+server, each model call the agent made a turn of the rollout. `CliAgentHarness` is that as a vf
+program harness: the command runs in the rollout's runtime with `OPENAI_BASE_URL`, `OPENAI_API_KEY`
+and `OPENAI_MODEL` set to the seat's interception endpoint, secret and model (and v0's 3600 s
+client timeouts, the env's `environment_vars` beneath), and every call it makes is recorded.
+
 A migrated env subclasses these with `v0_env = staticmethod(_v0_env)`, the built v0 env whose
-options (`timeout_per_command_seconds`, `environment_vars`) the tools follow.
+options (`timeout_per_command_seconds`, `environment_vars`, `run_command`) they follow.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import secrets
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from vf.runtime import Runtime
+from vf.clients import ModelContext
+from vf.harness import Harness
+from vf.runtime import ProgramResult, Runtime
 from vf.toolset import Toolset, tool
 
 COMMAND_TIMEOUT = 30
@@ -129,3 +138,17 @@ def _format(response: dict[str, Any], count: int) -> str:
     elif status == "ok" and text is not None:
         parts.append(f"Out[{count}]: {text}")
     return "\n".join(parts) or "(no output)"
+
+
+class CliAgentHarness(Harness):
+    """v0 CliAgentEnv's agent: its `run_command` as a program harness (see the module docstring)."""
+
+    v0_env: ClassVar[Callable[[], Any]]
+
+    async def launch(self, ctx: ModelContext, trace: Any, runtime: Runtime, endpoint: str, secret: str,
+                     mcp_urls: dict[str, str], data: Any) -> ProgramResult:
+        env = type(self).v0_env()
+        variables = {"OPENAI_TIMEOUT": "3600", "OPENAI_REQUEST_TIMEOUT": "3600", "HTTPX_TIMEOUT": "3600",
+                     **(getattr(env, "environment_vars", None) or {}),
+                     "OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
+        return await runtime.run_program(["bash", "-c", env.run_command], {**self.config.resolved_env, **variables})
