@@ -48,7 +48,7 @@ request = json.loads(sys.stdin.read())
 namespace = {"__name__": "__main__"}
 
 
-def run(code, quiet):
+def run(code):
     result = {"status": "ok", "stdout": "", "stderr": "", "result": None}
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -69,8 +69,8 @@ def run(code, quiet):
 
 
 for cell in request["history"]:
-    run(cell, True)
-sys.__stdout__.write("\n" + request["marker"] + json.dumps(run(request["code"], False)) + "\n")
+    run(cell)  # the earlier cells again: their names back, their output dropped
+sys.__stdout__.write("\n" + request["marker"] + json.dumps(run(request["code"])) + "\n")
 '''
 """The REPL worker (v0 PythonEnv's cell semantics): replays `history`, runs `code`, and prints the
 result as JSON after a per-call marker (the cell's own prints are captured, not mixed in)."""
