@@ -512,7 +512,7 @@ def test_signal_decorators_on_v0_code_change_nothing_as_in_v0(tmp_path):
 
 
 def test_reasoning_gym_env_is_scored_by_the_env_its_arguments_built(tmp_path):
-    """vf.ReasoningGymEnv (0.1.8+; "unknown environment class" before) runs at load time. A row's answer
+    """vf.ReasoningGymEnv (0.1.7+; "unknown environment class" before) runs at load time. A row's answer
     is an index into the generated dataset, so a row loaded with `--taskset.args` is scored by the env
     those arguments build (scored by the default env, the right reply would be checked against another
     puzzle: 0)."""
@@ -666,7 +666,7 @@ GYM_0_1_14 = textwrap.dedent('''
 
 
 def test_gym_env_plays_each_row_s_game_and_sums_its_step_rewards(tmp_path):
-    """vf.GymEnv (0.1.14+; "unknown environment class" before): rows are the games' first observations
+    """vf.GymEnv (0.1.9+; "unknown environment class" before): rows are the games' first observations
     (eval rows: seeds 6, 7), each rollout resets its own game with the row's seed, every reply is an
     action, the step rewards stay on their trajectory steps (they were rebuilt away each turn) and
     v0's EpisodicSumRubric sums them; the rollout ends the turn after the game does, as 0.1.14's @stop.
@@ -736,7 +736,7 @@ MCP_0_1_14 = textwrap.dedent('''
 
 
 def test_mcp_env_servers_are_started_once_per_run_and_their_tools_called(tmp_path, monkeypatch):
-    """MCPEnv (0.1.14+; "unknown environment class" before): each of its stdio servers is a shared toolset
+    """MCPEnv (0.1.9+; "unknown environment class" before): each of its stdio servers is a shared toolset
     of the migrated Taskset (`ToolsetConfig.command`), started for the run on the host as v0 did; the
     model calls its tools by their own names, the server gets its `env` on top of MCP's few defaults
     (no host secret: OPENAI_API_KEY stays out), and the reply reaches the trace."""
@@ -787,7 +787,7 @@ AGENT_0_1_14 = textwrap.dedent(r"""
 
 
 def test_cli_agent_env_runs_its_command_as_the_seats_program_harness(tmp_path):
-    """vf.CliAgentEnv (0.1.14+; "unknown environment class" before): its run_command is the seat's default
+    """vf.CliAgentEnv (0.1.9+; "unknown environment class" before): its run_command is the seat's default
     program harness, run in the rollout's runtime (the sandbox) with OPENAI_BASE_URL / OPENAI_API_KEY /
     OPENAI_MODEL at the interception server, v0's 3600 s client timeout and the env's environment_vars;
     the call it makes is a recorded turn, scored by the v0 rubric."""

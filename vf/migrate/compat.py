@@ -529,7 +529,7 @@ class StatefulToolEnv(ToolEnv):
 
 @dataclasses.dataclass
 class MCPServerConfig:
-    """v0 MCPEnv's server entry (0.1.14+): a stdio MCP server program."""
+    """v0 MCPEnv's server entry (0.1.9+): a stdio MCP server program."""
 
     name: str
     command: str
@@ -545,7 +545,7 @@ class MCPServerTools(Toolset):
 
 
 class MCPEnv(ToolEnv):
-    """v0 `MCPEnv(mcp_servers=[...])` (0.1.14+): its servers, recorded; `toolsets()` gives one shared
+    """v0 `MCPEnv(mcp_servers=[...])` (0.1.9+): its servers, recorded; `toolsets()` gives one shared
     toolset per server (`SharedToolsetConfig.command`), which vf starts once per run on the host, as
     v0 did, and whose tools every rollout calls. v0 ran the servers for the env's lifetime; the
     migrated Taskset's `toolsets()` runs them for the run's."""
@@ -575,7 +575,7 @@ class SandboxEnv(StatefulToolEnv):
 
 
 class CliAgentEnv(MultiTurnEnv):
-    """v0 `CliAgentEnv(run_command=...)` (0.1.14+): its options, recorded; the seat runs `run_command`
+    """v0 `CliAgentEnv(run_command=...)` (0.1.9+): its options, recorded; the seat runs `run_command`
     as a program harness (`CliAgentHarness`), every model call it makes intercepted and recorded.
     Container options are the run's `--env.agent.runtime.*`; v0's sandbox client is not here."""
 
@@ -868,7 +868,7 @@ def TextArenaEnv(game: str = "Wordle-v0", **kwargs: Any) -> Environment:
 
 
 class ReasoningGymEnv(SingleTurnEnv):
-    """v0 `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's generated rows (vf.migrate.v0_envs) and
+    """v0 `ReasoningGymEnv(gym, ...)` (0.1.7+): reasoning-gym's generated rows (vf.migrate.v0_envs) and
     v0's rubric: the generator's `score_answer` on the parser's answer (`<answer>` by default), then
     the parser's format reward at weight 0."""
 
@@ -905,7 +905,7 @@ class EpisodicSumRubric(Rubric):
 
 
 class GymEnv(MultiTurnEnv):
-    """v0 `GymEnv` (0.1.14+): a gym-style game (`env_cls` with `reset(seed=)` and `step(action)`),
+    """v0 `GymEnv` (0.1.9+; 0.1.14's code): a gym-style game (`env_cls` with `reset(seed=)` and `step(action)`),
     one episode per row (vf.migrate.v0_envs.gym_rows). Each rollout resets its own game with the
     row's seed; every model reply is parsed into an action (`action_parser`) and stepped, the
     step's reward kept on its trajectory step; the rollout stops once the game is done, and the

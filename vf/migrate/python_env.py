@@ -52,12 +52,12 @@ LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
     for name, what, port in (
-        ("HarborEnv", "Harbor task folders (instruction, environment, tests) run by an agent in a sandbox, 0.1.14+",
+        ("HarborEnv", "Harbor task folders (instruction, environment, tests) run by an agent in a sandbox, 0.1.9+",
          "a taskset whose rows are the task folders, run with a program harness (e.g. terminus-2) and scored by "
          "running the task's tests in Task.finalize(runtime)"),
-        ("BrowserEnv", "a Browserbase-hosted browser driven through tools, 0.1.14+", "a vf.Toolset whose tools "
+        ("BrowserEnv", "a Browserbase-hosted browser driven through tools, 0.1.10+", "a vf.Toolset whose tools "
          "call the browser service (it needs the service's network and key)"),
-        ("OpenEnvEnv", "an OpenEnv server in a container, stepped through its HTTP API, 0.1.14+", "a vf.Env whose "
+        ("OpenEnvEnv", "an OpenEnv server in a container, stepped through its HTTP API, 0.1.10+", "a vf.Env whose "
          "respond() steps the OpenEnv client (the server runs where --env.agent.runtime.type docker can start it)"),
         ("CodeMathEnv", "0.1.0-0.1.1 only, before load_environment modules", "a ToolEnv with the python tool"),
         ("DoubleCheckEnv", "0.1.0-0.1.1 only, before load_environment modules", "a MultiTurnEnv asking "

@@ -147,10 +147,10 @@ RULES: list[Rule] = [
       "member's rows, each with `info[\"env_id\"]` naming its member, scored by that member's rubric "
       "(each v0 function under its own name and weight: v0's reward). `TextArenaEnv(game=\"Wordle-v0\")`: "
       "played by vf (its word list and G/Y/X rules, textarena's reply layout, six guesses); another "
-      "textarena game is an error naming what to do. `ReasoningGymEnv(gym, ...)` (0.1.8+): reasoning-gym's "
+      "textarena game is an error naming what to do. `ReasoningGymEnv(gym, ...)` (0.1.7+): reasoning-gym's "
       "generated rows and its `score_answer` on the `<answer>` field, as v0 built them. A row loaded with "
       "`--taskset.args` records them, so it is scored by the env those arguments build. `GymEnv(env_cls, "
-      "action_parser, obs_to_text, ...)` (0.1.14+): a row per episode (its first observation, reset with the "
+      "action_parser, obs_to_text, ...)` (0.1.9+): a row per episode (its first observation, reset with the "
       "row's seed), each reply parsed into an action and stepped, the step rewards kept on their trajectory "
       "steps and summed by v0's `EpisodicSumRubric`. The env may be a class of the module derived from one of "
       "these.",
@@ -171,7 +171,7 @@ RULES: list[Rule] = [
       "class MathPythonPythonTools(compat.PythonTools):\n    v0_env = staticmethod(_v0_env)\n\n"
       "class MathPythonTask(vf.Task[...]):\n    toolsets = [MathPythonPythonTools]"),
     R("ENV016", "environment", "MCPEnv → shared stdio toolsets",
-      "verifiers' `MCPEnv(mcp_servers=[{name, command, args, env}, ...])` (0.1.14+) started each stdio MCP "
+      "verifiers' `MCPEnv(mcp_servers=[{name, command, args, env}, ...])` (0.1.9+) started each stdio MCP "
       "server once and let every rollout call its tools by their own names. The migrated Taskset's "
       "`toolsets()` returns one shared toolset per server (`SharedToolsetConfig(command=[command, *args], "
       "command_env=env)`): vf starts the program on the host once per run and stops it after, the server gets "
@@ -179,7 +179,7 @@ RULES: list[Rule] = [
       "return MCPEnv(mcp_servers=[{'name': 'fetch', 'command': 'uvx', 'args': ['mcp-server-fetch']}], dataset=ds)",
       "    @classmethod\n    def toolsets(cls, config):\n        return _v0_env().toolsets()"),
     R("ENV017", "environment", "CliAgentEnv → the seat's program harness",
-      "verifiers' `CliAgentEnv(run_command=...)` (0.1.14+) ran an agent command in a Prime sandbox with "
+      "verifiers' `CliAgentEnv(run_command=...)` (0.1.9+) ran an agent command in a Prime sandbox with "
       "`OPENAI_BASE_URL` at its interception server, each model call a turn. The migrated env's seat runs a "
       "generated subclass of `compat.CliAgentHarness` by default (`--env.agent.harness.id` picks another): "
       "the command runs in the rollout's runtime (the sandbox by default) with `OPENAI_BASE_URL`, "

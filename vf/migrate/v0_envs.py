@@ -1,5 +1,5 @@
 """The data side of verifiers' library environments that build their own rows: reasoning-gym's
-generated problems (`ReasoningGymEnv`, 0.1.8+) and gym-style step/reset games (`GymEnv`, 0.1.14+).
+generated problems (`ReasoningGymEnv`, 0.1.7+) and gym-style step/reset games (`GymEnv`, 0.1.9+).
 `compat.ReasoningGymEnv` and `compat.GymEnv` are the v0 classes built on these; vf-migrate runs a
 `load_environment()` returning one at load time (`compat.V0Taskset`, rule ENV013).
 

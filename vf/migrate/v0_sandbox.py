@@ -1,5 +1,5 @@
 """The tools of verifiers' `SandboxEnv` and `PythonEnv` (0.1.5+), and the agent program of its
-`CliAgentEnv` (0.1.14+), run in the rollout's vf runtime.
+`CliAgentEnv` (0.1.9+), run in the rollout's vf runtime.
 
 v0 made a Prime sandbox container per rollout and gave the model `bash(command)` (SandboxEnv) or
 `python(code)`, a persistent Python REPL (PythonEnv, which hides bash). In vf the rollout's
