@@ -500,16 +500,15 @@ class _Migration:
         if kind is None and env_name in self.classes:
             self.v0_class = env_name
             kind = self._class_kind(env_name, set())
+        # the env class and every base of it through the module's classes (nearest first)
+        bases = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(self.v0_class)
+                               for b in self.classes[c].bases] if self.v0_class is not None else [])
         if kind is None:
             kind = "multi"
-            chain = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(env_name)
-                                   for b in self.classes[c].bases] if env_name in self.classes else [])
-            library = next((b for b in chain if b in LIBRARY_ENVS), None)
+            library = next((b for b in bases if b in LIBRARY_ENVS), None)
             plan.manual.append((self.line(env_call), LIBRARY_ENVS[library] if library else
                                 f"unknown environment class {env_name!r}: migrated as a multi-turn env; check it"))
         self.kind = kind
-        bases = [env_name] + ([_code(b.value).split(".")[-1] for c in self._class_chain(self.v0_class)
-                               for b in self.classes[c].bases] if self.v0_class is not None else [])
         self.sandbox = next((b for b in bases if b in SANDBOX_TOOLS), None)  # the nearest one: PythonEnv hides bash
         self.mcp = "MCPEnv" in bases
         plan.stateful = "StatefulToolEnv" in bases or self.sandbox is not None
