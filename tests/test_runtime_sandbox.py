@@ -277,3 +277,88 @@ def test_read_without_max_bytes_is_capped_by_max_read_mb():
             return len(await rt.read("small")), len(await rt.read("big", max_bytes=3 << 20))
 
     assert asyncio.run(go()) == (1000, 2 << 20)
+
+
+def test_a_task_s_image_reaches_the_runtime():
+    import vf
+    from vf.episode.rollout import runtime_for_task
+
+    assert runtime_for_task({"type": "docker"}, vf.TaskData(prompt="x", image="harbor/task:1")).image == "harbor/task:1"
+    assert runtime_for_task(None, vf.TaskData(prompt="x")).image == RuntimeConfig().image
+
+
+@needs_bwrap
+def test_an_added_directory_is_a_fresh_folder_at_its_own_path():
+    """`add_directory` (a Harbor task's /app, /logs/verifier): commands see a writable directory at
+    that path, the host reaches it by the same path, adding it again empties it (what the agent
+    left is gone before the verifier runs), and close() removes the folders."""
+    async def go():
+        async with make_runtime(RuntimeConfig()) as rt:
+            rt.add_directory("/app")
+            rt.add_directory("/logs/verifier")
+            await rt.write("/app/given.txt", "from the host")
+            first = await rt.run("pwd; cat given.txt; echo forged > /logs/verifier/reward.txt; echo left > kept.txt",
+                                 cwd="/app")
+            host_read = await rt.read("/logs/verifier/reward.txt")
+            rt.add_directory("/logs/verifier")
+            again = await rt.run("ls -A /logs/verifier; ls -A /app")
+            folders = rt._folders
+        return first, host_read, again, folders.exists()
+
+    first, host_read, again, left = asyncio.run(go())
+    assert first.ok and first.stdout.splitlines() == ["/app", "from the host"]
+    assert host_read == b"forged\n"
+    assert again.ok and again.stdout.split() == ["given.txt", "kept.txt"]  # /logs/verifier empty, /app kept
+    assert not left
+
+
+@needs_bwrap
+def test_a_command_cannot_reach_or_redirect_the_folders_behind_added_directories():
+    """The folders live outside the working directory, in a directory no command sees: a command
+    cannot swap one for a link to a host path (the next command would get that path bound
+    writable), and a link it leaves inside is refused by the host's reads."""
+    async def go():
+        async with make_runtime(RuntimeConfig()) as rt:
+            rt.add_directory("/tests")
+            folder = rt.binds()[0][0]
+            seen = await rt.run(f"ls {folder} || ls {rt._folders}; ln -s /etc/passwd /tests/reward.txt")
+            with pytest.raises(UsageError):
+                await rt.read("/tests/reward.txt")
+            with pytest.raises(UsageError):
+                await rt.read("/tests/../etc/passwd")
+            return seen, folder, str(rt.workdir)
+
+    seen, folder, work = asyncio.run(go())
+    assert "No such file" in seen.stderr and not seen.stdout
+    assert not folder.startswith(work + "/")
+
+
+@needs_bwrap
+def test_added_directories_count_against_the_disk_limit():
+    async def go():
+        async with make_runtime(RuntimeConfig(disk_mb=5, max_file_mb=4)) as rt:
+            rt.add_directory("/app")
+            return await rt.run("for i in 1 2 3 4; do head -c 2000000 /dev/zero > /app/f$i; done; sleep 0.5")
+
+    assert asyncio.run(go()).limit == "disk"
+
+
+@pytest.mark.parametrize("path", ["/", "app", "/app/../etc", "/usr/local", "/tmp/x", "/etc", "/dev/shm/y"])
+def test_add_directory_refuses_system_paths(path):
+    async def go():
+        async with make_runtime(RuntimeConfig(type="subprocess")) as rt:
+            rt.add_directory(path)
+
+    with pytest.raises(UsageError):
+        asyncio.run(go())
+
+
+def test_a_host_runtime_cannot_add_a_directory():
+    from vf.runtime import SandboxUnavailable
+
+    async def go():
+        async with make_runtime(RuntimeConfig(type="subprocess")) as rt:
+            rt.add_directory("/app")
+
+    with pytest.raises(SandboxUnavailable, match="sandbox"):
+        asyncio.run(go())

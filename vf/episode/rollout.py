@@ -540,13 +540,15 @@ class Rollout:
 
 
 def runtime_for_task(config: Any, data: Any) -> Any:
-    """The seat's runtime config, with network only when the task asks for it and the task's
-    `resources` applied (vf.runtime.resources). TaskData's
+    """The seat's runtime config, with network only when the task asks for it, the task's `image`
+    and its `resources` applied (vf.runtime.resources). TaskData's
     `network_allow` defaults to ["*"] (as in verifiers, whose task hashes we match), so only a
     value the task author set explicitly opens the sandbox's network."""
     config = config if isinstance(config, RuntimeConfig) else RuntimeConfig(**(config or {}))
     if "network_allow" in getattr(data, "model_fields_set", ()) and data.network_allow:
         config = config.model_copy(update={"network_allow": list(data.network_allow)})
+    if getattr(data, "image", None):  # the task's container image (runtimes that use one: docker)
+        config = config.model_copy(update={"image": data.image})
     return with_resources(config, getattr(data, "resources", None))
 
 

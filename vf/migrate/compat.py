@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from vf.env import Env
-from vf.migrate import v0_api, v0_envs, v0_judge
+from vf.migrate import v0_api, v0_envs, v0_harbor, v0_judge
 from vf.migrate.v0_api import (  # noqa: F401 - re-exported: migrated code names them here
     AssistantMessage,
     BrowserSandboxError,
@@ -584,6 +584,26 @@ class CliAgentEnv(MultiTurnEnv):
     docker_image: str = "python:3.11-slim"
 
 
+class HarborEnv(CliAgentEnv):
+    """v0 `HarborEnv(run_command, dataset_path, ...)` (0.1.9+): its rows are the Harbor task folders
+    (`v0_harbor.load_tasks`), its rubric v0's `harbor_reward` (the score the task's tests wrote).
+    `HarborTaskset` runs it: see vf.migrate.v0_harbor. The MCP options of 0.1.11+ are recorded;
+    a task that declares MCP servers is an error at setup."""
+
+    def __init__(self, run_command: str, dataset_path: str | Any, tasks: list[str] | None = None,
+                 agent_workdir: str = "/app", docker_image: str = "python:3.11-slim", **kwargs: Any):
+        self.dataset_path, self.task_names, self.agent_workdir = dataset_path, tasks, agent_workdir
+        super().__init__(run_command=run_command, docker_image=docker_image,
+                         rubric=Rubric(funcs=[self.harbor_reward], weights=[1.0]), **kwargs)
+        self.dataset = self.load_harbor_dataset()
+
+    def load_harbor_dataset(self) -> list[dict[str, Any]]:
+        return v0_harbor.load_tasks(self.dataset_path, self.task_names)
+
+    async def harbor_reward(self, state: dict, **kwargs: Any) -> float:
+        return state.get("reward", 0.0)
+
+
 class PythonEnv(SandboxEnv):
     """v0 `PythonEnv` (0.1.5+): a persistent Python REPL tool (`PythonTools`) instead of bash."""
 
@@ -1007,6 +1027,9 @@ class V0Task(Task[V0Data, State, TaskConfig]):
     async def v0_rubric(self, task, trace, state) -> dict[str, float]:
         """Every v0 function of the owner's rubric, under its own name and weight; the hook
         itself reports nothing (an empty mapping drops its name)."""
+        return await self._rubric(task, trace, state)
+
+    async def _rubric(self, task, trace, state) -> dict[str, float]:
         env = self._owner()
         failed = []
         for i, (fn, weight, _) in enumerate(env.rubric.entries()):
@@ -1027,20 +1050,14 @@ class V0Taskset(Taskset[V0Task, V0Config]):
     (RUNTIME_ENVS of vf.migrate.python_env): a subclass sets `v0_load = staticmethod(load_environment)`."""
 
     v0_load: ClassVar[Callable[..., Environment]]
+    v0_task: ClassVar[type[V0Task]] = V0Task
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         if "v0_load" not in cls.__dict__:
             return
-
-        @functools.cache
-        def built(args_json: str = "{}") -> Environment:  # one env per argument set, per process
-            return cls.v0_load(**json.loads(args_json))
-
-        def env_for(args: dict | None = None) -> Environment:
-            return built(json.dumps(args or {}, sort_keys=True))
-
-        cls._task = type(f"{cls.__name__}Task", (V0Task,), {"v0_env": staticmethod(env_for)})
+        env_for = functools.partial(built_env, cls.v0_load)
+        cls._task = type(f"{cls.__name__}Task", (cls.v0_task,), {"v0_env": staticmethod(env_for)})
         if getattr(cls, "v0_multi_turn", False):  # env_response / is_completed of the row's env too
             cls.ENV = type(f"{cls.__name__}Env", (MultiTurnAdapter,), {"v0_env": staticmethod(env_for)})
 
@@ -1050,12 +1067,62 @@ class V0Taskset(Taskset[V0Task, V0Config]):
 
     def load(self):
         args = dict(self.config.args)
-        env = type(self).v0_load(**args)
+        env = built_env(type(self).v0_load, args)
         evals = getattr(env, "eval_dataset", None)
         dataset = evals if self.config.split == "eval" and evals is not None else getattr(env, "dataset", None)
         for row in rows(dataset, V0Data, system_prompt=getattr(env, "system_prompt", None),
                         few_shot=getattr(env, "few_shot", None)):
-            yield row.model_copy(update={"v0_args": args}) if args else row
+            yield self.row(env, row.model_copy(update={"v0_args": args}) if args else row)
+
+    def row(self, env: Environment, row: V0Data) -> V0Data:
+        """A loaded row, as the taskset keeps it (HarborTaskset adds the task's image)."""
+        return row
+
+
+def built_env(load: Callable[..., Environment], args: dict | None = None) -> Environment:
+    """`load(**args)`, built once per argument set per process (a taskset's rows, their scoring
+    and a HarborAgent all use the same env)."""
+    return _built(load, json.dumps(args or {}, sort_keys=True))
+
+
+@functools.cache
+def _built(load: Callable[..., Environment], args_json: str) -> Environment:
+    return load(**json.loads(args_json))
+
+
+class HarborTask(V0Task):
+    """A Harbor task folder's row: /task and the agent's workdir before the agent, the task's
+    tests after it; v0's rubric then reads the score they wrote (vf.migrate.v0_harbor)."""
+
+    async def setup(self, task, runtime) -> None:
+        await v0_harbor.prepare(self._owner(), self.data.info, runtime)
+
+    @v1_reward(name="v0_rubric")
+    async def v0_rubric(self, task, trace, state, runtime) -> dict[str, float]:
+        score, report = await v0_harbor.run_tests(self.data.info, runtime)
+        trace.info["harbor"] = report
+        v0_state(task, trace, state)["reward"] = score  # v0's post_rollout, which harbor_reward reads
+        return await self._rubric(task, trace, state)
+
+
+class HarborTaskset(V0Taskset):
+    """A migrated module whose env is a v0 HarborEnv (vf.migrate.v0_harbor); its ENV is the
+    module's one seat, which runs a HarborAgent."""
+
+    v0_task = HarborTask
+
+    def row(self, env: Environment, row: V0Data) -> V0Data:
+        return row.model_copy(update={"image": row.info.get("docker_image") or env.docker_image})
+
+
+class HarborAgent(CliAgentHarness):
+    """The v0 HarborEnv's run_command as a program harness, in the agent's workdir; a subclass
+    sets `v0_load = staticmethod(load_environment)` (the row's arguments pick the env)."""
+
+    v0_load: ClassVar[Callable[..., Environment]]
+
+    def v0(self, data: Any) -> Environment:
+        return built_env(type(self).v0_load, getattr(data, "v0_args", None))
 
 
 # v0 type aliases used in annotations of migrated code.
@@ -1077,7 +1144,7 @@ SUPPORTED = {"Parser", "XMLParser", "ThinkParser", "MaybeThinkParser", "Rubric",
              "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "extract_boxed_answer", "extract_hash_answer",
              "strip_non_numeric", "load_example_dataset", "python", "EnvGroup", "TextArenaEnv", "ReasoningGymEnv",
              "SandboxEnv", "PythonEnv", "GymEnv", "EpisodicSumRubric", "MCPEnv", "MCPServerConfig",
-             "CliAgentEnv",
+             "CliAgentEnv", "HarborEnv",
              "stop", "cleanup", "teardown", "UserMessage", "SystemMessage", "AssistantMessage", "ToolMessage",
              "TextMessage", "ToolCall", "Message", "ChatMessages", "MessageType", *v0_api.INERT_SIGNALS,
              "ModelResponse", "GroupRewardFunc", "IndividualRewardFunc", "RolloutInput", "TrajectoryStep",

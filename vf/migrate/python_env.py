@@ -41,6 +41,9 @@ RUNTIME_ENVS = {
                        "rows and its score_answer on the <answer> field, as v0 built them (needs reasoning-gym)",
     "GymEnv": "GymEnv → compat.GymEnv run by compat.V0Taskset: one game per row (reset with the row's seed), each reply "
               "parsed into an action and stepped until the game is done; v0's rubric sums the step rewards",
+    "HarborEnv": "HarborEnv → compat.HarborEnv run by compat.HarborTaskset: one row per Harbor task folder, run_command "
+                 "the seat's program harness in the task's /app, then the task's tests/test.sh in fresh /tests and "
+                 "/logs/verifier; v0's harbor_reward reads reward.txt / reward.json (needs the sandbox or docker runtime)",
 }
 """v0 envs vf-migrate keeps building at load time (compat.V0Taskset) instead of rewriting."""
 RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
@@ -48,13 +51,14 @@ RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
 CLI_AGENT_HOOKS = ("post_sandbox_setup", "build_env_vars", "get_docker_image", "get_sandbox_resources", "start_agent",
                    "post_rollout", "destroy_sandbox", "wait_for_completion", "get_sandbox_request")
 """v0 CliAgentEnv methods a subclass overrides to drive its Prime sandbox (ENV017 flags them)."""
+HARBOR_HOOKS = (*CLI_AGENT_HOOKS, "prepare_harbor_task", "upload_test_assets", "compute_reward", "pre_mcp_setup",
+                "start_mcp_servers")
+"""v0 HarborEnv methods a subclass overrides that compat.HarborTaskset does not call (its own `harbor_reward`
+and `load_harbor_dataset` it does)."""
 LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
     for name, what, port in (
-        ("HarborEnv", "Harbor task folders (instruction, environment, tests) run by an agent in a sandbox, 0.1.9+",
-         "a taskset whose rows are the task folders, run with a program harness (e.g. terminus-2) and scored by "
-         "running the task's tests in Task.finalize(runtime)"),
         ("BrowserEnv", "a Browserbase-hosted browser driven through tools, 0.1.10+", "a vf.Toolset whose tools "
          "call the browser service (it needs the service's network and key)"),
         ("OpenEnvEnv", "an OpenEnv server in a container, stepped through its HTTP API, 0.1.10+", "a vf.Env whose "
@@ -80,7 +84,7 @@ class _GroupFunctions(cst.CSTTransformer):
 
     def leave_FunctionDef(self, original, updated):
         params = {p.name.value for p in [*updated.params.params, *updated.params.kwonly_params]}
-        if not params & PLURAL:
+        if not params & PLURAL or updated.name.value == "load_environment":  # its `tasks` picks rows
             return updated
         self.found.append((self.line(original), updated.name.value))
         return _flag(updated, f"{updated.name.value} is a group reward (plural arguments): compat.V0Taskset "
@@ -468,13 +472,37 @@ class _Migration:
         for ln, fname in group_fns.found:
             self.add(ln, "ENV900", MANUAL, f"group reward {fname}(completions, ...) of a {name} member: "
                      "compat.V0Taskset scores one rollout at a time (it would score 0); port it to Env.finalize")
+        if name == "HarborEnv":  # a subclass's sandbox hooks: vf runs none of them
+            for cls_name, cls in self.classes.items():
+                if self.runtime_base(cls_name) != name:
+                    continue
+                for item in cls.body.body:
+                    if isinstance(item, cst.FunctionDef) and item.name.value in HARBOR_HOOKS:
+                        self.add(item, "ENV900", MANUAL, f"{cls_name}.{item.name.value} overrides a v0 HarborEnv "
+                                 "sandbox hook, which vf does not call: do its work in a Task.setup(runtime) of a "
+                                 "compat.HarborTask subclass (files, commands) or the harness's environment "
+                                 "(--env.agent.harness.env)")
         if not any(isinstance(s, cst.SimpleStatementLine) and _code(s).strip() == "from vf.migrate import compat"
                    for s in body):
             body.insert(0, cst.parse_statement("from vf.migrate import compat\n"))
         multi = "\n    v0_multi_turn = True" if name in RUNTIME_MULTI_TURN else ""
+        base, seat = "V0Taskset", ""
+        if name == "HarborEnv":  # the agent: run_command as the seat's program harness
+            base, agent = "HarborTaskset", self.fresh(self.base + "Agent")
+            config, env_cls = self.fresh(self.base + "EnvConfig"), self.fresh(self.base + "Env")
+            seat = (f"class {agent}(compat.HarborAgent):\n"
+                    f'    """The v0 HarborEnv\'s run_command, as a program harness."""\n\n'
+                    f"    v0_load = staticmethod(load_environment)\n\n\n"
+                    f"class {config}(vf.SingleAgentEnvConfig):\n"
+                    f'    agent: vf.AgentConfig = vf.AgentConfig(harness=vf.HarnessConfig(id=f"{{__file__}}:{agent}"))\n\n\n'
+                    f"class {env_cls}(vf.Env[{config}]):\n"
+                    f'    """One seat, which runs {agent} unless --env.agent.harness.id says otherwise."""\n\n\n')
+            multi = f"\n    ENV = {env_cls}"
+            self.add(env_call, "ENV017", MIGRATED, f"HarborEnv's run_command → {agent}, the seat's default program "
+                     "harness (--env.agent.harness.id picks another)")
         tail = cst.parse_module(
             f"\n\n# ---- migrated by vf-migrate (see MIGRATION.md): {name} is built at load time ----\n\n"
-            f"class {self.N['Taskset']}(compat.V0Taskset):\n"
+            f"{seat}class {self.N['Taskset']}(compat.{base}):\n"
             f'    """load_environment() on vf.migrate.compat; `--taskset.args` are its keyword arguments."""\n\n'
             f"    v0_load = staticmethod(load_environment){multi}\n\n\n"
             f'__all__ = ["{self.N["Taskset"]}"]\n')

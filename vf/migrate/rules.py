@@ -140,7 +140,7 @@ RULES: list[Rule] = [
       "that names the line and the decision to make. The output always compiles.",
       "return MyCustomEnvBase(dataset=ds, rubric=rubric)",
       "# TODO(vf-migrate): unknown environment class 'MyCustomEnvBase': migrated as a multi-turn env; check it"),
-    R("ENV013", "environment", "EnvGroup, TextArenaEnv, ReasoningGymEnv, GymEnv → compat.V0Taskset",
+    R("ENV013", "environment", "EnvGroup, TextArenaEnv, ReasoningGymEnv, GymEnv, HarborEnv → compat.V0Taskset",
       "An env whose rows and rubric exist only once it is built keeps its `load_environment()` (on "
       "`vf.migrate.compat`'s v0 classes) behind a generated `compat.V0Taskset` that builds it at load time "
       "(`--taskset.args` are its keyword arguments). `EnvGroup(envs, env_names)`: one taskset of every "
@@ -152,8 +152,15 @@ RULES: list[Rule] = [
       "`--taskset.args` records them, so it is scored by the env those arguments build. `GymEnv(env_cls, "
       "action_parser, obs_to_text, ...)` (0.1.9+): a row per episode (its first observation, reset with the "
       "row's seed), each reply parsed into an action and stepped, the step rewards kept on their trajectory "
-      "steps and summed by v0's `EpisodicSumRubric`. The env may be a class of the module derived from one of "
-      "these.",
+      "steps and summed by v0's `EpisodicSumRubric`. `HarborEnv(run_command, dataset_path, tasks, "
+      "agent_workdir, docker_image)` (0.1.9+): `compat.HarborTaskset`, a row per Harbor task folder (its "
+      "`task.toml` image as the row's `image`); `run_command` is the seat's program harness (ENV017), run in "
+      "the task's /app with /task/instruction.md and the HARBOR_* variables; then the task's `tests/test.sh` "
+      "runs in fresh /tests, /oracle and /logs/verifier (nothing the agent left there counts) and v0's "
+      "`harbor_reward` reads reward.txt, else reward.json. Those absolute paths are `Runtime.add_directory` "
+      "directories: the sandbox (default) or docker runtime. A task declaring `[[environment.mcp_servers]]` "
+      "is an error that says so; a subclass's sandbox hooks are flagged. The env may be a class of the "
+      "module derived from one of these.",
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
       "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
       "class MathGroupTaskset(compat.V0Taskset):\n    v0_load = staticmethod(load_environment)"),
@@ -178,8 +185,8 @@ RULES: list[Rule] = [
       "its `env` on top of MCP's default few variables (no host secret), and no rollout state is sent to it.",
       "return MCPEnv(mcp_servers=[{'name': 'fetch', 'command': 'uvx', 'args': ['mcp-server-fetch']}], dataset=ds)",
       "    @classmethod\n    def toolsets(cls, config):\n        return _v0_env().toolsets()"),
-    R("ENV017", "environment", "CliAgentEnv → the seat's program harness",
-      "verifiers' `CliAgentEnv(run_command=...)` (0.1.9+) ran an agent command in a Prime sandbox with "
+    R("ENV017", "environment", "CliAgentEnv, HarborEnv → the seat's program harness",
+      "verifiers' `CliAgentEnv(run_command=...)` (0.1.9+; `HarborEnv` derives from it) ran an agent command in a Prime sandbox with "
       "`OPENAI_BASE_URL` at its interception server, each model call a turn. The migrated env's seat runs a "
       "generated subclass of `compat.CliAgentHarness` by default (`--env.agent.harness.id` picks another): "
       "the command runs in the rollout's runtime (the sandbox by default) with `OPENAI_BASE_URL`, "

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from vf.clients import ModelContext
 from vf.harness import Harness
 from vf.runtime import ProgramResult, Runtime
+from vf.runtime.base import PROGRAM_TIMEOUT
 from vf.toolset import Toolset, tool
 
 COMMAND_TIMEOUT = 30
@@ -145,10 +146,16 @@ class CliAgentHarness(Harness):
 
     v0_env: ClassVar[Callable[[], Any]]
 
+    def v0(self, data: Any) -> Any:
+        """The built v0 env whose `run_command` this runs (a HarborEnv's depends on the row)."""
+        return type(self).v0_env()
+
     async def launch(self, ctx: ModelContext, trace: Any, runtime: Runtime, endpoint: str, secret: str,
                      mcp_urls: dict[str, str], data: Any) -> ProgramResult:
-        env = type(self).v0_env()
+        env = self.v0(data)
         variables = {"OPENAI_TIMEOUT": "3600", "OPENAI_REQUEST_TIMEOUT": "3600", "HTTPX_TIMEOUT": "3600",
                      **(getattr(env, "environment_vars", None) or {}),
                      "OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret, "OPENAI_MODEL": ctx.model}
-        return await runtime.run_program(["bash", "-c", env.run_command], {**self.config.resolved_env, **variables})
+        # in the agent's workdir where the env names one (a HarborEnv's /app), else the runtime's
+        return await runtime.run(["bash", "-c", env.run_command], {**self.config.resolved_env, **variables},
+                                 timeout=PROGRAM_TIMEOUT, cwd=getattr(env, "agent_workdir", None))

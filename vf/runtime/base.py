@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vf import reaper
 from vf.errors import SandboxError, UsageError
 from vf.runtime import uv_script
-from vf.runtime.files import parts_beneath, read_beneath, write_beneath
+from vf.runtime.files import DIR_FLAGS, parts_beneath, read_beneath, write_beneath
 
 
 class RuntimeConfig(BaseModel):
@@ -70,6 +71,9 @@ ROLLOUT_LIMITS = ("disk", "total_memory")
 """Limits on what a rollout holds in all (not one command's own): a harness ends the rollout."""
 PROGRAM_TIMEOUT = 86400.0
 """A harness's main program has no wall-time limit of its own: the rollout's agent budget ends it."""
+SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/proc", "/dev", "/sys", "/tmp",
+                      "/run")
+"""What `add_directory` may not cover: the system every command runs on, and the runtime's own mounts."""
 
 
 class RuntimeLimitError(SandboxError):
@@ -118,6 +122,8 @@ class Runtime(ABC):
     """Whether a command runs isolated from the host (its files, network, processes): what a
     harness with `NEEDS_CONTAINER` (a third-party program) must have."""
     RESOURCES: ClassVar[dict[str, str]] = {}
+    RESERVED: ClassVar[tuple[str, ...]] = ()
+    """Paths this type mounts for itself, which `add_directory` may not cover (docker: /workspace)."""
     """`TaskData.resources` field → the `RuntimeConfig` limit (MiB) by which this type enforces it
     (vf.runtime.resources); the others are ignored, with a warning."""
 
@@ -134,6 +140,10 @@ class Runtime(ABC):
         """Variables every command gets beneath its own (verifiers' `runtime.env`: the task's)."""
         self.user: str | None = None
         """verifiers' `runtime.user`: vf runs every command as the runtime's one user (None)."""
+        self.directories: dict[str, str] = {}
+        """`add_directory`'s directories: the absolute path commands see → its folder's name."""
+        self._folders: Path | None = None
+        self._folders_fd: int | None = None
 
     @abstractmethod
     async def run(self, command: str | list[str], env: dict[str, str] | None = None, *,
@@ -185,7 +195,7 @@ class Runtime(ABC):
     async def write(self, path: str, data: str | bytes) -> None:
         """Put `data` at `path` (parents made as needed). A symlink or hard link at that name is
         replaced, never written through (vf.runtime.files)."""
-        write_beneath(self._fd(), self._parts(path), path, data.encode() if isinstance(data, str) else data,
+        write_beneath(*self._locate(path), path, data.encode() if isinstance(data, str) else data,
                       owner=self._file_owner())
 
     async def read(self, path: str, max_bytes: int | None = None) -> bytes:
@@ -194,7 +204,68 @@ class Runtime(ABC):
         anything but a regular file raises UsageError (the command may have put anything there;
         vf.runtime.files)."""
         cap = max_bytes if max_bytes is not None else self.config.max_read_mb << 20
-        return read_beneath(self._fd(), self._parts(path), path, cap)
+        return read_beneath(*self._locate(path), path, cap)
+
+    def add_directory(self, path: str) -> None:
+        """Give later commands an empty, writable directory at the absolute `path` (a Harbor task's
+        /app, /tests, /logs/verifier), replacing what an earlier call put there: a verifier's
+        folder added after the agent stopped holds nothing the agent left. `write`, `read` and
+        `run(cwd=...)` reach it by `path`.
+
+        Its folder lives on the host outside the working directory, in a directory of vf's that
+        no command sees, so a command can neither swap it for a link to a host path nor read the
+        next one; its disk use counts against `disk_mb`, and `close()` removes it. Only runtimes
+        that isolate their commands can show them a directory at a path of its own (a host
+        process would get the host's /app): the others raise SandboxUnavailable. The system
+        directories and the working directory's own path are refused (UsageError)."""
+        inside = self._directory_path(path)
+        if not self.ISOLATED:
+            raise SandboxUnavailable(f"runtime {self.type!r} cannot give commands a directory at {inside}: its "
+                                     "commands see the host's own files",
+                                     hint="use --env.agent.runtime.type sandbox (the default) or docker")
+        if self._folders_fd is None:
+            self._folders = Path(tempfile.mkdtemp(prefix=f"vf-{self.type}-dirs-"))
+            reaper.watch_dir(str(self._folders))
+            self._folders.chmod(0o711)  # the command's user (nobody, under root) binds its folders by name
+            self._folders_fd = os.open(self._folders, DIR_FLAGS)
+        name = secrets.token_hex(8)
+        os.mkdir(name, dir_fd=self._folders_fd)
+        if (owner := self._file_owner()) is not None:
+            os.chown(name, owner, owner, dir_fd=self._folders_fd, follow_symlinks=False)
+        old = self.directories.pop(inside, None)
+        if old is not None:  # rmtree follows no link a command left in the old folder
+            shutil.rmtree(self._folders / old, ignore_errors=True)
+        self.directories[inside] = name
+
+    def _directory_path(self, path: str) -> str:
+        """`path` as `add_directory` takes it: absolute, without `..`, clear of the system's
+        directories and of the working directory (UsageError otherwise)."""
+        p = PurePosixPath(path)
+        if "\0" in path or not p.is_absolute() or ".." in p.parts or p == PurePosixPath("/"):
+            raise UsageError(f"add_directory needs an absolute path below / without '..', not {path!r}")
+        inside, work = str(p), str(self.workdir)
+        if any(inside == d or inside.startswith(d + "/") or d.startswith(inside + "/") for d in
+               (*SYSTEM_DIRECTORIES, *self.RESERVED, work)):
+            raise UsageError(f"add_directory({inside!r}) would cover a system directory or the runtime's "
+                             "working directory")
+        return inside
+
+    def binds(self) -> list[tuple[str, str]]:
+        """(host folder, path commands see) of each `add_directory`, parents first."""
+        return [(str(self._folders / name), inside) for inside, name in sorted(self.directories.items())]
+
+    def _inside(self, host: str) -> str:
+        """The path commands see for the host path `host` (itself unless in an added directory)."""
+        for folder, inside in self.binds():
+            if host == folder or host.startswith(folder + "/"):
+                return inside + host[len(folder):]
+        return host
+
+    def _directory_of(self, path: str) -> tuple[str, str] | None:
+        """(path commands see, folder name) of the added directory holding the absolute `path`."""
+        p = PurePosixPath(path)
+        return max(((inside, name) for inside, name in self.directories.items()
+                    if p.is_absolute() and p.is_relative_to(inside)), key=lambda d: len(d[0]), default=None)
 
     def wire_info(self, borrowed: bool = False) -> dict:
         """What a trace records as `agent.runtime`: verifiers' `RuntimeInfo` (a closed union keyed
@@ -233,6 +304,11 @@ class Runtime(ABC):
         if self._root_fd is not None:
             os.close(self._root_fd)
             self._root_fd = None
+        if self._folders_fd is not None:
+            os.close(self._folders_fd)
+            self._folders_fd = None
+            shutil.rmtree(self._folders, ignore_errors=True)
+            reaper.forget_dir(str(self._folders))
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             reaper.forget_dir(str(self.workdir))
@@ -247,9 +323,20 @@ class Runtime(ABC):
         """`path`'s components below the working directory (relative paths are relative to it)."""
         return parts_beneath(str(self.workdir), str(path))
 
+    def _locate(self, path: str) -> tuple[int, list[str]]:
+        """(directory descriptor, components below it) of `path`: in an added directory's folder,
+        else in the working directory."""
+        held = self._directory_of(str(path))
+        if held is None:
+            return self._fd(), self._parts(path)
+        inside, name = held
+        return self._folders_fd, [name, *parts_beneath(inside, str(path))]
+
     def _resolve(self, path: str) -> Path:
-        """A path inside the working directory, by name (nothing on disk is looked at)."""
-        return self.workdir.joinpath(*self._parts(path))
+        """A path inside the working directory or an added directory's folder, by name (nothing
+        on disk is looked at)."""
+        fd, parts = self._locate(path)
+        return (self.workdir if fd == self._root_fd else self._folders).joinpath(*parts)
 
     def _fd(self) -> int:
         if self._root_fd is None:

@@ -38,6 +38,7 @@ class DockerRuntime(SubprocessRuntime):
     type = "docker"
     ISOLATED = True
     RESOURCES: ClassVar[dict[str, str]] = {"disk": "disk_mb", "memory": "memory_mb"}  # the container's memory
+    RESERVED = (MOUNT,)
 
     def __init__(self, *args, **kwargs):
         if not docker_available():
@@ -69,11 +70,14 @@ class DockerRuntime(SubprocessRuntime):
         c = self.config
         name = f"vf-{uuid.uuid4().hex[:12]}"
         self._containers.add(name)
-        inner = MOUNT + cwd.removeprefix(str(self.workdir))
+        inner = self._inside(cwd)
+        inner = MOUNT + cwd.removeprefix(str(self.workdir)) if inner == cwd else inner
         cpu = int(c.cpu_time or timeout) + 1
         argv = ["docker", "run", "--rm", "-i", "--name", name, "-v", f"{self.workdir}:{MOUNT}", "-w", inner,
                 "--memory", f"{c.memory_mb}m", "--pids-limit", str(c.max_processes),
                 "--ulimit", f"cpu={cpu}:{cpu + 1}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        for folder, inside in self.binds():
+            argv += ["-v", f"{folder}:{inside}"]
         if not c.network_allow:
             argv += ["--network", "none"]
         inner_argv = super()._argv(command, cwd, timeout)

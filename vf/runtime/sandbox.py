@@ -247,8 +247,10 @@ class SandboxRuntime(SubprocessRuntime):
         if c.network_allow:
             argv += ["--share-net"]
         argv += ["--bind", work, work]
+        for folder, inside in self.binds():
+            argv += ["--bind", folder, inside]
         # last: the mounts above made their mount points in these two; nothing else may write them
-        argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd]
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", self._inside(cwd)]
         cpu = int(c.cpu_time or timeout) + 1
         fsize = min(c.max_file_mb, c.disk_mb) << 20
         argv += ["--", self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={c.memory_mb << 20}",

@@ -218,13 +218,15 @@ class SubprocessRuntime(Runtime):
         return "disk" if used_kib is not None and used_kib > self.config.disk_mb << 10 else None
 
     async def _disk_used_kib(self, du: str) -> int | None:
-        """KiB the work dir holds (`du -skx`); None when it cannot be measured this time."""
+        """KiB the work dir and the added directories' folders hold (`du -skxc`, its total line);
+        None when it cannot be measured this time."""
+        folders = [folder for folder, _ in self.binds()]
         try:
-            child = await asyncio.create_subprocess_exec(du, "-skx", "--", str(self.workdir),
+            child = await asyncio.create_subprocess_exec(du, "-skxc", "--", str(self.workdir), *folders,
                                                          stdout=asyncio.subprocess.PIPE,
                                                          stderr=asyncio.subprocess.DEVNULL)
             out, _ = await child.communicate()
-            return int(out.split()[0])
+            return int(out.splitlines()[-1].split()[0])
         except (OSError, IndexError, ValueError):  # e.g. out of fds
             return None
 
