@@ -133,22 +133,20 @@ def test_harbor_env_runs_the_agent_in_app_and_scores_with_the_task_s_tests(tmp_p
 
 @needs_bwrap
 def test_the_agent_sees_the_instruction_and_harbor_variables_where_v0_put_them(tmp_path):
+    from vf.migrate.compat import HarborEnv, sandbox_setup
     from vf.runtime import RuntimeConfig, make_runtime
 
     root = _tasks(tmp_path / "tasks")
-
-    class Env:  # what prepare() reads of the v0 env
-        agent_workdir, environment_vars = "/app", {"HARBOR_TASK_DIR": "/elsewhere"}
+    env = HarborEnv(run_command="true", dataset_path=root, tasks=["hello"], environment_vars={"HARBOR_TASK_DIR": "/x"})
 
     async def go():
-        info = v0_harbor.load_tasks(root, ["hello"])[0]["info"]
         async with make_runtime(RuntimeConfig()) as rt:
-            await v0_harbor.prepare(Env(), info, rt)
+            await sandbox_setup(env, {"info": env.dataset[0]["info"]}, rt)
             return await rt.run("pwd; echo $HARBOR_TASK_NAME $HARBOR_TASK_DIR $AGENT_WORKDIR; cat $HARBOR_INSTRUCTION_PATH; "
                                 "ls /task", cwd="/app")
 
     out = asyncio.run(go())
-    assert out.ok and out.stdout.splitlines() == ["/app", "hello /elsewhere /app", "Write hi to /app/hello.txt.",
+    assert out.ok and out.stdout.splitlines() == ["/app", "hello /x /app", "Write hi to /app/hello.txt.",
                                                   "instruction.md", "task.toml"]  # environment_vars win, as in v0
 
 
@@ -189,31 +187,52 @@ def test_a_task_with_mcp_servers_is_an_error_that_says_so(tmp_path):
         asyncio.run(go())
 
 
-SUBCLASS = textwrap.dedent('''
+# A HarborEnv subclass as real 0.1.14 envs wrote them (SweHarborEnv): its agent is a script that
+# post_sandbox_setup uploads with v0's sandbox client, build_env_vars adds a variable, and it also
+# overrides a hook vf does not call (compute_reward).
+SUBCLASS = textwrap.dedent(r'''
+    import tempfile
+    from pathlib import Path
+
     import verifiers as vf
     from verifiers.envs.experimental.harbor_env import HarborEnv
+
+    AGENT = {agent!r}
 
 
     class SweHarborEnv(HarborEnv):
         def __init__(self, dataset_path, **kwargs):
-            super().__init__(run_command="python /app/agent.py", dataset_path=dataset_path, **kwargs)
+            super().__init__(run_command="python3 /app/agent.py", dataset_path=dataset_path, **kwargs)
 
         async def build_env_vars(self, state: vf.State) -> dict[str, str]:
-            return await super().build_env_vars(state)
+            env_vars = await super().build_env_vars(state)
+            env_vars.setdefault("GREETING", "say " + state["info"]["task_name"])
+            return env_vars
 
         async def post_sandbox_setup(self, state: vf.State) -> None:
             await super().post_sandbox_setup(state)
+            sandbox_id = state["sandbox_id"]
+            await self.sandbox_client.execute_command(sandbox_id, "echo ready > setup.txt", working_dir="/app", timeout=60)
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as tmp:
+                tmp.write(AGENT)
+            await self.sandbox_client.upload_file(sandbox_id, "/app/agent.py", tmp.name)
+            Path(tmp.name).unlink()
+
+        async def compute_reward(self, state: vf.State) -> float:
+            return 1.0
 
 
     def load_environment(dataset_path: str = "tasks", tasks: list[str] | None = None) -> SweHarborEnv:
         return SweHarborEnv(dataset_path=dataset_path, tasks=tasks, timeout_seconds=900.0, cpu_cores=2)
-''')
+''').format(agent=AGENT)
 
 
-def test_a_harbor_subclass_keeps_its_name_and_its_sandbox_hooks_are_listed(tmp_path):
-    """A HarborEnv subclass (a real 0.1.14 pattern): its Prime-sandbox hooks are manual steps, not a
-    silent skip; the generated seat classes do not shadow the module's own class, so
-    load_environment() still builds it (a `SweHarborEnv` Env class would replace it)."""
+@needs_bwrap
+def test_a_harbor_subclass_s_sandbox_hooks_run_on_the_rollout_s_runtime(tmp_path):
+    """The subclass's build_env_vars and post_sandbox_setup run before the agent, their
+    `self.sandbox_client` calls on the rollout's sandbox (the uploaded script is the agent that
+    runs); compute_reward, which vf does not call, is a manual step. The generated seat classes do
+    not shadow the module's own `SweHarborEnv`, so load_environment() still builds it."""
     import importlib.util
 
     from vf.migrate import apply, plan
@@ -222,16 +241,24 @@ def test_a_harbor_subclass_keeps_its_name_and_its_sandbox_hooks_are_listed(tmp_p
     path = tmp_path / "swe_harbor.py"
     path.write_text(SUBCLASS)
     report = plan([path])
-    manual = sorted(e.message.split(" ")[0] for e in report.entries if e.status == "manual")
-    assert manual == ["SweHarborEnv.build_env_vars", "SweHarborEnv.post_sandbox_setup"]
+    manual = [e.message.split(" ")[0] for e in report.entries if e.status == "manual"]
+    assert manual == ["SweHarborEnv.compute_reward"]
+    assert sum("sandbox_client on the rollout's runtime" in e.message for e in report.entries) == 2
     apply(report)
-    _tasks(tmp_path / "tasks")
+    root = _tasks(tmp_path / "tasks")
     spec = importlib.util.spec_from_file_location("swe_harbor", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    env = module.load_environment(dataset_path=str(tmp_path / "tasks"))
-    assert isinstance(env, HarborEnv) and type(env).__name__ == "SweHarborEnv"
-    assert env.run_command == "python /app/agent.py" and len(env.dataset) == 2
+    env = module.load_environment(dataset_path=str(root))
+    assert isinstance(env, HarborEnv) and type(env).__name__ == "SweHarborEnv" and len(env.dataset) == 2
+
+    # the agent asks the model with GREETING = "say hello" (build_env_vars) and writes its reply
+    loaded = _load(path, {"args": {"dataset_path": str(root)}})
+    for reply, reward in (("hi", 1.0), ("bye", 0.0)):
+        episode = _episode(loaded, reply, index=1)
+        assert not episode.trace.errors and not episode.errors, (episode.trace.errors, episode.errors)
+        assert [m["content"] for m in episode.trace.messages] == ["say hello", reply]
+        assert episode.trace.reward == reward
 
 
 V0_ROWS = """
@@ -257,3 +284,40 @@ def test_rows_match_the_real_harbor_env(tmp_path, tasks):
     out = subprocess.run([python, "-c", V0_ROWS, str(root), json.dumps(tasks)], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     assert json.loads(out) == json.loads(json.dumps(v0_harbor.load_tasks(root, tasks), sort_keys=True))
+
+
+@needs_bwrap
+def test_the_sandbox_client_reaches_only_its_own_runtime_s_files(tmp_path):
+    """v0 code names a sandbox by id: an id no live runtime has (forged, or a finished rollout's) is an
+    error, and a path outside the runtime's working directory and added directories is refused
+    rather than written on the host; a link the command left is not followed by download_file."""
+    import gc
+
+    from vf.errors import UsageError
+    from vf.migrate.v0_api import SandboxError
+    from vf.migrate.v0_sandbox import SandboxClient
+    from vf.runtime import RuntimeConfig, make_runtime
+
+    client, local = SandboxClient(), tmp_path / "local.txt"
+    local.write_text("payload")
+
+    async def go():
+        async with make_runtime(RuntimeConfig()) as rt:
+            sandbox_id = SandboxClient.attach(rt)
+            rt.add_directory("/app")
+            await client.upload_file(sandbox_id, "/app/in.txt", str(local))
+            echoed = await client.execute_command(sandbox_id, "cat in.txt; ln -s /etc/passwd out.txt", working_dir="/app")
+            with pytest.raises(UsageError):
+                await client.upload_file(sandbox_id, str(tmp_path / "escaped.txt"), str(local))
+            with pytest.raises(UsageError):
+                await client.download_file(sandbox_id, "/app/out.txt", str(tmp_path / "copy.txt"))
+            with pytest.raises(SandboxError, match="no vf runtime"):
+                await client.execute_command("vf-forged", "true")
+        return sandbox_id, echoed
+
+    sandbox_id, echoed = asyncio.run(go())
+    assert echoed.stdout == "payload" and echoed.exit_code == 0
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "copy.txt").exists()
+    gc.collect()
+    with pytest.raises(SandboxError, match="no vf runtime"):
+        asyncio.run(client.execute_command(sandbox_id, "true"))

@@ -803,3 +803,108 @@ def test_cli_agent_env_runs_its_command_as_the_seats_program_harness(tmp_path):
     assert not trace.errors and not episode.errors, (trace.errors, episode.errors)
     assert [m["content"] for m in trace.messages] == ["ping", "pong"]
     assert trace.rewards["answered"].score == 1.0
+
+
+AGENT_HOOKS_0_1_14 = textwrap.dedent(r"""
+    import tempfile
+    from pathlib import Path
+
+    import verifiers as vf
+
+    from agent_env_data import AGENT
+
+
+    def answered(completion, answer) -> float:
+        return float(any(answer in (m.get("content") or "") for m in completion if m["role"] == "assistant"))
+
+
+    class ScriptedAgentEnv(vf.CliAgentEnv):
+        async def build_env_vars(self, state):
+            env_vars = await super().build_env_vars(state)
+            env_vars["GREETING"] = state["answer"].replace("pong", "ping")
+            return env_vars
+
+        async def post_sandbox_setup(self, state):
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as tmp:
+                tmp.write(AGENT)
+            await self.sandbox_client.upload_file(state["sandbox_id"], "agent.py", tmp.name)
+            Path(tmp.name).unlink()
+            done = await self.sandbox_client.execute_command(state["sandbox_id"], "python3 -c 'print(6 * 7)'")
+            state["setup_said"] = done.stdout.strip()
+
+        async def get_docker_image(self, state):
+            return "python:3.12"
+
+
+    def said_42(state) -> float:
+        return float(state.get("setup_said") == "42")
+
+
+    def load_environment():
+        rows = [{"question": "unused: the agent knows its task", "answer": "pong"}]
+        return ScriptedAgentEnv(run_command="python3 agent.py", dataset=rows,
+                                rubric=vf.Rubric(funcs=[answered, said_42]))
+""")
+
+
+def test_cli_agent_subclass_sandbox_hooks_run_with_a_sandbox_client_on_the_runtime(tmp_path, monkeypatch):
+    """A CliAgentEnv subclass's build_env_vars and post_sandbox_setup (flagged "vf does not call" before)
+    run before the agent: `self.sandbox_client.upload_file` puts the agent script in the rollout's
+    sandbox, `execute_command` runs there, the variable build_env_vars adds reaches the agent, and what
+    the hook wrote on the v0 state reaches the rubric. get_docker_image stays a manual step."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    (tmp_path / "agent_env_data.py").write_text(f"AGENT = {AGENT_0_1_14.split(chr(39) * 3)[1]!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "hooked_agent.py"
+    path.write_text(AGENT_HOOKS_0_1_14)
+    report = plan([path])
+    manual = [e.message for e in report.entries if e.status == "manual"]
+    assert len(manual) == 1 and "get_docker_image" in manual[0]
+    assert sum("sandbox_client on the rollout's runtime" in e.message for e in report.entries) == 2
+    apply(report)
+    loaded = _load(path)
+    episode = asyncio.run(run_episode(list(loaded.taskset.take(1))[0], EpisodeSpec(
+        engine=Scripted(["pong"]), model="m", env=loaded.env, max_turns=4)))
+    trace = episode.trace
+    assert not trace.errors and not episode.errors, (trace.errors, episode.errors)
+    assert [m["content"] for m in trace.messages] == ["ping", "pong"]
+    assert trace.rewards["answered"].score == 1.0 and trace.rewards["said_42"].score == 1.0
+
+
+SANDBOX_SETUP_0_1_14 = textwrap.dedent('''
+    import verifiers as vf
+
+
+    def found_it(completion) -> float:
+        return float("seeded-42" in completion[-1]["content"])
+
+
+    class SeededSandboxEnv(vf.SandboxEnv):
+        async def setup_state(self, state, **kwargs):
+            state = await super().setup_state(state, **kwargs)
+            await self.sandbox_client.execute_command(state["sandbox_id"], "echo seeded-$((6 * 7)) > seed.txt")
+            return state
+
+
+    def load_environment():
+        rows = [{"question": "What does seed.txt say?", "answer": ""}]
+        return SeededSandboxEnv(dataset=rows, rubric=vf.Rubric(funcs=[found_it]), max_turns=4)
+''')
+
+
+def test_sandbox_env_setup_state_reaches_the_rollout_s_sandbox_through_sandbox_client(tmp_path):
+    """A SandboxEnv subclass's setup_state seeds its sandbox with `self.sandbox_client.execute_command(
+    state["sandbox_id"], ...)` (v0's client, not mapped before: AttributeError at setup). Now the id names
+    the rollout's runtime, so the model's `bash` sees the file the setup made."""
+    from vf.runner import EpisodeSpec, run_episode
+
+    path, report = _migrate(tmp_path, "seeded", SANDBOX_SETUP_0_1_14)
+    loaded = _load(path)
+    task = list(loaded.taskset.take(1))[0]
+    replies = _calls(("bash", {"command": "cat seed.txt"})) + ["it says seeded-42"]
+    trace = asyncio.run(run_episode(task, EpisodeSpec(engine=ScriptedMessages(replies), model="m", env=loaded.env,
+                                                      max_turns=4))).trace
+    assert not trace.errors, trace.errors
+    assert [m["content"] for m in trace.messages if m["role"] == "tool"] == ["seeded-42"]
+    assert trace.rewards["found_it"].score == 1.0

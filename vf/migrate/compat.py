@@ -80,7 +80,13 @@ from vf.migrate.v0_helpers import (  # noqa: F401 - re-exported: migrated import
     python,
     strip_non_numeric,
 )
-from vf.migrate.v0_sandbox import CliAgentHarness, PythonTools, SandboxTools  # noqa: F401 - migrated envs subclass them
+from vf.migrate.v0_sandbox import (  # noqa: F401 - migrated envs subclass them
+    CliAgentHarness,
+    PythonTools,
+    SandboxClient,
+    SandboxTools,
+    sandbox_setup,
+)
 from vf.taskset import State, Task, TaskConfig, TaskData, Taskset, TasksetConfig
 from vf.taskset import reward as v1_reward
 from vf.taskset import stop as v1_stop
@@ -563,25 +569,44 @@ class MCPEnv(ToolEnv):
                 for s in self.mcp_servers]
 
 
-class SandboxEnv(StatefulToolEnv):
+class SandboxMixin:
+    """v0's `SandboxMixin` (0.1.9+; the sandbox client of 0.1.5+'s SandboxEnv): `self.sandbox_client`
+    on the rollout's runtime, named by the v0 state's `sandbox_id` (vf.migrate.v0_sandbox)."""
+
+    sandbox_client = SandboxClient()
+
+    def with_retry(self, fn: Callable) -> Callable:
+        """v0 retried sandbox calls against a remote service; a vf runtime is local."""
+        return fn
+
+
+class SandboxEnv(SandboxMixin, StatefulToolEnv):
     """v0 `SandboxEnv` (0.1.5+): its options, recorded; its `bash` tool runs in the rollout's runtime
     (`SandboxTools`, which follows `timeout_per_command_seconds` and `environment_vars`). The
     container options (`docker_image`, `cpu_cores`, ...) are the run's runtime settings in vf
-    (`--env.agent.runtime.*`); v0's own sandbox client (`self.sandbox_client`) is not here."""
+    (`--env.agent.runtime.*`); `setup_state` gets `state["sandbox_id"]` for `self.sandbox_client`."""
 
     timeout_per_command_seconds: int = 30
     environment_vars: dict[str, str] | None = None
     docker_image: str = "python:3.11-slim"
 
 
-class CliAgentEnv(MultiTurnEnv):
+class CliAgentEnv(SandboxMixin, MultiTurnEnv):
     """v0 `CliAgentEnv(run_command=...)` (0.1.9+): its options, recorded; the seat runs `run_command`
     as a program harness (`CliAgentHarness`), every model call it makes intercepted and recorded.
-    Container options are the run's `--env.agent.runtime.*`; v0's sandbox client is not here."""
+    Container options are the run's `--env.agent.runtime.*`; `build_env_vars` and
+    `post_sandbox_setup` run before the agent (`sandbox_setup`)."""
 
     run_command: str = ""
     environment_vars: dict[str, str] | None = None
     docker_image: str = "python:3.11-slim"
+
+    async def build_env_vars(self, state: dict) -> dict[str, str]:
+        """Every command's variables: `environment_vars` (v0 also set OPENAI_*, which the harness sets)."""
+        return dict(self.environment_vars or {})
+
+    async def post_sandbox_setup(self, state: dict) -> None:
+        """v0's hook once the sandbox exists, before the agent starts (`sandbox_setup` runs it)."""
 
 
 class HarborEnv(CliAgentEnv):
@@ -600,6 +625,12 @@ class HarborEnv(CliAgentEnv):
     def load_harbor_dataset(self) -> list[dict[str, Any]]:
         return v0_harbor.load_tasks(self.dataset_path, self.task_names)
 
+    async def build_env_vars(self, state: dict) -> dict[str, str]:
+        return v0_harbor.variables(self, state.get("info") or {})
+
+    async def post_sandbox_setup(self, state: dict) -> None:
+        await v0_harbor.prepare(self, state.get("info") or {}, self.sandbox_client.runtime(state["sandbox_id"]))
+
     async def harbor_reward(self, state: dict, **kwargs: Any) -> float:
         return state.get("reward", 0.0)
 
@@ -610,9 +641,12 @@ class PythonEnv(SandboxEnv):
     pip_install_packages: str = "numpy sympy scipy"
 
 
-async def setup_state(env: Environment, task: Any, trace: Any, state: Any) -> None:
-    """Run a v0 env's `setup_state` on this episode's v0 state dict (v1: `Task.setup`)."""
+async def setup_state(env: Environment, task: Any, trace: Any, state: Any, runtime: Any = None) -> None:
+    """Run a v0 env's `setup_state` on this episode's v0 state dict (v1: `Task.setup`); with the
+    rollout's `runtime` (a SandboxEnv's), `state["sandbox_id"]` names it for `self.sandbox_client`."""
     st = v0_state(task, trace, state)
+    if runtime is not None:
+        st["sandbox_id"] = SandboxClient.attach(runtime)
     out = env.setup_state(st)
     if inspect.isawaitable(out):
         out = await out
@@ -1094,8 +1128,8 @@ class HarborTask(V0Task):
     """A Harbor task folder's row: /task and the agent's workdir before the agent, the task's
     tests after it; v0's rubric then reads the score they wrote (vf.migrate.v0_harbor)."""
 
-    async def setup(self, task, runtime) -> None:
-        await v0_harbor.prepare(self._owner(), self.data.info, runtime)
+    async def setup(self, task, trace, state, runtime) -> None:
+        await sandbox_setup(self._owner(), v0_state(task, trace, state), runtime)
 
     @v1_reward(name="v0_rubric")
     async def v0_rubric(self, task, trace, state, runtime) -> dict[str, float]:

@@ -51,10 +51,13 @@ RUNTIME_MULTI_TURN = {"TextArenaEnv", "GymEnv"}
 CLI_AGENT_HOOKS = ("post_sandbox_setup", "build_env_vars", "get_docker_image", "get_sandbox_resources", "start_agent",
                    "post_rollout", "destroy_sandbox", "wait_for_completion", "get_sandbox_request")
 """v0 CliAgentEnv methods a subclass overrides to drive its Prime sandbox (ENV017 flags them)."""
-HARBOR_HOOKS = (*CLI_AGENT_HOOKS, "prepare_harbor_task", "upload_test_assets", "compute_reward", "pre_mcp_setup",
-                "start_mcp_servers")
-"""v0 HarborEnv methods a subclass overrides that compat.HarborTaskset does not call (its own `harbor_reward`
-and `load_harbor_dataset` it does)."""
+SANDBOX_HOOKS = ("build_env_vars", "post_sandbox_setup")
+"""The two CliAgentEnv sandbox hooks vf runs before the agent (compat.sandbox_setup), their
+`self.sandbox_client` on the rollout's runtime."""
+HARBOR_HOOKS = (*(h for h in CLI_AGENT_HOOKS if h not in SANDBOX_HOOKS), "prepare_harbor_task", "upload_test_assets",
+                "compute_reward", "pre_mcp_setup", "start_mcp_servers")
+"""v0 HarborEnv methods a subclass overrides that compat.HarborTaskset does not call (it calls the
+SANDBOX_HOOKS, `harbor_reward` and `load_harbor_dataset`)."""
 LIBRARY_ENVS = {
     name: f"verifiers' {name} ({what}) has no compat class yet: migrated as a multi-turn env without its tools or "
           f"services; port it to {port}"
@@ -477,7 +480,10 @@ class _Migration:
                 if self.runtime_base(cls_name) != name:
                     continue
                 for item in cls.body.body:
-                    if isinstance(item, cst.FunctionDef) and item.name.value in HARBOR_HOOKS:
+                    if isinstance(item, cst.FunctionDef) and item.name.value in SANDBOX_HOOKS:
+                        self.add(item, "ENV017", MIGRATED, f"{cls_name}.{item.name.value} → run before the agent, its "
+                                 "self.sandbox_client on the rollout's runtime")
+                    elif isinstance(item, cst.FunctionDef) and item.name.value in HARBOR_HOOKS:
                         self.add(item, "ENV900", MANUAL, f"{cls_name}.{item.name.value} overrides a v0 HarborEnv "
                                  "sandbox hook, which vf does not call: do its work in a Task.setup(runtime) of a "
                                  "compat.HarborTask subclass (files, commands) or the harness's environment "
@@ -541,12 +547,17 @@ class _Migration:
         self.mcp = "MCPEnv" in bases
         plan.stateful = "StatefulToolEnv" in bases or self.sandbox is not None
         self.tool_names: list[str] = []
+        self.sandbox_hooks = False
         if self.v0_class is not None:
             for name in self._class_chain(self.v0_class):
                 self._class_tools(self.classes[name])
-                if kind == "agent":  # v0 CliAgentEnv hooks that drove its Prime sandbox: vf calls none of them
+                if kind == "agent":  # v0 CliAgentEnv hooks that drove its Prime sandbox: vf calls two of them
                     for item in self.classes[name].body.body:
-                        if isinstance(item, cst.FunctionDef) and item.name.value in CLI_AGENT_HOOKS:
+                        if isinstance(item, cst.FunctionDef) and item.name.value in SANDBOX_HOOKS:
+                            self.sandbox_hooks = True
+                            self.add(item, "ENV017", MIGRATED, f"{name}.{item.name.value} → run before the agent by "
+                                     f"{self.N['Task']}.setup, its self.sandbox_client on the rollout's runtime")
+                        elif isinstance(item, cst.FunctionDef) and item.name.value in CLI_AGENT_HOOKS:
                             plan.manual.append((self.line(item), f"{name}.{item.name.value} overrides a v0 CliAgentEnv "
                                                 "sandbox hook, which vf does not call: do its work in Task.setup(runtime) "
                                                 "(files, commands) or the harness's environment (--env.agent.harness.env)"))
@@ -1076,9 +1087,19 @@ class _Migration:
         toolsets = [c for c in (self.tools_cls, self.sandbox_cls) if c]
         if toolsets:
             L += [f"    toolsets = [{', '.join(toolsets)}]", ""]
-        if plan.setup_state:
-            L += ["    async def setup(self, trace, state):", f'        """The v0 {self.v0_class}.setup_state."""',
-                  "        await compat.setup_state(_v0_env(), self.data, trace, state)", ""]
+        if plan.setup_state or self.sandbox_hooks:
+            with_runtime = self.sandbox_hooks or self.sandbox is not None  # self.sandbox_client needs its runtime
+            L += ["    async def setup(self, trace, state, runtime):" if with_runtime else
+                  "    async def setup(self, trace, state):",
+                  f'        """The v0 {self.v0_class}.setup_state."""' if not self.sandbox_hooks else
+                  f'        """The v0 {self.v0_class}\'s {"setup_state and " if plan.setup_state else ""}sandbox hooks '
+                  '(build_env_vars, post_sandbox_setup), on the rollout\'s runtime."""']
+            if plan.setup_state:
+                L += ["        await compat.setup_state(_v0_env(), self.data, trace, state"
+                      f"{', runtime' if self.sandbox is not None else ''})"]
+            if self.sandbox_hooks:
+                L += ["        await compat.sandbox_setup(_v0_env(), compat.v0_state(self.data, trace, state), runtime)"]
+            L += [""]
         L += ["    def validate(self):",
               '        """v0 had no gold reply: vf-validate scores a probe reply (the row\'s answer in the parser\'s',
               '        format, a judge answering itself) and fails when a reward function raises."""',

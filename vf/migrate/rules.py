@@ -159,7 +159,8 @@ RULES: list[Rule] = [
       "runs in fresh /tests, /oracle and /logs/verifier (nothing the agent left there counts) and v0's "
       "`harbor_reward` reads reward.txt, else reward.json. Those absolute paths are `Runtime.add_directory` "
       "directories: the sandbox (default) or docker runtime. A task declaring `[[environment.mcp_servers]]` "
-      "is an error that says so; a subclass's sandbox hooks are flagged. The env may be a class of the "
+      "is an error that says so; a subclass's `build_env_vars` / `post_sandbox_setup` run before the agent "
+      "(ENV017), its other sandbox hooks are flagged. The env may be a class of the "
       "module derived from one of these.",
       "vf_env = vf.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])",
       "vf_env = compat.EnvGroup([env1, env2], env_names=['gsm8k', 'math'])\n...\n"
@@ -173,7 +174,9 @@ RULES: list[Rule] = [
       "`environment_vars`. The REPL keeps its names by re-running the rollout's earlier cells before each new "
       "one (vf's runtimes keep no process between commands). Container options (`docker_image`, `cpu_cores`, "
       "`pip_install_packages`, ...) are kept on the compat env and reported: in vf they are the run's runtime "
-      "settings. Code that calls v0's sandbox client itself (`self.sandbox_client`) is not mapped.",
+      "settings. v0's sandbox client works on the rollout's runtime: a subclass's `setup_state` gets "
+      "`state[\"sandbox_id\"]`, and `self.sandbox_client.execute_command(sandbox_id, ...)`, `upload_file`, "
+      "`download_file`, ... run there (paths in its working directory or its added directories).",
       "return vf.PythonEnv(dataset=ds, rubric=rubric, max_turns=6)",
       "class MathPythonPythonTools(compat.PythonTools):\n    v0_env = staticmethod(_v0_env)\n\n"
       "class MathPythonTask(vf.Task[...]):\n    toolsets = [MathPythonPythonTools]"),
@@ -192,8 +195,10 @@ RULES: list[Rule] = [
       "the command runs in the rollout's runtime (the sandbox by default) with `OPENAI_BASE_URL`, "
       "`OPENAI_API_KEY` and `OPENAI_MODEL` at the seat's interception endpoint, secret and model, v0's 3600 s "
       "client timeouts and the env's `environment_vars`; every call is recorded and the v0 rubric scores the "
-      "trace. A subclass's sandbox hooks (`post_sandbox_setup`, `build_env_vars`, `get_docker_image`, ...) "
-      "drove v0's sandbox client, which vf does not have: each is flagged, to move to `Task.setup(runtime)`.",
+      "trace. A subclass's `build_env_vars(state)` and `post_sandbox_setup(state)` run before the agent "
+      "(the variables on every command, the harness's OPENAI_* on top), their `self.sandbox_client` calls "
+      "on the rollout's runtime (`state[\"sandbox_id\"]` names it); its other sandbox hooks "
+      "(`get_docker_image`, `start_agent`, `post_rollout`, ...) are flagged, to move to `Task.setup(runtime)`.",
       "return vf.CliAgentEnv(run_command='python agent.py', dataset=ds, rubric=rubric)",
       "class MyEnvAgent(compat.CliAgentHarness):\n    v0_env = staticmethod(_v0_env)\n\n"
       "class MyEnvEnvConfig(vf.SingleAgentEnvConfig):\n"

@@ -82,8 +82,8 @@ def _regular(path: Path) -> bytes:
 
 
 def variables(env: Any, info: dict[str, Any]) -> dict[str, str]:
-    """What every command of the task sees: the env's `environment_vars`, then Harbor's (v0's
-    `build_env_vars`, whose `setdefault` lets `environment_vars` win)."""
+    """What every command of the task sees (v0's `build_env_vars`): the env's `environment_vars`,
+    then Harbor's, whose `setdefault` lets `environment_vars` win."""
     out = dict(getattr(env, "environment_vars", None) or {})
     out.setdefault("HARBOR_TASK_NAME", str(info.get("task_name", "")))
     out.setdefault("HARBOR_TASK_DIR", "/task")
@@ -94,8 +94,8 @@ def variables(env: Any, info: dict[str, Any]) -> dict[str, str]:
 
 
 async def prepare(env: Any, info: dict[str, Any], runtime: Runtime) -> None:
-    """Before the agent: /task with the instruction and config, /logs/verifier, the agent's
-    workdir, and the task's variables on every command."""
+    """Before the agent (v0's `post_sandbox_setup`): /task with the instruction and config,
+    /logs/verifier and the agent's workdir."""
     servers = ((info.get("config") or {}).get("environment") or {}).get("mcp_servers")
     if servers:
         raise TaskError(f"Harbor task {info.get('task_name')!r} declares MCP servers ([[environment.mcp_servers]]), "
@@ -106,7 +106,6 @@ async def prepare(env: Any, info: dict[str, Any], runtime: Runtime) -> None:
     for name in TASK_FILES:
         if (task_dir / name).exists():
             await runtime.write(f"/task/{name}", _regular(task_dir / name))
-    runtime.env.update(variables(env, info))
 
 
 async def run_tests(info: dict[str, Any], runtime: Runtime) -> tuple[float, dict[str, Any]]:

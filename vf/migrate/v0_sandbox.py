@@ -25,17 +25,31 @@ client timeouts, the env's `environment_vars` beneath), and every call it makes 
 
 A migrated env subclasses these with `v0_env = staticmethod(_v0_env)`, the built v0 env whose
 options (`timeout_per_command_seconds`, `environment_vars`, `run_command`) they follow.
+
+v0 code that drove its sandbox itself — a CliAgentEnv or HarborEnv subclass's `build_env_vars(state)`
+and `post_sandbox_setup(state)`, calling `self.sandbox_client.execute_command(state["sandbox_id"],
+...)`, `upload_file`, ... — runs on the rollout's runtime through `SandboxClient`, prime_sandboxes'
+AsyncSandboxClient API with `sandbox_id` naming the runtime (`sandbox_setup` runs those two hooks
+before the agent starts, as v0 did at sandbox creation). A file path is the runtime's: its
+working directory or a directory it was given (`Runtime.add_directory`, a Harbor task's /app);
+another absolute path (/tmp/x.tar.gz, /usr/local/...) is refused, with the reason. A background
+job runs to its end before `start_background_job` returns (vf's runtimes keep no process between
+commands).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from vf.clients import ModelContext
 from vf.harness import Harness
+from vf.migrate.v0_api import SandboxError
 from vf.runtime import ProgramResult, Runtime
 from vf.runtime.base import PROGRAM_TIMEOUT
 from vf.toolset import Toolset, tool
@@ -159,3 +173,93 @@ class CliAgentHarness(Harness):
         # in the agent's workdir where the env names one (a HarborEnv's /app), else the runtime's
         return await runtime.run(["bash", "-c", env.run_command], {**self.config.resolved_env, **variables},
                                  timeout=PROGRAM_TIMEOUT, cwd=getattr(env, "agent_workdir", None))
+
+
+@dataclass
+class CommandResponse:
+    """prime_sandboxes' CommandResponse (what `execute_command` returns)."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+
+
+@dataclass
+class BackgroundJob:
+    """prime_sandboxes' BackgroundJob, already run (see the module docstring)."""
+
+    job_id: str
+    sandbox_id: str
+    result: CommandResponse
+
+
+@dataclass
+class BackgroundJobStatus:
+    """prime_sandboxes' BackgroundJobStatus of a job that has ended."""
+
+    job_id: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    completed: bool = True
+
+
+class SandboxClient:
+    """v0's `self.sandbox_client` (prime_sandboxes' AsyncSandboxClient) on vf runtimes: the
+    sandbox id a rollout's v0 state holds names its runtime (see the module docstring)."""
+
+    _runtimes: weakref.WeakValueDictionary[str, Runtime] = weakref.WeakValueDictionary()
+
+    @classmethod
+    def attach(cls, runtime: Runtime) -> str:
+        """A sandbox id for `runtime` (kept as long as the runtime lives)."""
+        sandbox_id = f"vf-{secrets.token_hex(8)}"
+        cls._runtimes[sandbox_id] = runtime
+        return sandbox_id
+
+    def runtime(self, sandbox_id: str) -> Runtime:
+        runtime = self._runtimes.get(str(sandbox_id))
+        if runtime is None:
+            raise SandboxError(f"no vf runtime has sandbox id {sandbox_id!r} (its rollout has ended, or the id "
+                               "did not come from this rollout's state['sandbox_id'])")
+        return runtime
+
+    async def execute_command(self, sandbox_id: str, command: str, working_dir: str | None = None,
+                              env: dict[str, str] | None = None, timeout: int | None = None,
+                              user: str | None = None) -> CommandResponse:
+        runtime = self.runtime(sandbox_id).with_user(user)
+        result = await runtime.run(command, env, timeout=timeout, cwd=working_dir)
+        if result.timed_out:  # prime_sandboxes raises CommandTimeoutError
+            raise SandboxError(f"command timed out after {timeout or runtime.config.timeout:g}s: {command[:200]}")
+        return CommandResponse(result.stdout, result.stderr, result.exit_code)
+
+    async def start_background_job(self, sandbox_id: str, command: str, working_dir: str | None = None,
+                                   env: dict[str, str] | None = None, user: str | None = None) -> BackgroundJob:
+        runtime = self.runtime(sandbox_id).with_user(user)
+        result = await runtime.run(command, env, timeout=PROGRAM_TIMEOUT, cwd=working_dir)
+        return BackgroundJob(secrets.token_hex(8), sandbox_id,
+                             CommandResponse(result.stdout, result.stderr, result.exit_code))
+
+    async def get_background_job(self, sandbox_id: str, job: BackgroundJob, timeout: int | None = None
+                                 ) -> BackgroundJobStatus:
+        return BackgroundJobStatus(job.job_id, job.result.exit_code, job.result.stdout, job.result.stderr)
+
+    async def upload_file(self, sandbox_id: str, file_path: str, local_file_path: str, timeout: int | None = None) -> None:
+        await self.runtime(sandbox_id).write(file_path, Path(local_file_path).read_bytes())
+
+    async def upload_bytes(self, sandbox_id: str, file_path: str, file_bytes: bytes, filename: str,
+                           timeout: int | None = None) -> None:
+        await self.runtime(sandbox_id).write(file_path, file_bytes)
+
+    async def download_file(self, sandbox_id: str, file_path: str, local_file_path: str,
+                            timeout: int | None = None) -> None:
+        Path(local_file_path).write_bytes(await self.runtime(sandbox_id).read(file_path))
+
+
+async def sandbox_setup(env: Any, state: dict[str, Any], runtime: Runtime) -> None:
+    """A v0 CliAgentEnv's (HarborEnv's) sandbox hooks, before the agent: `state["sandbox_id"]` names
+    `runtime`, `build_env_vars(state)` gives every later command its variables (v0 set them on
+    the sandbox; the harness's OPENAI_* go on top), then `post_sandbox_setup(state)` runs."""
+    state["sandbox_id"] = SandboxClient.attach(runtime)
+    runtime.env.update({str(k): str(v) for k, v in (await env.build_env_vars(state) or {}).items()})
+    await env.post_sandbox_setup(state)
