@@ -908,3 +908,67 @@ def test_sandbox_env_setup_state_reaches_the_rollout_s_sandbox_through_sandbox_c
     assert not trace.errors, trace.errors
     assert [m["content"] for m in trace.messages if m["role"] == "tool"] == ["seeded-42"]
     assert trace.rewards["found_it"].score == 1.0
+
+
+def test_an_env_package_s_helper_module_loses_its_verifiers_import_too(tmp_path, monkeypatch):
+    """A helper module of an env package (`from verifiers import XMLParser`, no load_environment) was
+    left as it was: the migrated env still imported verifiers through it. Now its verifiers names go
+    to vf.migrate.compat, so the env loads and scores without verifiers."""
+    (tmp_path / "helpers.py").write_text(textwrap.dedent('''
+        import verifiers as vf
+        from verifiers import XMLParser
+
+        PARSER = XMLParser(fields=["think", "answer"])
+
+
+        def exact(completion, answer) -> float:
+            return float(PARSER.parse_answer(completion) == answer)
+    '''))
+    (tmp_path / "pkg_env.py").write_text(textwrap.dedent('''
+        import verifiers as vf
+
+        from helpers import PARSER, exact
+
+
+        def load_environment():
+            return vf.SingleTurnEnv(dataset=[{"question": "2+2?", "answer": "4"}], parser=PARSER,
+                                    rubric=vf.Rubric(funcs=[exact]))
+    '''))
+    report = plan([tmp_path])
+    assert sorted(c.path.name for c in report.changes) == ["helpers.py", "pkg_env.py"]
+    assert not [e for e in report.entries if e.status == "manual"], report.entries
+    apply(report)
+    assert "verifiers" not in (tmp_path / "helpers.py").read_text()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trace = _score(_load(tmp_path / "pkg_env.py"), "<think>sum</think><answer>4</answer>")
+    assert not trace.errors and trace.rewards["exact"].score == 1.0
+
+
+def test_a_v0_training_script_is_a_manual_step_not_a_silent_pass(tmp_path):
+    """verifiers 0.1.0's examples/doublecheck.py (a training script, no load_environment): vf-migrate
+    reported "0 files to change" and `--check` passed. Now its v0 names are rewritten or flagged, the
+    training API with a TODO that points to vf-train, so `--check` fails until it is ported."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "doublecheck.py"
+    script.write_text(textwrap.dedent('''
+        import verifiers as vf
+        from verifiers.utils import load_example_dataset
+
+        dataset = load_example_dataset("math", "train", n=1000)
+        vf_env = vf.DoubleCheckEnv(dataset=dataset, few_shot=[])
+        model, tokenizer = vf.get_model_and_tokenizer("Qwen/Qwen2.5-1.5B-Instruct")
+        trainer = vf.GRPOTrainer(model=model, processing_class=tokenizer, env=vf_env, args=vf.grpo_defaults(run_name="x"))
+        trainer.train()
+    '''))
+    check = subprocess.run([sys.executable, "-m", "vf.commands.migrate", str(script), "--check"],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 1 and "vf-train" in check.stdout + check.stderr
+    report = plan([script])
+    manual = sorted(e.message for e in report.entries if e.status == "manual")
+    assert manual == ["uses verifiers DoubleCheckEnv", "uses verifiers GRPOTrainer, grpo_defaults",
+                      "uses verifiers get_model_and_tokenizer"], manual
+    new = report.changes[0].new
+    assert "vf-train --taskset" in new and "import verifiers" not in new
+    assert "compat.load_example_dataset" not in new or "from vf.migrate.compat import load_example_dataset" in new

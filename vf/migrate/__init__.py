@@ -73,7 +73,8 @@ def _migrate_source(path: Path, source: str) -> Report:
     try:
         if path.suffix == ".py":
             env = python_env.is_v0_environment(source)
-            if not env and not scripts.CMD_RE.search(source):
+            helper = not env and python_env.imports_verifiers(source)
+            if not env and not helper and not scripts.CMD_RE.search(source):
                 return Report()  # nothing to migrate: never parsed
             if env and python_env.UNMIGRATED in source:
                 return python_env.migrate_environment(path, source)  # flagged by an earlier run: not parsed
@@ -82,6 +83,14 @@ def _migrate_source(path: Path, source: str) -> Report:
                 return _unparsable(path, source, broken, env)
             if env:
                 return python_env.migrate_environment(path, source)
+            if helper:  # its verifiers names → compat; then any `prime env eval` it runs, as below
+                report = python_env.migrate_helper(path, source)
+                if report.changes:
+                    more = scripts.migrate_python_subprocess(path, report.changes[-1].new)
+                    if more.changes:
+                        report.changes[-1].new = more.changes[-1].new
+                    report.entries.extend(more.entries)
+                return report
             return scripts.migrate_python_subprocess(path, source)
         if path.suffix == ".toml":
             return configs.migrate_toml(path, source)

@@ -22,7 +22,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from vf.migrate.compat import SUPPORTED
 from vf.migrate.report import INFO, MANUAL, MIGRATED, Report
-from vf.migrate.v0_api import INERT_SIGNALS
+from vf.migrate.v0_api import INERT_SIGNALS, TRAINING
 
 ENV_KINDS = {"SingleTurnEnv": "single", "MultiTurnEnv": "multi", "ToolEnv": "tool", "Environment": "multi",
              "StatefulToolEnv": "tool", "SandboxEnv": "tool", "PythonEnv": "tool", "MCPEnv": "tool",
@@ -260,6 +260,24 @@ def is_v0_environment(source: str) -> bool:
                 and re.search(r"^\s*(import verifiers|from verifiers)", source, re.MULTILINE))
 
 
+def imports_verifiers(source: str) -> bool:
+    """Cheap textual check: a module-level `import verifiers` / `from verifiers...`."""
+    return bool(re.search(r"^(import verifiers|from verifiers)\b", source, re.MULTILINE))
+
+
+def migrate_helper(path: Path, source: str) -> Report:
+    """A module importing verifiers without load_environment() (`_Migration.run_helper`); one the
+    codemod cannot handle is reported and left as it is."""
+    try:
+        report = _Migration(path, source).run_helper()
+        compile(report.changes[-1].new, str(path), "exec")
+        return report
+    except Exception as e:  # noqa: BLE001 - keep the file, say why
+        report = Report()
+        report.add(path, 1, "ENV900", MANUAL, f"imports verifiers; not migrated ({type(e).__name__}: {e}): port it")
+        return report
+
+
 UNMIGRATED = f"# {TODO}: vf-migrate could not migrate this module"
 
 
@@ -375,9 +393,25 @@ class _Migration:
         self.report.change(self.path, self.source, self.assemble(gen_stmts))
         return self.report
 
+    def run_helper(self) -> Report:
+        """A module that imports verifiers but defines no load_environment() (a helper of an env
+        package, a v0 training script): its verifiers imports and names go to vf.migrate.compat
+        and its code is kept, so the environment that imports it needs no verifiers; what compat
+        has no twin for (GRPOTrainer, get_model_and_tokenizer, ...) is flagged (ENV900)."""
+        self.scan_module(need_env=False)
+        self.renamer = _Rename(self.aliases)
+        body, imported_vf = [], [False, False]
+        for stmt in self.mod.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                body.extend(_rewrite_imports(stmt, self.add, self.line, imported_vf))
+            else:
+                body.append(self.renamed(stmt))
+        self.report.change(self.path, self.source, self.mod.with_changes(body=body).code)
+        return self.report
+
     # ---- analysis ------------------------------------------------------------------------------
 
-    def scan_module(self) -> None:
+    def scan_module(self, need_env: bool = True) -> None:
         """The module's top-level names, functions, classes, `verifiers` aliases and load_environment."""
         self.aliases: set[str] = set()
         self.module_names: set[str] = set()
@@ -411,7 +445,7 @@ class _Migration:
                         for a in small.names:
                             if _code(a.name) in V0_PACKAGES and (a.asname or _code(a.name) == "verifiers"):
                                 self.aliases.add(a.asname.name.value if a.asname else "verifiers")
-        assert self.load_env is not None
+        assert self.load_env is not None or not need_env
 
     def split_load_environment(self) -> cst.Call:
         """load_environment's docstring, body statements and the environment constructor call it returns."""
@@ -887,7 +921,7 @@ class _Migration:
             self.add(stmt, "ENV014", INFO, INERT_NOTE.format(names=", ".join(f"@{n}" for n in sorted(self.renamer.inert))))
         if self.renamer.unknown:
             names = ", ".join(sorted(self.renamer.unknown))
-            new = _flag(new, f"verifiers {names} has no vf equivalent; port it")
+            new = _flag(new, _port(sorted(self.renamer.unknown)))
             if report:
                 self.add(stmt, "ENV900", MANUAL, f"uses verifiers {names}")
         return new
@@ -1192,6 +1226,14 @@ def _is_verifiers_from(node) -> bool:
         (_code(node.module) == "verifiers" or _code(node.module).startswith("verifiers."))
 
 
+def _port(names: list[str]) -> str:
+    """The TODO for v0 names compat has no twin for."""
+    if set(names) <= TRAINING:
+        return (f"verifiers {', '.join(names)}: v0's Python training API; vf trains from the command line: "
+                "vf-train --taskset <a migrated load_environment() module> (flags: docs/cli.md)")
+    return f"verifiers {', '.join(names)} has no vf equivalent; port it"
+
+
 def _missing_names(node: cst.ImportFrom) -> list[str]:
     names = [] if isinstance(node.names, cst.ImportStar) else [a.name.value for a in node.names]
     return [n for n in names if n not in SUPPORTED]
@@ -1233,7 +1275,7 @@ def _rewrite_imports(stmt, add, line, imported_vf):
             new = cst.SimpleStatementLine([_to_compat(small).with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
             missing = _missing_names(small)
             if missing:
-                new = _flag(new, f"verifiers {', '.join(missing)} has no vf equivalent; port it")
+                new = _flag(new, _port(missing))
                 add(stmt, "ENV900", MANUAL, f"imports verifiers {', '.join(missing)}")
             if not imported_vf[0]:
                 out.append(cst.parse_statement("import vf\n"))

@@ -91,7 +91,11 @@ RULES: list[Rule] = [
       "`from verifiers import X` and `from verifiers.<module> import X` (data_utils, types, parsers, "
       "rubrics, utils.tools) become `from vf.migrate.compat import X`, also inside functions. "
       "`from datasets import load_dataset` becomes `from vf.migrate.compat import load_dataset`: the hub "
-      "as before, or local JSON-lines files when `VF_DATA_DIR` is set (`<org>__<name>[.<config>][.<split>].jsonl`).",
+      "as before, or local JSON-lines files when `VF_DATA_DIR` is set (`<org>__<name>[.<config>][.<split>].jsonl`). "
+      "A module that imports verifiers without a `load_environment()` (a helper of an env package, a v0 "
+      "script) gets the same rewrite, its code kept, so the migrated env needs no verifiers; v0's Python "
+      "training API there (`GRPOTrainer`, `grpo_defaults`, `get_model_and_tokenizer`, ...) is a TODO "
+      "pointing to `vf-train`.",
       "import verifiers as vf", "import vf\nfrom vf.migrate import compat"),
     R("ENV009", "environment", "setup_state → Task.setup",
       "A v0 env class's `setup_state(state)` runs from the generated `Task.setup` on the rollout's v0 "

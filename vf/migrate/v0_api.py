@@ -242,4 +242,7 @@ def print_prompt_completions_sample(*args: Any, **kwargs: Any) -> None:
     """v0's console table of samples: vf-eval writes traces.jsonl; nothing to print here."""
 
 
+TRAINING = frozenset({"GRPOTrainer", "GRPOEnvTrainer", "GRPOConfig", "RLTrainer", "RLConfig", "grpo_defaults",
+                      "lora_defaults", "get_model", "get_tokenizer", "get_model_and_tokenizer", "SFTTrainer"})
+"""v0's Python training API (0.1.x scripts): vf trains from the command line (`vf-train`)."""
 HELPERS = ("ensure_keys", "setup_logging", "print_prompt_completions_sample")
