@@ -122,10 +122,10 @@ class Runtime(ABC):
     """Whether a command runs isolated from the host (its files, network, processes): what a
     harness with `NEEDS_CONTAINER` (a third-party program) must have."""
     RESOURCES: ClassVar[dict[str, str]] = {}
-    RESERVED: ClassVar[tuple[str, ...]] = ()
-    """Paths this type mounts for itself, which `add_directory` may not cover (docker: /workspace)."""
     """`TaskData.resources` field → the `RuntimeConfig` limit (MiB) by which this type enforces it
     (vf.runtime.resources); the others are ignored, with a warning."""
+    RESERVED: ClassVar[tuple[str, ...]] = ()
+    """Paths this type mounts for itself, which `add_directory` may not cover (docker: /workspace)."""
 
     def __init__(self, config: RuntimeConfig, workdir: Path | None = None):
         self.config = config
