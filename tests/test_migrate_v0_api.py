@@ -971,4 +971,4 @@ def test_a_v0_training_script_is_a_manual_step_not_a_silent_pass(tmp_path):
                       "uses verifiers get_model_and_tokenizer"], manual
     new = report.changes[0].new
     assert "vf-train --taskset" in new and "import verifiers" not in new
-    assert "compat.load_example_dataset" not in new or "from vf.migrate.compat import load_example_dataset" in new
+    assert "from vf.migrate.compat import load_example_dataset" in new
